@@ -1,0 +1,52 @@
+"""fusedrope: fused RoPE kernels for inference engines.
+
+* :func:`qwen3_tts_rope`: NeoX RoPE on standalone Q/K (Qwen3-TTS short-sequence decoding).
+* :func:`explain`: which backend each op would use for given inputs, and why not the others.
+
+Backends: ``cuda`` / ``hip`` (compiled fast paths), ``triton`` (portable), ``reference`` (plain torch, the
+oracle). ``FUSEDROPE_BACKEND=name`` forces one for every call made with ``backend="auto"``.
+"""
+
+from __future__ import annotations
+
+from ._checks import BackendUnavailableError
+from .registry import BACKENDS, ENV_BACKEND, Explanation, registry
+from .tts_rope import qwen3_tts_rope
+from . import tts_rope as _tts_rope
+
+__version__ = "0.1.0"
+
+_EXPLAINERS = {"qwen3_tts_rope": _tts_rope.explain_args}
+
+
+def explain(op, *args, **kwargs) -> Explanation:
+    """Say, per backend, whether it would run this call and why not.
+
+    Parameters
+    ----------
+    op : str or callable
+        The op's name (``"qwen3_tts_rope"``) or the public function itself.
+    *args, **kwargs
+        Exactly what you would pass to the op, ``backend=`` included.
+
+    Returns
+    -------
+    Explanation
+        A list of ``Decision(backend, runs, reason)`` in registry order with ``.chosen``; ``print()`` it.
+
+    Examples
+    --------
+    >>> import torch, fusedrope
+    >>> q, k = torch.zeros(1, 2, 4, 8), torch.zeros(1, 1, 4, 8)
+    >>> cos = sin = torch.zeros(1, 4, 8)
+    >>> fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, backend="reference").chosen
+    'reference'
+    """
+    name = op if isinstance(op, str) else getattr(op, "__name__", str(op))
+    if name not in _EXPLAINERS:
+        raise ValueError(f"explain: argument 'op' expected one of {sorted(_EXPLAINERS)}, got {name!r}")
+    facts, backend = _EXPLAINERS[name](*args, **kwargs)
+    return registry(name).explain(facts, backend)
+
+
+__all__ = ["qwen3_tts_rope", "explain", "BackendUnavailableError", "BACKENDS", "ENV_BACKEND", "__version__"]

@@ -1,0 +1,70 @@
+"""Whether each backend can run on a device of this machine (the per-op ``supports`` checks live beside each op)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .registry import Reason
+
+
+def reference_available(device: torch.device) -> Reason:
+    return None
+
+
+def triton_interpreting() -> bool:
+    """True when fusedrope's Triton kernels were compiled for the CPU interpreter (TRITON_INTERPRET=1)."""
+    from . import triton_utils
+
+    return triton_utils.INTERPRETED
+
+
+def triton_available(device: torch.device) -> Reason:
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        return f"triton is not importable ({e})"
+    if device.type == "cuda":  # NVIDIA and AMD (ROCm torch reports 'cuda' too)
+        return None
+    if device.type == "cpu":
+        if triton_interpreting():
+            return None
+        return ("Triton runs CPU tensors only in its interpreter: set TRITON_INTERPRET=1 before fusedrope's "
+                "Triton kernels are first used (no GPU kernels can run here)")
+    return f"Triton does not run on device type '{device.type}'"
+
+
+def gpu_arch(device: torch.device) -> str:
+    """'sm_90', 'gfx942', ... for a GPU device; '' otherwise."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return ""
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        return props.gcnArchName.split(":")[0]
+    return f"sm_{props.major}{props.minor}"
+
+
+def cuda_toolkit_reason(device: torch.device) -> Reason:
+    """Why compiled CUDA kernels cannot run on this device, or None when they can."""
+    if device.type != "cuda":
+        return f"compiled CUDA kernels need a CUDA device, got a tensor on '{device.type}'"
+    if not torch.version.cuda:
+        return "this torch build has no CUDA (torch.version.cuda is None)"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible to torch"
+    return None
+
+
+def hip_toolkit_reason(device: torch.device) -> Reason:
+    if device.type != "cuda":
+        return f"compiled HIP kernels need a ROCm device, got a tensor on '{device.type}'"
+    if not torch.version.hip:
+        return "this torch build has no ROCm (torch.version.hip is None)"
+    if not torch.cuda.is_available():
+        return "no ROCm device is visible to torch"
+    return None
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "0").lower() not in ("", "0", "false", "no", "off")

@@ -1,0 +1,142 @@
+"""The backend registry: per op, an ordered list of implementations; the first that can serve a call runs it.
+
+Each implementation answers two questions with ``None`` (yes) or a reason (no):
+  * ``available(device)``: can this backend run on this device of this machine at all? (cached per device)
+  * ``supports(facts)``: does it handle these inputs? ``facts`` is a small hashable tuple the op derives
+    from its arguments (device, dtypes, head_dim, ...), so the decision is cached per layout class and the
+    hot path costs one dict lookup.
+Run-time facts that are not traceable (pointer alignment, exact strides) are decided inside the kernels.
+
+Forcing: ``backend="name"`` on a call, or the environment variable ``FUSEDROPE_BACKEND=name`` for every
+call made with ``backend="auto"``. A forced backend that cannot serve raises ``BackendUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from ._checks import BackendUnavailableError
+
+ENV_BACKEND = "FUSEDROPE_BACKEND"
+BACKENDS = ("cuda", "hip", "triton", "reference")
+
+Reason = Optional[str]
+
+
+@dataclass
+class Impl:
+    """One backend's implementation of one op. ``run`` is "module:function", imported on first use."""
+
+    backend: str
+    run: str
+    supports: Callable[[tuple], Reason]
+    available: Callable[[torch.device], Reason]
+    _fn: Optional[Callable] = field(default=None, repr=False)
+
+    def fn(self) -> Callable:
+        if self._fn is None:
+            module, name = self.run.split(":")
+            self._fn = getattr(importlib.import_module(module, __package__), name)
+        return self._fn
+
+
+@dataclass
+class Decision:
+    backend: str
+    runs: bool
+    reason: str
+
+
+class Explanation(list):
+    """``[Decision, ...]`` in registry order, plus ``chosen`` (a backend name or None); prints as a table."""
+
+    chosen: Optional[str] = None
+    op: str = ""
+
+    def __str__(self) -> str:
+        lines = [f"{self.op}: chosen backend = {self.chosen or 'none'}"]
+        for d in self:
+            mark = "->" if d.backend == self.chosen else ("ok" if d.runs else "no")
+            lines.append(f"  {mark} {d.backend:<10} {d.reason}")
+        return "\n".join(lines)
+
+
+class OpRegistry:
+    def __init__(self, op: str):
+        self.op = op
+        self.impls: list[Impl] = []
+        self._available: dict = {}
+        self._select: dict = {}
+
+    def register(self, impl: Impl) -> None:
+        """Add an implementation; the list stays in ``BACKENDS`` order (fastest first)."""
+        self.impls = sorted([i for i in self.impls if i.backend != impl.backend] + [impl],
+                            key=lambda i: BACKENDS.index(i.backend))
+        self.clear_cache()
+
+    def clear_cache(self) -> None:
+        self._available.clear()
+        self._select.clear()
+
+    def availability(self, impl: Impl, device: torch.device) -> Reason:
+        key = (impl.backend, device)
+        if key not in self._available:
+            try:
+                self._available[key] = impl.available(device)
+            except Exception as e:  # a broken toolchain must not break the fallback
+                self._available[key] = f"unavailable: {type(e).__name__}: {e}"
+        return self._available[key]
+
+    def decide(self, impl: Impl, facts: tuple) -> Reason:
+        return self.availability(impl, facts[0]) or impl.supports(facts)
+
+    def select(self, facts: tuple, backend: str = "auto") -> Impl:
+        """The implementation for these facts (``facts[0]`` is the device). Cached."""
+        request = os.environ.get(ENV_BACKEND, "auto") if backend == "auto" else backend
+        key = (facts, request)
+        impl = self._select.get(key)
+        if impl is None:
+            impl = self._select[key] = self._select_uncached(facts, request, backend)
+        return impl
+
+    def _select_uncached(self, facts: tuple, request: str, backend: str) -> Impl:
+        if request == "auto":
+            for impl in self.impls:
+                if self.decide(impl, facts) is None:
+                    return impl
+            raise BackendUnavailableError(f"{self.op}: no backend can run these inputs:\n{self.explain(facts)}")
+        by_name = {i.backend: i for i in self.impls}
+        if request not in by_name:
+            source = f"argument 'backend'" if backend != "auto" else f"environment variable {ENV_BACKEND}"
+            raise ValueError(f"{self.op}: {source} expected 'auto' or one of {sorted(by_name)}, got {request!r}")
+        reason = self.decide(by_name[request], facts)
+        if reason is not None:
+            raise BackendUnavailableError(f"{self.op}: backend {request!r} cannot run these inputs: {reason}")
+        return by_name[request]
+
+    def explain(self, facts: tuple, backend: str = "auto") -> Explanation:
+        out = Explanation(
+            Decision(i.backend, (r := self.decide(i, facts)) is None, r or "supports these inputs")
+            for i in self.impls
+        )
+        out.op = self.op
+        try:
+            out.chosen = self.select(facts, backend).backend
+        except (BackendUnavailableError, ValueError) as e:
+            out.chosen = None
+            out.append(Decision("(error)", False, str(e).splitlines()[0]))
+        return out
+
+
+REGISTRIES: dict[str, OpRegistry] = {}
+
+
+def registry(op: str) -> OpRegistry:
+    if op not in REGISTRIES:
+        REGISTRIES[op] = OpRegistry(op)
+    return REGISTRIES[op]

@@ -1,0 +1,161 @@
+"""Test helpers for fusedrope and for anyone writing their own kernels for these ops.
+
+* ``TTS_CASES``: the seed shape matrix of qwen3_tts_rope as named cases (6 shapes x batch 1, 8, 32).
+* ``make_tts_inputs``: Q/K as strided views of a ``[B, S, H, D]`` projection (what ``q_proj(x).view(...)
+  .transpose(1, 2)`` gives) and cos/sin built the way the Qwen3-TTS model builds them.
+* ``ulp_diff`` / ``assert_ulp_close``: distance between floating tensors in units in the last place.
+
+Example
+-------
+>>> from fusedrope.testing import TTS_CASES, make_tts_inputs, assert_ulp_close
+>>> from fusedrope.reference import qwen3_tts_rope_oracle
+>>> case = TTS_CASES[0]
+>>> q, k, cos, sin = make_tts_inputs(case)
+>>> q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+>>> assert_ulp_close(q_ref.to(q.dtype), q_ref, max_ulp=1)  # your kernel's output goes first
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+QWEN3_TTS_ROPE_THETA = 1e6
+
+
+# --------------------------------------------------------------------------------------------------------
+# qwen3_tts_rope cases and inputs
+# --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TtsCase:
+    name: str
+    batch: int
+    seq_len: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int = 128
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-B{self.batch}"
+
+    @property
+    def rows(self) -> int:
+        """Head rows rotated (the seed table's 'rows' column)."""
+        return self.batch * self.seq_len * (self.num_q_heads + self.num_kv_heads)
+
+    def bytes_moved(self, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Ideal traffic: read Q, K, one cos and one sin row per token; write Q and K."""
+        e = torch.empty((), dtype=dtype).element_size()
+        return (2 * self.rows + 2 * self.batch * self.seq_len) * self.head_dim * e
+
+
+TTS_SHAPES = {  # name: (S, Hq, Hkv), head_dim 128
+    "qwen3_tts": (16, 16, 8),
+    "qwen3_tts_full_groups": (17, 16, 8),
+    "small_tts": (8, 8, 4),
+    "gqa1": (17, 16, 1),
+    "no_gqa": (16, 8, 8),
+    "wide_heads": (32, 32, 8),
+}
+TTS_BATCHES = (1, 8, 32)
+TTS_CASES = tuple(TtsCase(n, b, s, hq, hkv) for n, (s, hq, hkv) in TTS_SHAPES.items() for b in TTS_BATCHES)
+
+
+def qwen3_tts_cos_sin(positions: torch.Tensor, head_dim: int = 128, theta: float = QWEN3_TTS_ROPE_THETA,
+                      dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin as the model builds them: ``emb = cat(freqs, freqs)`` in fp32, then cast. ``positions: [B, S]``."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    freqs = positions.to(torch.float32)[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def make_tts_inputs(case: TtsCase, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0,
+                    layout: str = "projection", cos_batch: int | None = None, random_cos_sin: bool = False):
+    """Inputs ``(q, k, cos, sin)`` for a case.
+
+    layout:
+        ``"projection"``: q/k are ``proj.view(B, S, H, D).transpose(1, 2)`` of one packed ``[B, S, Hq+Hkv, D]``
+        buffer (non-contiguous, the common engine layout); ``"contiguous"``: plain ``[B, H, S, D]`` tensors.
+    cos_batch:
+        1 to broadcast cos/sin over the batch; default ``case.batch``.
+    random_cos_sin:
+        Independent random cos/sin (the two halves differ), to catch kernels that assume ``cos[i] == cos[i+h]``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    B, S, HQ, HKV, D = case.batch, case.seq_len, case.num_q_heads, case.num_kv_heads, case.head_dim
+    if layout == "projection":
+        proj = torch.randn(B, S, HQ + HKV, D, generator=g).to(dtype)
+        q, k = proj[:, :, :HQ].transpose(1, 2), proj[:, :, HQ:].transpose(1, 2)
+    elif layout == "contiguous":
+        q = torch.randn(B, HQ, S, D, generator=g).to(dtype)
+        k = torch.randn(B, HKV, S, D, generator=g).to(dtype)
+    else:
+        raise ValueError(f"make_tts_inputs: argument 'layout' expected 'projection' or 'contiguous', got {layout!r}")
+    nb = B if cos_batch is None else cos_batch
+    if random_cos_sin:
+        cos = (torch.rand(nb, S, D, generator=g) * 2 - 1).to(dtype)
+        sin = (torch.rand(nb, S, D, generator=g) * 2 - 1).to(dtype)
+    else:
+        # Each sequence of the batch decodes at its own offset, so a kernel that ignores cos's batch fails.
+        start = torch.randint(0, 4096, (nb, 1), generator=g)
+        cos, sin = qwen3_tts_cos_sin(start + torch.arange(S), D, dtype=dtype)
+    return q.to(device), k.to(device), cos.to(device), sin.to(device)
+
+
+# --------------------------------------------------------------------------------------------------------
+# ulp distances
+# --------------------------------------------------------------------------------------------------------
+_INT_OF = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _ordered(x: torch.Tensor) -> torch.Tensor:
+    """Map float bit patterns to integers whose order is the float order (+0 and -0 both map to 0)."""
+    bits = x.contiguous().view(_INT_OF[x.element_size()]).to(torch.int64)
+    sign_mask = 1 << (8 * x.element_size() - 1)
+    return torch.where(bits < 0, -(bits & (sign_mask - 1)), bits)
+
+
+def ulp_diff(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Elementwise distance in ulps of ``actual.dtype`` between ``actual`` and ``expected``.
+
+    ``expected`` (e.g. a float64 oracle) is rounded to ``actual.dtype`` first (RNE), so 0 means
+    "correctly rounded" and 1 means "one representable value away". Two NaNs are 0 apart; NaN against a
+    number is a huge distance.
+    """
+    if expected.dtype != actual.dtype:
+        expected = expected.to(actual.dtype)
+    actual, expected = actual.broadcast_to(expected.shape), expected
+    d = (_ordered(actual) - _ordered(expected)).abs()
+    a_nan, e_nan = torch.isnan(actual.float()), torch.isnan(expected.float())
+    d = torch.where(a_nan & e_nan, torch.zeros_like(d), d)
+    return torch.where(a_nan ^ e_nan, torch.full_like(d, 1 << 40), d)
+
+
+def assert_ulp_close(actual: torch.Tensor, expected: torch.Tensor, max_ulp: int = 1, what: str = "") -> None:
+    """Fail with the worst element's index and values unless every element is within ``max_ulp``."""
+    assert actual.shape == expected.shape, f"{what} shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if actual.numel() == 0:
+        return
+    d = ulp_diff(actual, expected)
+    worst = int(d.max())
+    if worst > max_ulp:
+        idx = tuple(int(i) for i in torch.unravel_index(d.argmax(), d.shape))
+        raise AssertionError(
+            f"{what} {int((d > max_ulp).sum())} of {d.numel()} elements are more than {max_ulp} ulp away; "
+            f"worst {worst} ulp at {idx}: got {actual[idx].item()!r}, expected {expected[idx].item()!r}"
+        )
+
+
+def poison_like(t: torch.Tensor, byte: int | None = None) -> torch.Tensor:
+    """An uninitialised-looking tensor with ``t``'s shape, strides and dtype, every byte of its storage set
+    to ``byte`` (default: a NaN pattern: 0xFF, or 0x80 for the fnuz fp8 types), so that any element a kernel
+    forgets to write fails a comparison."""
+    if byte is None:
+        byte = 0x80 if "fnuz" in str(t.dtype) else 0xFF
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(out.untyped_storage())
+    raw.fill_(byte)
+    return out

@@ -1,0 +1,74 @@
+"""qwen3_tts_rope in Triton: NeoX (rotate_half) RoPE on standalone Q and K, both in one launch.
+
+One program owns one token (b, s): it loads the token's cos and sin rows once (both halves, which may
+differ) and applies them to all Hq query heads and all Hkv key heads, BLOCK_H heads at a time. Each head
+row is read as two contiguous halves of D/2 elements, so accesses along D are 16-byte vectors when the
+strides allow it. Math is fp32 with one RNE rounding to the output dtype.
+"""
+
+import triton
+import triton.language as tl
+
+from .triton_utils import INTERPRETED, round_to
+
+
+@triton.jit
+def _rotate_heads(x_ptr, o_ptr, x_off, o_off, n_heads, x_sh, o_sh, c1, c2, s1, s2, d, d_mask,
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, EXACT: tl.constexpr):
+    for h0 in range(0, n_heads, BLOCK_H):
+        h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
+        m = (h < n_heads)[:, None] & d_mask[None, :]
+        src = x_ptr + x_off + h[:, None] * x_sh + d[None, :]
+        x1 = tl.load(src, mask=m).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=m).to(tl.float32)
+        o1 = x1 * c1[None, :] - x2 * s1[None, :]
+        o2 = x2 * c2[None, :] + x1 * s2[None, :]
+        dst = o_ptr + o_off + h[:, None] * o_sh + d[None, :]
+        tl.store(dst, round_to(o1, o_ptr.dtype.element_ty, EXACT), mask=m)
+        tl.store(dst + HALF, round_to(o2, o_ptr.dtype.element_ty, EXACT), mask=m)
+
+
+@triton.jit
+def _tts_rope_kernel(
+    q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
+    S, HQ, HKV,
+    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
+    c_sb, c_ss, s_sb, s_ss,
+    qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
+    HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, EXACT: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    b = tok // S
+    s = tok % S
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HALF
+    cp = cos_ptr + b * c_sb + s * c_ss + d
+    sp = sin_ptr + b * s_sb + s * s_ss + d
+    c1 = tl.load(cp, mask=d_mask).to(tl.float32)
+    c2 = tl.load(cp + HALF, mask=d_mask).to(tl.float32)
+    s1 = tl.load(sp, mask=d_mask).to(tl.float32)
+    s2 = tl.load(sp + HALF, mask=d_mask).to(tl.float32)
+    _rotate_heads(q_ptr, qo_ptr, b * q_sb + s * q_ss, b * qo_sb + s * qo_ss, HQ, q_sh, qo_sh,
+                  c1, c2, s1, s2, d, d_mask, HALF, BLOCK_H, EXACT)
+    _rotate_heads(k_ptr, ko_ptr, b * k_sb + s * k_ss, b * ko_sb + s * ko_ss, HKV, k_sh, ko_sh,
+                  c1, c2, s1, s2, d, d_mask, HALF, BLOCK_H, EXACT)
+
+
+def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
+    B, HQ, S, D = q.shape
+    HKV = k.shape[1]
+    half = D // 2
+    block_d = triton.next_power_of_2(half)
+    # About 2K elements per half-tile: 16-byte vectors for 4 warps without spilling.
+    block_h = max(1, min(triton.next_power_of_2(max(HQ, HKV, 1)), max(1, 2048 // block_d)))
+    # cos/sin broadcast over the batch: stride 0 re-reads batch 0.
+    c_sb = cos.stride(0) if cos.shape[0] > 1 else 0
+    s_sb = sin.stride(0) if sin.shape[0] > 1 else 0
+    _tts_rope_kernel[(B * S,)](
+        q, k, cos, sin, q_out, k_out,
+        S, HQ, HKV,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        c_sb, cos.stride(1), s_sb, sin.stride(1),
+        q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
+        HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EXACT=INTERPRETED, num_warps=4,
+    )

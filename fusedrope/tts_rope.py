@@ -1,0 +1,164 @@
+"""qwen3_tts_rope: the public function, its input contract, its registry entries and its torch op."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks as C
+from .backends import reference_available, triton_available
+from .registry import Impl, registry
+
+OP = "qwen3_tts_rope"
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+REGISTRY = registry(OP)
+
+
+def _diagnose(q, k, cos, sin, inplace) -> None:
+    """Raise the precise error for inputs that failed the fast test in ``validate``."""
+    C.check_tensor(OP, "q", q, 4, "[B, Hq, S, D]")
+    C.check_tensor(OP, "k", k, 4, "[B, Hkv, S, D]")
+    C.check_tensor(OP, "cos", cos, 3, "[B or 1, S, D]")
+    C.check_tensor(OP, "sin", sin, 3, "[B or 1, S, D]")
+    B, _, S, D = q.shape
+    if D < 2 or D % 2:
+        C.fail(OP, "q", "an even head_dim D >= 2 (last dim)", f"D={D}")
+    C.check_shape(OP, "k", k, (B, None, S, D), ("B", "Hkv"))
+    if cos.shape[0] not in (1, B):
+        C.fail(OP, "cos", f"shape [{B} or 1, {S}, {D}]", C.shape_str(cos.shape))
+    C.check_shape(OP, "cos", cos, (cos.shape[0], S, D))
+    C.check_shape(OP, "sin", sin, tuple(cos.shape))
+    C.check_dtype(OP, "q", q, DTYPES)
+    C.check_same_dtype(OP, "q", q, {"k": k, "cos": cos, "sin": sin})
+    C.check_same_device(OP, "q", q, {"k": k, "cos": cos, "sin": sin})
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        C.check_last_dim_contiguous(OP, name, t)
+    if inplace:
+        C.check_writable_no_overlap(OP, "q", q)
+        C.check_writable_no_overlap(OP, "k", k)
+    raise AssertionError("validate() rejected inputs that _diagnose() accepts")  # pragma: no cover
+
+
+def validate(q, k, cos, sin, inplace: bool) -> tuple:
+    """Check the inputs; return the selection facts ``(device, dtype, D, inplace)``."""
+    try:
+        qs, ks, cs = q.shape, k.shape, cos.shape
+        dt, dev = q.dtype, q.device
+        ok = (
+            len(qs) == 4 and len(ks) == 4 and len(cs) == 3
+            and ks[0] == qs[0] and ks[2] == qs[2] and ks[3] == qs[3]
+            and (cs[0] == qs[0] or cs[0] == 1) and cs[1] == qs[2] and cs[2] == qs[3] and sin.shape == cs
+            and qs[3] % 2 == 0 and qs[3] >= 2
+            and dt in DTYPES and k.dtype == dt and cos.dtype == dt and sin.dtype == dt
+            and k.device == dev and cos.device == dev and sin.device == dev
+            and q.stride(3) == 1 and k.stride(3) == 1 and cos.stride(2) == 1 and sin.stride(2) == 1
+        )
+    except (AttributeError, TypeError, IndexError):
+        ok = False
+    if not ok:
+        _diagnose(q, k, cos, sin, inplace)
+    if inplace:
+        C.check_writable_no_overlap(OP, "q", q)
+        C.check_writable_no_overlap(OP, "k", k)
+    return (dev, dt, qs[3], bool(inplace))
+
+
+# -- backends -----------------------------------------------------------------------------------------
+def _supports_any(facts) -> None:
+    return None
+
+
+REGISTRY.register(Impl("reference", ".reference:qwen3_tts_rope", _supports_any, reference_available))
+REGISTRY.register(Impl("triton", ".triton_tts_rope:qwen3_tts_rope", _supports_any, triton_available))
+
+
+def _run(q, k, cos, sin, inplace: bool, backend: str):
+    impl = REGISTRY.select(validate(q, k, cos, sin, inplace), backend)
+    if inplace:
+        q_out, k_out = q, k
+    else:
+        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if q.numel() or k.numel():
+        impl.fn()(q, k, cos, sin, q_out, k_out)
+    return q_out, k_out
+
+
+def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "auto"):
+    """NeoX (rotate_half) RoPE on standalone query and key tensors, fused into one launch.
+
+    Computes, per row ``x`` of length ``D`` with ``h = D/2``, in fp32 and rounded once (RNE)::
+
+        out[i]   = x[i]   * cos[i]   - x[i+h] * sin[i]        (i < h)
+        out[i+h] = x[i+h] * cos[i+h] + x[i]   * sin[i+h]
+
+    i.e. ``x * cos + rotate_half(x) * sin``. Both halves of ``cos``/``sin`` are read.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[B, Hq, S, D]``, bf16 / fp16 / fp32. Leading dims may have any strides; last dim stride 1.
+    k : torch.Tensor
+        ``[B, Hkv, S, D]``, same dtype and device as ``q``; ``Hkv`` is independent of ``Hq``.
+    cos, sin : torch.Tensor
+        ``[B, S, D]`` or ``[1, S, D]`` (broadcast over the batch), same dtype and device.
+    inplace : bool, default False
+        Write the results into ``q`` and ``k`` through their own strides and return them.
+    backend : str, default "auto"
+        ``"auto"``, ``"cuda"``, ``"triton"`` or ``"reference"``. ``auto`` honours ``FUSEDROPE_BACKEND``.
+
+    Returns
+    -------
+    (q_out, k_out) : tuple of torch.Tensor
+        New contiguous tensors shaped like ``q`` and ``k`` (or ``q`` and ``k`` themselves when ``inplace``).
+
+    Raises
+    ------
+    ValueError, TypeError
+        Bad shapes, strides, dtypes or devices; the message names the argument.
+    fusedrope.BackendUnavailableError
+        An explicitly requested backend cannot run these inputs.
+
+    Examples
+    --------
+    >>> import torch, fusedrope
+    >>> q = torch.randn(1, 16, 8, 128, dtype=torch.bfloat16)
+    >>> k = torch.randn(1, 8, 8, 128, dtype=torch.bfloat16)
+    >>> cos, sin = torch.ones(1, 8, 128, dtype=torch.bfloat16), torch.zeros(1, 8, 128, dtype=torch.bfloat16)
+    >>> q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
+    >>> torch.equal(q_out, q)
+    True
+    """
+    if torch.compiler.is_compiling():
+        if inplace:
+            torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend)
+            return q, k
+        return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
+    return _run(q, k, cos, sin, inplace, backend)
+
+
+def explain_args(q, k, cos, sin, *, inplace: bool = False, backend: str = "auto"):
+    return validate(q, k, cos, sin, inplace), backend
+
+
+# -- torch ops: opaque to torch.compile, capturable in CUDA graphs -----------------------------------
+@torch.library.custom_op("fusedrope::qwen3_tts_rope", mutates_args=())
+def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    return _run(q, k, cos, sin, False, backend)
+
+
+@_op.register_fake
+def _op_fake(q, k, cos, sin, backend="auto"):
+    validate(q, k, cos, sin, False)
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.custom_op("fusedrope::qwen3_tts_rope_", mutates_args=("q", "k"))
+def _op_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                backend: str = "auto") -> None:
+    _run(q, k, cos, sin, True, backend)
+
+
+@_op_inplace.register_fake
+def _op_inplace_fake(q, k, cos, sin, backend="auto"):
+    validate(q, k, cos, sin, True)

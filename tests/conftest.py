@@ -1,0 +1,33 @@
+"""Tests run on CPU: Triton kernels run in its interpreter, which must be switched on before any kernel
+module is imported."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import fusedrope  # noqa: E402
+from fusedrope.backends import triton_available  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def backends_here(op: str) -> list:
+    """Backends that can run on DEVICE of this machine, as pytest params (the others skip with the reason)."""
+    reg = fusedrope.registry(op)
+    out = []
+    for impl in reg.impls:
+        reason = reg.availability(impl, DEVICE)
+        marks = [pytest.mark.skip(reason=f"{impl.backend}: {reason}")] if reason else []
+        out.append(pytest.param(impl.backend, marks=marks, id=impl.backend))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_backend(monkeypatch):
+    monkeypatch.delenv(fusedrope.ENV_BACKEND, raising=False)
+
+
+assert triton_available(torch.device("cpu")) is None or torch.cuda.is_available(), "interpreter not active"

@@ -1,0 +1,181 @@
+"""qwen3_tts_rope: every backend against the float64 oracle (SPEC: within 1 ulp for bf16/fp16)."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fusedrope
+from fusedrope.reference import qwen3_tts_rope_oracle, rotate_half
+from fusedrope.testing import TTS_CASES, TtsCase, assert_ulp_close, make_tts_inputs, poison_like, ulp_diff
+from fusedrope.tts_rope import REGISTRY
+
+from conftest import DEVICE, backends_here
+
+BACKENDS = backends_here("qwen3_tts_rope")
+# The Triton interpreter costs ~5 ms per program (one program per token): keep its cases small.
+SMALL_CASES = [c for c in TTS_CASES if c.batch == 1] + [TTS_CASES[1]]
+
+
+def run_backend(backend, q, k, cos, sin):
+    """Call the backend itself on poisoned outputs, so an element it does not write fails the check."""
+    q_out, k_out = poison_like(q.contiguous()), poison_like(k.contiguous())
+    REGISTRY.select(fusedrope.tts_rope.validate(q, k, cos, sin, False), backend).fn()(q, k, cos, sin, q_out, k_out)
+    return q_out, k_out
+
+
+def check(q_out, k_out, q, k, cos, sin, max_ulp=1):
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    if q.dtype == torch.float32:  # fp32: within two roundings of the terms' magnitude
+        for out, ref, x in ((q_out, q_ref, q), (k_out, k_ref, k)):
+            x, c, s = x.double(), cos.double().unsqueeze(1), sin.double().unsqueeze(1)
+            bound = (x.abs() * c.abs() + rotate_half(x).abs() * s.abs()) * 2**-22 + 1e-38
+            assert bool(((out.double() - ref).abs() <= bound).all()), "fp32 result off by more than 2 roundings"
+        return
+    for out, ref, name in ((q_out, q_ref, "q"), (k_out, k_ref, "k")):
+        assert_ulp_close(out, ref, max_ulp, name)
+        # 1 ulp is allowed only for double-rounding ties (rare); truncation would be off half the time.
+        off = int((ulp_diff(out, ref) != 0).sum())
+        assert off <= 2 + out.numel() // 1000, f"{name}: {off} of {out.numel()} elements not correctly rounded"
+
+
+@pytest.mark.parametrize("case", TTS_CASES, ids=lambda c: c.id)
+def test_reference_matches_oracle_on_seed_matrix(case):
+    q, k, cos, sin = make_tts_inputs(case, device=DEVICE)
+    check(*fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference"), q, k, cos, sin)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", SMALL_CASES, ids=lambda c: c.id)
+def test_backend_matches_oracle(backend, case):
+    q, k, cos, sin = make_tts_inputs(case, device=DEVICE, seed=hash(case.id) % 1000)
+    check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("layout", ["projection", "contiguous"])
+def test_dtypes_layouts_and_independent_halves(backend, dtype, layout):
+    case = TtsCase("odd", 2, 5, 6, 3, 128)
+    q, k, cos, sin = make_tts_inputs(case, dtype, DEVICE, seed=3, layout=layout, random_cos_sin=True)
+    check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("head_dim", [2, 64, 96, 256])
+def test_other_head_dims(backend, head_dim):
+    q, k, cos, sin = make_tts_inputs(TtsCase("hd", 1, 3, 4, 2, head_dim), device=DEVICE, seed=4,
+                                     random_cos_sin=True)
+    check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cos_sin_broadcast_over_batch(backend):
+    q, k, cos, sin = make_tts_inputs(TtsCase("bc", 3, 4, 4, 2), device=DEVICE, cos_batch=1, seed=5)
+    check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
+    # The same as the batch-expanded cos/sin.
+    q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend)
+    q_exp, k_exp = fusedrope.qwen3_tts_rope(q, k, cos.expand(3, -1, -1), sin.expand(3, -1, -1), backend=backend)
+    assert torch.equal(q_out, q_exp) and torch.equal(k_out, k_exp)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_views_everywhere(backend):
+    g = torch.Generator().manual_seed(6)
+    # q: [2, 4, 4, 128] from a padded [B, S', H', D'] buffer, every leading stride unusual.
+    q = torch.randn(2, 9, 5, 160, generator=g).to(torch.bfloat16)[:, 1:8:2, :4, 16:144].transpose(1, 2)
+    # k: [2, 3, 4, 128] starting at an odd element offset, so no vector path can assume alignment.
+    k = torch.randn(4, 4, 3, 131, generator=g).to(torch.bfloat16)[::2, :, :, 3:131].transpose(1, 2)
+    cs = torch.randn(2, 4, 2, 136, generator=g).to(torch.bfloat16)
+    cos, sin = cs[:, :, 0, 4:132], cs[:, :, 1, 7:135]
+    q, k, cos, sin = (t.to(DEVICE) for t in (q, k, cos, sin))
+    assert not q.is_contiguous() and not k.is_contiguous() and not cos.is_contiguous()
+    check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inplace_writes_through_strides(backend):
+    q, k, cos, sin = make_tts_inputs(TtsCase("ip", 2, 3, 4, 2), device=DEVICE, seed=7)
+    proj = q._base
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    before = proj.clone()
+    q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True, backend=backend)
+    assert q_out is q and k_out is k
+    assert_ulp_close(q, q_ref, 1, "q")
+    assert_ulp_close(k, k_ref, 1, "k")
+    assert q._base is proj and not torch.equal(proj, before)  # written through the view into the projection
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(0, 4, 3, 8), (2, 4, 0, 8), (2, 0, 3, 8)])
+def test_empty(backend, shape):
+    B, H, S, D = shape
+    q = torch.randn(B, H, S, D, device=DEVICE)
+    k = torch.randn(B, 2, S, D, device=DEVICE)
+    cos = sin = torch.randn(max(B, 1), S, D, device=DEVICE)
+    q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+    check(q_out, k_out, q, k, cos, sin)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_public_outputs_are_new_and_contiguous(backend):
+    q, k, cos, sin = make_tts_inputs(TtsCase("new", 2, 3, 4, 2), device=DEVICE, seed=8)
+    q0, k0 = q.clone(), k.clone()
+    q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend)
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    assert q_out.data_ptr() != q.data_ptr() and torch.equal(q, q0) and torch.equal(k, k0)
+    check(q_out, k_out, q, k, cos, sin)
+
+
+def test_torch_op_matches_function():
+    q, k, cos, sin = make_tts_inputs(TtsCase("op", 2, 3, 4, 2), device=DEVICE, seed=9)
+    q_op, k_op = torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, "reference")
+    q_fn, k_fn = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
+    assert torch.equal(q_op, q_fn) and torch.equal(k_op, k_fn)
+    torch.library.opcheck(torch.ops.fusedrope.qwen3_tts_rope.default, (q, k, cos, sin, "reference"))
+    torch.library.opcheck(torch.ops.fusedrope.qwen3_tts_rope_.default,
+                          (q.clone(), k.clone(), cos, sin, "reference"))
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_torch_compile_fullgraph_matches_eager(inplace):
+    q, k, cos, sin = make_tts_inputs(TtsCase("tc", 2, 3, 4, 2), device=DEVICE, seed=10)
+
+    def attention_prologue(q, k, cos, sin):
+        q, k = fusedrope.qwen3_tts_rope(q * 2, k, cos, sin, inplace=inplace)
+        return q + 1, k.sum(-1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attention_prologue, fullgraph=True)
+    eager = attention_prologue(q.clone(), k.clone(), cos, sin)
+    got = compiled(q.clone(), k.clone(), cos, sin)
+    for a, b in zip(got, eager):
+        assert torch.equal(a, b)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    B=st.integers(1, 3), S=st.integers(1, 4), HQ=st.integers(1, 5), HKV=st.integers(1, 3),
+    half=st.sampled_from([1, 3, 8, 64]), pad=st.integers(0, 3), perm=st.booleans(), bcast=st.booleans(),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]), seed=st.integers(0, 2**16),
+)
+def test_property_random_shapes_and_strides(B, S, HQ, HKV, half, pad, perm, bcast, dtype, seed):
+    D = 2 * half
+    g = torch.Generator().manual_seed(seed)
+
+    def make(shape):  # a view into a padded buffer, optionally with permuted leading dims
+        if perm:
+            b = torch.randn(shape[0], shape[2], shape[1] + pad, D + pad, generator=g).to(dtype)
+            return b[:, :, :shape[1], pad:pad + D].transpose(1, 2)
+        b = torch.randn(shape[0], shape[1] + pad, shape[2], D + pad, generator=g).to(dtype)
+        return b[:, pad:, :, :D]
+
+    q, k = make((B, HQ, S)), make((B, HKV, S))
+    nb = 1 if bcast else B
+    cos = (torch.rand(nb, S, D + pad, generator=g) * 2 - 1).to(dtype)[..., pad:]
+    sin = (torch.rand(nb, S, D + pad, generator=g) * 2 - 1).to(dtype)[..., :D]
+    q, k, cos, sin = (t.to(DEVICE) for t in (q, k, cos, sin))
+    for backend in ("triton", "reference"):
+        if REGISTRY.availability(next(i for i in REGISTRY.impls if i.backend == backend), DEVICE) is None:
+            check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
