@@ -1,6 +1,8 @@
 """fusedrope: fused RoPE kernels for inference engines.
 
 * :func:`qwen3_tts_rope`: NeoX RoPE on standalone Q/K (Qwen3-TTS short-sequence decoding).
+* :func:`inverse_rope_group_quant`: DeepSeek-V4 attention output -> inverse RoPE -> FP8 per-group quant with
+  power-of-two (e8m0) scales, the wo_a GEMM input, in one pass.
 * :func:`explain`: which backend each op would use for given inputs, and why not the others.
 
 Backends: ``cuda`` / ``hip`` (compiled fast paths), ``triton`` (portable), ``reference`` (plain torch, the
@@ -12,11 +14,16 @@ from __future__ import annotations
 from ._checks import BackendUnavailableError
 from .registry import BACKENDS, ENV_BACKEND, Explanation, registry
 from .tts_rope import qwen3_tts_rope
+from .inverse_rope_quant import empty_quant_outputs, inverse_rope_group_quant, quant_output_shapes
+from . import inverse_rope_quant as _inverse_rope_quant
 from . import tts_rope as _tts_rope
 
 __version__ = "0.1.0"
 
-_EXPLAINERS = {"qwen3_tts_rope": _tts_rope.explain_args}
+_EXPLAINERS = {
+    "qwen3_tts_rope": _tts_rope.explain_args,
+    "inverse_rope_group_quant": _inverse_rope_quant.explain_args,
+}
 
 
 def explain(op, *args, **kwargs) -> Explanation:
@@ -49,4 +56,4 @@ def explain(op, *args, **kwargs) -> Explanation:
     return registry(name).explain(facts, backend)
 
 
-__all__ = ["qwen3_tts_rope", "explain", "BackendUnavailableError", "BACKENDS", "ENV_BACKEND", "__version__"]
+__all__ = ["qwen3_tts_rope", "inverse_rope_group_quant", "empty_quant_outputs", "quant_output_shapes", "explain", "BackendUnavailableError", "BACKENDS", "ENV_BACKEND", "__version__"]
