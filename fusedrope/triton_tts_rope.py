@@ -9,7 +9,7 @@ strides allow it. Math is fp32 with one RNE rounding to the output dtype.
 import triton
 import triton.language as tl
 
-from .triton_utils import INTERPRETED, round_to
+from .triton_utils import INTERPRETED, WARP_SIZE, round_to
 
 
 @triton.jit
@@ -59,8 +59,9 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
     HKV = k.shape[1]
     half = D // 2
     block_d = triton.next_power_of_2(half)
-    # About 2K elements per half-tile: 16-byte vectors for 4 warps without spilling.
-    block_h = max(1, min(triton.next_power_of_2(max(HQ, HKV, 1)), max(1, 2048 // block_d)))
+    # About 1K elements per half-tile, and warps sized so each thread owns 8 of them: 16-byte vectors.
+    block_h = max(1, min(triton.next_power_of_2(max(HQ, HKV, 1)), max(1, 1024 // block_d)))
+    num_warps = max(1, min(8, block_h * block_d // (8 * WARP_SIZE)))
     # cos/sin broadcast over the batch: stride 0 re-reads batch 0.
     c_sb = cos.stride(0) if cos.shape[0] > 1 else 0
     s_sb = sin.stride(0) if sin.shape[0] > 1 else 0
@@ -70,5 +71,5 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         c_sb, cos.stride(1), s_sb, sin.stride(1),
         q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
-        HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EXACT=INTERPRETED, num_warps=4,
+        HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EXACT=INTERPRETED, num_warps=num_warps,
     )

@@ -6,12 +6,12 @@ saturating. The kernels take an ``EXACT`` constexpr, set only when interpreting,
 integer-bit roundings below; compiled GPU code keeps the native conversions.
 """
 
-import os
-
+import torch
 import triton
 import triton.language as tl
 
-INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# AMD GPUs run 64-wide wavefronts: launchers size num_warps by it to keep 16-byte accesses per thread.
+WARP_SIZE = 64 if torch.version.hip else 32
 
 
 @triton.jit
@@ -39,3 +39,33 @@ def round_to(x, dtype: tl.constexpr, EXACT: tl.constexpr):
         return f32_to_bf16_rne(x)
     else:
         return x.to(dtype)
+
+
+@triton.jit
+def f32_to_fp8_bits(x, FNUZ: tl.constexpr):
+    """fp32 -> e4m3fn (FNUZ=False) or e4m3fnuz byte, RNE, integer ops only. ``x`` must already lie in
+    [-FP8_MAX, FP8_MAX] or be NaN (the kernels clamp first)."""
+    if FNUZ:
+        REBIAS: tl.constexpr = 119  # 127 - 8
+        MIN_NORMAL: tl.constexpr = 0x3C000000  # 2^-7
+        SUB_STEPS: tl.constexpr = 1024.0  # subnormal step 2^-10
+        NAN: tl.constexpr = 0x80
+    else:
+        REBIAS: tl.constexpr = 120  # 127 - 7
+        MIN_NORMAL: tl.constexpr = 0x3C800000  # 2^-6
+        SUB_STEPS: tl.constexpr = 512.0  # subnormal step 2^-9
+        NAN: tl.constexpr = 0x7F
+    bits = x.to(tl.uint32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    mag = bits & 0x7FFFFFFF
+    r = mag - (REBIAS << 23)  # rebias the exponent; keep 3 mantissa bits, round the other 20 to even
+    normal = (r + 0x7FFFF + ((r >> 20) & 1)) >> 20
+    # Subnormal: a multiple of the step, rounded to even by the 2^23 trick (exact for values below 2^22).
+    scaled = mag.to(tl.float32, bitcast=True) * SUB_STEPS
+    sub = ((scaled + 8388608.0) - 8388608.0).to(tl.uint32)
+    code = tl.where(mag >= MIN_NORMAL, normal, sub)
+    if FNUZ:
+        code = tl.where(code == 0, 0, code | sign)  # fnuz has no negative zero (0x80 is NaN)
+    else:
+        code = code | sign
+    return tl.where(x != x, NAN, code).to(tl.uint8)

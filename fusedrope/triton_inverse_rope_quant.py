@@ -1,0 +1,155 @@
+"""inverse_rope_group_quant in Triton, plus the unfused two-kernel baseline the benchmarks compare against.
+
+Fused kernel: one program owns a [BLOCK_T tokens, BLOCK_N columns] tile of the flattened ``o[s]`` rows
+(BLOCK_N a multiple of the quant group size, so it owns whole quant blocks). It loads the tile once,
+rotates the rope pairs of every head's tail in registers (pairs split with ``tl.split``; one cos and one
+sin row per token, gathered only where a column is in a tail), reduces each block's amax, derives the e8m0
+byte from the fp32 bits of ``amax / FP8_MAX``, scales by the exact power of two, converts to fp8 and
+stores fp8 and scales. Nothing goes back to memory in between.
+
+The scale address of block ``kb`` (= g*Ks + k) of token ``s`` is ``s*stride_s + kb*stride_k`` in both
+layouts: row-major ``(Ks*G, 1)``, column-major ``(1, S)``.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .reference import FP8_MAX
+from .triton_utils import INTERPRETED, WARP_SIZE, f32_to_fp8_bits, round_to
+
+_FP8_TL = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8}
+
+
+@triton.jit
+def _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
+                 HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Inverse GPT-J rotation of the rope pairs in a [BLOCK_T, BLOCK_N] fp32 tile starting at column col0."""
+    e, d = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_N // 2, 2)))
+    pair_col = col0 + 2 * tl.arange(0, BLOCK_N // 2)
+    off = pair_col % HEAD_DIM
+    is_rope = (off >= HEAD_DIM - ROPE_DIM) & (pair_col < ROW)
+    j = (off - (HEAD_DIM - ROPE_DIM)) // 2
+    m = t_mask[:, None] & is_rope[None, :]
+    c = tl.load(cos_ptr + p[:, None] * cos_stride + j[None, :], mask=m, other=1.0).to(tl.float32)
+    n = tl.load(sin_ptr + p[:, None] * sin_stride + j[None, :], mask=m, other=0.0).to(tl.float32)
+    e2 = tl.where(is_rope[None, :], e * c + d * n, e)  # where, not c=1/n=0: keeps -0.0 and Inf exact
+    d2 = tl.where(is_rope[None, :], d * c - e * n, d)
+    return tl.reshape(tl.join(e2, d2), (BLOCK_T, BLOCK_N))
+
+
+@triton.jit
+def _group_quant_kernel(
+    o_ptr, pos_ptr, cos_ptr, sin_ptr, xq_ptr, xs_ptr,
+    S, ROW, NBLK, max_pos, pos_stride, cos_stride, sin_stride, sc_stride_s, sc_stride_k,
+    HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, GS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_TYPE: tl.constexpr, FNUZ: tl.constexpr, SCALE_FP32: tl.constexpr,
+    ROPE: tl.constexpr, EXACT: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    col0 = tl.program_id(1).to(tl.int64) * BLOCK_N
+    col = col0 + tl.arange(0, BLOCK_N)
+    t_mask = t < S
+    m = t_mask[:, None] & (col < ROW)[None, :]
+    x = tl.load(o_ptr + t[:, None] * ROW + col[None, :], mask=m, other=0.0).to(tl.float32)
+    if ROPE:
+        p = tl.load(pos_ptr + t * pos_stride, mask=t_mask, other=0).to(tl.int64)
+        p = tl.minimum(tl.maximum(p, 0), max_pos - 1)  # clamp: memory-safe, no host sync
+        x = _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
+                         HEAD_DIM, ROPE_DIM, BLOCK_T, BLOCK_N)
+
+    xb = tl.reshape(x, (BLOCK_T, BLOCK_N // GS, GS))
+    ax = tl.abs(xb)
+    # GPU max() drops NaN, so non-finite blocks are flagged separately (NaN < inf is false).
+    bad = tl.max(tl.where(ax < float("inf"), 0, 1), axis=2) != 0
+    amax = tl.maximum(tl.max(ax, axis=2), 1e-8)
+    bits = (amax * (1.0 / FP8_MAX)).to(tl.uint32, bitcast=True)
+    byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.uint32)
+    byte = tl.where(bad, 255, byte)
+    inv_scale = ((254 - tl.minimum(byte, 254)) << 23).to(tl.float32, bitcast=True)  # 2^(127 - byte), exact
+    q = tl.minimum(tl.maximum(xb * inv_scale[:, :, None], -FP8_MAX), FP8_MAX)
+    q = tl.reshape(tl.where(bad[:, :, None], float("nan"), q), (BLOCK_T, BLOCK_N))
+    if EXACT:
+        code = f32_to_fp8_bits(q, FNUZ)
+    else:
+        code = q.to(FP8_TYPE).to(tl.uint8, bitcast=True)
+    tl.store(xq_ptr + t[:, None] * ROW + col[None, :], code, mask=m)
+
+    kb = tl.program_id(1).to(tl.int64) * (BLOCK_N // GS) + tl.arange(0, BLOCK_N // GS)
+    sm = t_mask[:, None] & (kb < NBLK)[None, :]
+    if SCALE_FP32:
+        scale = tl.where(bad, float("nan"), (tl.minimum(byte, 254) << 23).to(tl.float32, bitcast=True))
+    else:
+        scale = byte.to(tl.uint8)
+    tl.store(xs_ptr + t[:, None] * sc_stride_s + kb[None, :] * sc_stride_k, scale, mask=sm)
+
+
+@triton.jit
+def _rope_tail_inplace_kernel(o_ptr, pos_ptr, cos_ptr, sin_ptr, S, ROW, max_pos, pos_stride, cos_stride,
+                              sin_stride, HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
+                              BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr):
+    """Baseline step 1: rotate the tails of ``o`` back in place, rounded to o's dtype (a bf16 round trip)."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    col0 = tl.program_id(1).to(tl.int64) * BLOCK_N
+    col = col0 + tl.arange(0, BLOCK_N)
+    t_mask = t < S
+    m = t_mask[:, None] & (col < ROW)[None, :] & ((col % HEAD_DIM) >= HEAD_DIM - ROPE_DIM)[None, :]
+    x = tl.load(o_ptr + t[:, None] * ROW + col[None, :], mask=m, other=0.0).to(tl.float32)
+    p = tl.load(pos_ptr + t * pos_stride, mask=t_mask, other=0).to(tl.int64)
+    p = tl.minimum(tl.maximum(p, 0), max_pos - 1)
+    x = _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
+                     HEAD_DIM, ROPE_DIM, BLOCK_T, BLOCK_N)
+    tl.store(o_ptr + t[:, None] * ROW + col[None, :], round_to(x, o_ptr.dtype.element_ty, EXACT), mask=m)
+
+
+def _tiles(S: int, row: int, group_size: int) -> tuple[int, int]:
+    """~4K elements a program: whole quant blocks, several tokens when rows are short."""
+    block_n = max(group_size, min(triton.next_power_of_2(row), 2048))
+    block_t = max(1, min(triton.next_power_of_2(S), 4096 // block_n))
+    return block_t, block_n
+
+
+def num_warps_for(tile_elems: int) -> int:
+    """Warps so each thread holds 16 elements of the tile (two 16-byte bf16 vectors)."""
+    return max(1, min(8, tile_elems // (16 * WARP_SIZE)))
+
+
+def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size, rope: bool):
+    S, H, D = o.shape
+    row = H * D
+    block_t, block_n = _tiles(S, row, group_size)
+    scale_fp32 = x_scale.dtype == torch.float32
+    xs = x_scale if scale_fp32 else x_scale.view(torch.uint8)
+    grid = (triton.cdiv(S, block_t), triton.cdiv(row, block_n))
+    _group_quant_kernel[grid](
+        o, positions, cos_cache, sin_cache, x_fp8.view(torch.uint8), xs,
+        S, row, row // group_size, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
+        sin_cache.stride(0), x_scale.stride(0), x_scale.stride(2),
+        HEAD_DIM=D, ROPE_DIM=2 * cos_cache.shape[1], GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
+        FP8_MAX=FP8_MAX[x_fp8.dtype], FP8_TYPE=_FP8_TL[x_fp8.dtype], FNUZ=x_fp8.dtype == torch.float8_e4m3fnuz,
+        SCALE_FP32=scale_fp32, ROPE=rope, EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_n),
+        enable_fp_fusion=False,  # no FMA: the rope matches the reference bit for bit, so scale bytes do too
+    )
+
+
+def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size) -> None:
+    _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, rope=True)
+
+
+def rope_tail_inplace(o, positions, cos_cache, sin_cache) -> None:
+    S, H, D = o.shape
+    rope_dim = 2 * cos_cache.shape[1]
+    block_t, block_n = _tiles(S, H * D, D)
+    grid = (triton.cdiv(S, block_t), triton.cdiv(H * D, block_n))
+    _rope_tail_inplace_kernel[grid](
+        o, positions, cos_cache, sin_cache, S, H * D, cos_cache.shape[0], positions.stride(0),
+        cos_cache.stride(0), sin_cache.stride(0), HEAD_DIM=D, ROPE_DIM=rope_dim, BLOCK_T=block_t,
+        BLOCK_N=block_n, EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_n), enable_fp_fusion=False,
+    )
+
+
+def group_quant(o, x_fp8, x_scale, quant_group_size, cos_cache) -> None:
+    """Baseline step 2: the per-group e8m0 quant alone (the fused kernel with the rotation compiled out)."""
+    dummy = torch.zeros(1, dtype=torch.int64, device=o.device)
+    _launch_quant(o, dummy, cos_cache, cos_cache, x_fp8, x_scale, quant_group_size, rope=False)

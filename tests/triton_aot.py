@@ -1,0 +1,91 @@
+"""Compile fusedrope's Triton kernels ahead of time for GPUs this machine does not have (sm_90, gfx942,
+gfx950) and count the memory instructions that say whether accesses are 16 bytes wide.
+
+Run as a script (TRITON_INTERPRET must be unset): prints one JSON object {kernel/target: {counts}}.
+Pointers and the strides an engine's tensors have are declared divisible by 16, as Triton's launcher
+specialises them at run time.
+"""
+
+import json
+import os
+import re
+import sys
+
+assert os.environ.get("TRITON_INTERPRET", "0") != "1", "unset TRITON_INTERPRET to compile for GPUs"
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from fusedrope import triton_inverse_rope_quant as irq  # noqa: E402
+from fusedrope import triton_tts_rope as tts  # noqa: E402
+
+TARGETS = {"sm_90": GPUTarget("cuda", 90, 32), "gfx942": GPUTarget("hip", "gfx942", 64),
+           "gfx950": GPUTarget("hip", "gfx950", 64)}
+
+
+def compile_kernel(fn, pointers: dict, constexprs: dict, divisible: set, target, num_warps: int, **opts):
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = pointers.get(name, "i32")
+        if name in pointers or name in divisible:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=target, options={"num_warps": num_warps, **opts})
+
+
+def counts(k, target) -> dict:
+    if target.backend == "cuda":
+        ptx = k.asm["ptx"]
+        return {"ld_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
+                "st_v4": len(re.findall(r"st\.global(?:\.\w+)*\.v4", ptx)),
+                "ld": ptx.count("ld.global"), "st": ptx.count("st.global"),
+                "local": ptx.count(".local"), "cvt_e4m3": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2", ptx))}
+    asm = k.asm["amdgcn"]
+    ops = re.findall(r"\b(?:global|buffer)_(load|store)_(\w+)", asm)
+    return {"load_x4": sum(1 for a, b in ops if a == "load" and b == "dwordx4"),
+            "store_x4": sum(1 for a, b in ops if a == "store" and b == "dwordx4"),
+            "loads": sum(1 for a, _ in ops if a == "load"), "stores": sum(1 for a, _ in ops if a == "store"),
+            "scratch": int(bool(re.search(r"\bscratch_(load|store)", asm)))}
+
+
+def tts_kernel(target, dtype="bf16", head_dim=128):
+    half = head_dim // 2
+    block_h = max(1, 1024 // half)
+    warps = max(1, block_h * half // (8 * target.warp_size))
+    ptrs = {n: f"*{dtype}" for n in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")}
+    strides = {n for n in tts._tts_rope_kernel.arg_names if "_s" in n and n not in ptrs}
+    return compile_kernel(tts._tts_rope_kernel, ptrs,
+                          dict(HALF=half, BLOCK_D=half, BLOCK_H=block_h, EXACT=False), strides, target, warps)
+
+
+def quant_kernel(target, group_size=128, fnuz=False, rope=True):
+    import torch
+
+    fp8 = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
+    block_t, block_n = irq._tiles(1024, 16 * 512, group_size)
+    ptrs = dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", xq_ptr="*u8", xs_ptr="*u8")
+    consts = dict(HEAD_DIM=512, ROPE_DIM=64, GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
+                  FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fnuz, SCALE_FP32=False, ROPE=rope,
+                  EXACT=False)
+    return compile_kernel(irq._group_quant_kernel, ptrs, consts, {"ROW", "NBLK", "cos_stride", "sin_stride"},
+                          target, irq.num_warps_for(block_t * block_n), enable_fp_fusion=False)
+
+
+def main() -> dict:
+    out = {}
+    for tname, target in TARGETS.items():
+        out[f"tts_rope/{tname}"] = counts(tts_kernel(target), target)
+        for gs in (32, 128):
+            fnuz = tname == "gfx942"
+            out[f"inverse_rope_quant_g{gs}/{tname}"] = counts(quant_kernel(target, gs, fnuz), target)
+    return out
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    json.dump(main(), sys.stdout, indent=1)
