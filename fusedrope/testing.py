@@ -159,3 +159,90 @@ def poison_like(t: torch.Tensor, byte: int | None = None) -> torch.Tensor:
     raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(out.untyped_storage())
     raw.fill_(byte)
     return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# inverse_rope_group_quant cases and inputs
+# --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QuantCase:
+    num_tokens: int
+    num_heads: int
+    num_groups: int
+    head_dim: int = 512
+    rope_dim: int = 64
+    quant_group_size: int = 128
+
+    @property
+    def id(self) -> str:
+        return (f"S{self.num_tokens}-H{self.num_heads}-G{self.num_groups}-D{self.head_dim}-R{self.rope_dim}"
+                f"-g{self.quant_group_size}")
+
+    def bytes_moved(self, o_dtype=torch.bfloat16, cache_dtype=torch.bfloat16) -> int:
+        """The seed's byte count: read o, one cos and one sin row per token; write fp8 (1 B) + one scale byte
+        per block."""
+        S, H, D = self.num_tokens, self.num_heads, self.head_dim
+        o_bytes = S * H * D * torch.empty((), dtype=o_dtype).element_size()
+        rope_bytes = S * self.rope_dim * torch.empty((), dtype=cache_dtype).element_size()  # cos + sin halves
+        return o_bytes + rope_bytes + S * H * D + S * H * D // self.quant_group_size
+
+
+QUANT_SEQ_LENS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384)
+QUANT_HEAD_GROUPS = {"V4-Pro-TP8": (16, 2), "V4-Flash-TP8": (8, 1)}
+QUANT_CASES = tuple(QuantCase(s, h, g) for (h, g) in QUANT_HEAD_GROUPS.values() for s in QUANT_SEQ_LENS)
+QUANT_GROUP_SIZE_CASES = tuple(QuantCase(s, 16, 2, quant_group_size=gs) for s in (2048, 8192) for gs in (32, 64, 128))
+
+
+def deepseek_rope_cache(max_pos: int, rope_dim: int = 64, theta: float = 10000.0, dtype=torch.float32):
+    """``(cos_cache, sin_cache)``, each ``[max_pos, rope_dim/2]``, as strided views of one combined
+    ``[max_pos, rope_dim]`` cos|sin cache (how engines keep it)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
+    freqs = torch.arange(max_pos, dtype=torch.float32)[:, None] * inv_freq
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    return cache[:, : rope_dim // 2], cache[:, rope_dim // 2:]
+
+
+def make_quant_inputs(case: QuantCase, dtype=torch.bfloat16, cache_dtype=torch.float32, device="cpu",
+                      seed: int = 0, max_pos: int = 4096, positions_dtype=torch.int64):
+    """``(o, positions, cos_cache, sin_cache)``: o with magnitudes that vary by token and by head over ~12
+    binades (so the scales differ block to block), random positions, a DeepSeek-style strided cache."""
+    g = torch.Generator().manual_seed(seed)
+    S, H, D = case.num_tokens, case.num_heads, case.head_dim
+    mag = torch.exp2(torch.randint(-6, 7, (S, H, 1), generator=g).float())
+    o = (torch.randn(S, H, D, generator=g) * mag).to(dtype)
+    positions = torch.randint(0, max_pos, (S,), generator=g).to(positions_dtype)
+    cos, sin = deepseek_rope_cache(max_pos, case.rope_dim, dtype=cache_dtype)
+    return o.to(device), positions.to(device), cos.to(device), sin.to(device)
+
+
+def rope_blocks(case: QuantCase) -> torch.Tensor:
+    """``[G, Ks]`` bool: which quant blocks of a token row hold rope dims."""
+    col = torch.arange(case.num_heads * case.head_dim)
+    is_rope = (col % case.head_dim) >= case.head_dim - case.rope_dim
+    return is_rope.reshape(case.num_groups, -1, case.quant_group_size).any(-1)
+
+
+def scale_bytes(x_scale: torch.Tensor) -> torch.Tensor:
+    """The e8m0 bytes of a scale tensor in any of the op's scale formats (fp32 scales are 2^(byte-127))."""
+    if x_scale.dtype == torch.float32:
+        bits = x_scale.contiguous().view(torch.int32)
+        return torch.where(torch.isnan(x_scale), 0xFF, (bits >> 23) & 0xFF).to(torch.uint8)
+    return x_scale.contiguous().view(torch.uint8)
+
+
+def assert_quant_close(x_fp8, x_scale, ref_fp8, ref_scale, rope_block_mask: torch.Tensor, what: str = "") -> None:
+    """SPEC's accuracy contract: scale bytes bit-exact; fp8 within 1 ulp, and bit-exact in blocks with no
+    rope dims (``rope_block_mask [G, Ks]``)."""
+    got_b, ref_b = scale_bytes(x_scale), scale_bytes(ref_scale)
+    if not torch.equal(got_b, ref_b):
+        idx = tuple(int(i) for i in (got_b != ref_b).nonzero()[0])
+        raise AssertionError(f"{what} scale bytes differ in {int((got_b != ref_b).sum())} blocks; first at "
+                             f"{idx}: got {int(got_b[idx])}, expected {int(ref_b[idx])}")
+    assert_ulp_close(x_fp8, ref_fp8.to(x_fp8.dtype), 1, f"{what} fp8")
+    S, G, Ks = ref_b.shape
+    per_block = (S, G, Ks, x_fp8.shape[-1] // Ks)
+    plain = (~rope_block_mask.to(x_fp8.device))[None, :, :, None].expand(per_block)
+    got = x_fp8.view(torch.uint8).reshape(per_block)[plain]
+    ref = ref_fp8.view(torch.uint8).reshape(per_block)[plain]
+    if not torch.equal(got, ref):
+        raise AssertionError(f"{what} fp8 bytes differ in {int((got != ref).sum())} elements of non-rope blocks")
