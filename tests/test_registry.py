@@ -1,0 +1,104 @@
+"""Backend selection: order, forcing by argument and environment, explain(), caching, fallbacks."""
+
+import pytest
+import torch
+
+import fusedrope
+from fusedrope.registry import Impl, OpRegistry
+from fusedrope.testing import QuantCase, TtsCase, make_quant_inputs, make_tts_inputs
+
+from conftest import DEVICE
+
+ON_CPU = DEVICE.type == "cpu"
+
+
+def tts_args():
+    return make_tts_inputs(TtsCase("r", 1, 2, 2, 1), device=DEVICE)
+
+
+def test_backends_are_registered_in_priority_order():
+    assert [i.backend for i in fusedrope.registry("qwen3_tts_rope").impls][-2:] == ["triton", "reference"]
+    assert [i.backend for i in fusedrope.registry("inverse_rope_group_quant").impls][-2:] == ["triton", "reference"]
+    for op in ("qwen3_tts_rope", "inverse_rope_group_quant"):
+        names = [i.backend for i in fusedrope.registry(op).impls]
+        assert names == sorted(names, key=fusedrope.BACKENDS.index)
+
+
+@pytest.mark.skipif(not ON_CPU, reason="checks the CPU machine's choices")
+def test_auto_on_cpu_uses_triton_interpreter_and_explains_compiled_backends():
+    ex = fusedrope.explain("qwen3_tts_rope", *tts_args())
+    assert ex.chosen == "triton"
+    rows = {d.backend: d for d in ex}
+    assert rows["triton"].runs and rows["reference"].runs
+    for compiled in set(rows) & {"cuda", "hip"}:
+        assert not rows[compiled].runs and "device" in rows[compiled].reason
+    assert "-> triton" in str(ex) and "qwen3_tts_rope: chosen backend = triton" in str(ex)
+
+
+@pytest.mark.skipif(not ON_CPU, reason="checks the CPU machine's choices")
+def test_forcing_an_unavailable_backend_says_why():
+    q, k, cos, sin = tts_args()
+    reg = fusedrope.registry("qwen3_tts_rope")
+    missing = [i.backend for i in reg.impls if reg.availability(i, DEVICE)]
+    for name in missing:
+        with pytest.raises(fusedrope.BackendUnavailableError, match=f"backend '{name}' cannot run these inputs: "):
+            fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=name)
+
+
+def test_backend_argument_forces(monkeypatch):
+    q, k, cos, sin = tts_args()
+    assert fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, backend="reference").chosen == "reference"
+    # The forced backend really runs: make the reference fail loudly.
+    impl = next(i for i in fusedrope.registry("qwen3_tts_rope").impls if i.backend == "reference")
+
+    def boom(*a):
+        raise RuntimeError("reference ran")
+
+    monkeypatch.setattr(impl, "_fn", boom)
+    with pytest.raises(RuntimeError, match="reference ran"):
+        fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
+
+
+def test_environment_variable_forces_auto_only(monkeypatch):
+    q, k, cos, sin = tts_args()
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "reference")
+    assert fusedrope.explain(fusedrope.qwen3_tts_rope, q, k, cos, sin).chosen == "reference"
+    assert fusedrope.explain(fusedrope.qwen3_tts_rope, q, k, cos, sin, backend="triton").chosen == "triton"
+    o, pos, c, s = make_quant_inputs(QuantCase(2, 2, 1), device=DEVICE)
+    assert fusedrope.explain("inverse_rope_group_quant", o, pos, c, s, 1).chosen == "reference"
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "nope")
+    with pytest.raises(ValueError, match="environment variable FUSEDROPE_BACKEND expected 'auto' or one of"):
+        fusedrope.qwen3_tts_rope(q, k, cos, sin)
+
+
+def test_selection_is_cached_and_cheap_to_key():
+    reg = fusedrope.registry("qwen3_tts_rope")
+    facts = fusedrope.tts_rope.validate(*tts_args(), False)
+    assert facts == (DEVICE, torch.bfloat16, 128, False)
+    assert reg.select(facts) is reg.select(facts)
+    assert (facts, "auto") in reg._select
+
+
+def test_unsupported_inputs_fall_through_to_the_next_backend():
+    reg = OpRegistry("toy")
+    calls = []
+    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
+    reg.register(Impl("triton", "x:y", lambda f: "no odd sizes" if f[1] % 2 else None, lambda d: None))
+    reg.register(Impl("cuda", "x:y", lambda f: None, lambda d: calls.append(d) or "no CUDA here"))
+    dev = torch.device("cpu")
+    assert reg.select((dev, 2)).backend == "triton"
+    assert reg.select((dev, 3)).backend == "reference"
+    assert len(calls) == 1  # availability is asked once per device
+    ex = reg.explain((dev, 3))
+    assert [(d.backend, d.runs, d.reason) for d in ex] == [
+        ("cuda", False, "no CUDA here"), ("triton", False, "no odd sizes"), ("reference", True, "supports these inputs")]
+    with pytest.raises(fusedrope.BackendUnavailableError, match="backend 'triton' cannot run these inputs: no odd sizes"):
+        reg.select((dev, 3), "triton")
+
+
+def test_a_broken_backend_probe_becomes_a_reason():
+    reg = OpRegistry("toy")
+    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
+    reg.register(Impl("cuda", "x:y", lambda f: None, lambda d: 1 / 0))
+    assert reg.select((torch.device("cpu"),)).backend == "reference"
+    assert "ZeroDivisionError" in reg.explain((torch.device("cpu"),))[0].reason
