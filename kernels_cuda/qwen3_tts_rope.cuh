@@ -1,0 +1,63 @@
+// qwen3_tts_rope: NeoX (rotate_half) RoPE on standalone Q and K, both in one launch.
+//
+// Framework-free: raw pointers, element strides (int64), a cudaStream_t. No torch headers, so nvcc compiles
+// and checks this alone; the torch binding lives in qwen3_tts_rope_torch.cpp.
+//
+// Math, per head row x of length D, h = D/2, in fp32 with one round-to-nearest-even to the output dtype:
+//   out[i]   = x[i]   * cos[i]   - x[i+h] * sin[i]        (i < h)
+//   out[i+h] = x[i+h] * cos[i+h] + x[i]   * sin[i+h]
+// Both halves of cos and sin are read (they need not be equal).
+//
+// Layout: q [B, Hq, S, D], k [B, Hkv, S, D], cos/sin [B or 1, S, D], outputs shaped like q and k. Every
+// tensor may have any leading strides; the last dim must be contiguous. Outputs are written through their own
+// strides, so out == in (in place) is allowed. cos/sin broadcast over the batch with a batch stride of 0.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace fusedrope {
+
+enum class TtsRopeDtype : int { kBFloat16 = 0, kFloat16 = 1 };
+
+struct TtsRopeParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  void* q_out = nullptr;
+  void* k_out = nullptr;
+  // Element strides of the leading dims: (batch, head, seq) for q/k and their outputs, (batch, seq) for
+  // cos/sin (batch stride 0 broadcasts one cos/sin over the batch).
+  int64_t q_sb = 0, q_sh = 0, q_ss = 0;
+  int64_t k_sb = 0, k_sh = 0, k_ss = 0;
+  int64_t c_sb = 0, c_ss = 0;
+  int64_t s_sb = 0, s_ss = 0;
+  int64_t qo_sb = 0, qo_sh = 0, qo_ss = 0;
+  int64_t ko_sb = 0, ko_sh = 0, ko_ss = 0;
+  int64_t B = 0, S = 0, Hq = 0, Hkv = 0, D = 0;
+};
+
+// Launch shape. 0 = let the launcher choose (the normal case); non-zero values force a choice, for tests
+// (e.g. the narrow paths on aligned data) and tuning on a GPU.
+struct TtsRopeLaunchConfig {
+  int vec = 0;              // elements per access along D: 8 (16-byte uint4), 2 (bf16x2 / half2) or 1
+  int warps_per_token = 0;  // warps sharing one (b, s) token's heads: 1..8
+  int tokens_per_cta = 0;   // tokens per thread block: 1..8, warps_per_token * tokens_per_cta <= 8
+  int max_blocks = 0;       // cap on the grid (the kernel loops over the remaining tokens); 0 = no cap
+};
+
+// Vector width the launcher would pick for these pointers and strides: 8 when all six base pointers are
+// 16-byte aligned and every leading stride (of a dim with more than one index) is a multiple of 8 elements,
+// 2 when they are 4-byte aligned with even strides, else 1.
+int qwen3_tts_rope_pick_vec(const TtsRopeParams& p);
+
+// Enqueue the kernel on `stream`. Returns cudaSuccess, the launch error, or cudaErrorInvalidValue for
+// arguments the kernel does not serve (D not in {64, 128, 256}, B*S or Hq+Hkv >= 2^31, null pointers, a
+// forced config out of range). Empty problems (B, S or Hq+Hkv = 0) return cudaSuccess without a launch.
+// Never synchronizes.
+cudaError_t qwen3_tts_rope_launch(const TtsRopeParams& p, TtsRopeDtype dtype, cudaStream_t stream,
+                                  const TtsRopeLaunchConfig* config = nullptr);
+
+}  // namespace fusedrope

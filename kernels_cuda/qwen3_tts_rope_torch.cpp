@@ -1,0 +1,129 @@
+// Torch binding of the qwen3_tts_rope CUDA kernel (qwen3_tts_rope.cu, framework-free).
+//
+//   torch.ops.fusedrope_cuda.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out) -> ()
+//   torch.ops.fusedrope_cuda.qwen3_tts_rope_out_config(q, k, cos, sin, q_out, k_out,
+//                                                      vec, warps_per_token, tokens_per_cta, max_blocks) -> ()
+//
+// Writes q_out / k_out through their own strides (pass q_out=q, k_out=k for in place). Launches on the current
+// stream of q's device, never synchronizes (CUDA-graph capturable). fusedrope/tts_rope.py validates the inputs
+// before calling; the checks here are a second, defensive line with plain messages. The `_config` variant
+// forces the launch shape (0 = automatic) for tests and tuning.
+//
+// Other sources of the same extension register their ops in the namespace with TORCH_LIBRARY_FRAGMENT too:
+// only one TORCH_LIBRARY block per namespace is allowed in a process.
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <string>
+
+#include "qwen3_tts_rope.cuh"
+
+namespace {
+
+constexpr const char* kOp = "fusedrope_cuda::qwen3_tts_rope_out";
+
+void check_tensor(const at::Tensor& t, const char* name, int64_t dim, const at::Tensor& q) {
+  TORCH_CHECK(t.defined(), kOp, ": argument '", name, "' is an undefined tensor");
+  TORCH_CHECK(t.is_cuda(), kOp, ": argument '", name, "' expected a CUDA tensor, got a tensor on ", t.device());
+  TORCH_CHECK(t.device() == q.device(), kOp, ": argument '", name, "' expected a tensor on ", q.device(),
+              " (same device as 'q'), got ", t.device());
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), kOp, ": argument '", name, "' expected dtype ",
+              q.scalar_type(), " (same as 'q'), got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == dim, kOp, ": argument '", name, "' expected a ", dim, "-D tensor, got ", t.dim(),
+              "-D shape ", t.sizes());
+  TORCH_CHECK(t.size(dim - 1) <= 1 || t.stride(dim - 1) == 1, kOp, ": argument '", name,
+              "' expected a contiguous last dimension (stride 1), got strides ", t.strides());
+}
+
+void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+         const at::Tensor& q_out, const at::Tensor& k_out, const fusedrope::TtsRopeLaunchConfig& cfg) {
+  TORCH_CHECK(q.defined() && q.is_cuda(), kOp, ": argument 'q' expected a CUDA tensor");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, kOp,
+              ": argument 'q' expected dtype bfloat16 or float16, got ", q.scalar_type());
+  check_tensor(q, "q", 4, q);
+  check_tensor(k, "k", 4, q);
+  check_tensor(cos, "cos", 3, q);
+  check_tensor(sin, "sin", 3, q);
+  check_tensor(q_out, "q_out", 4, q);
+  check_tensor(k_out, "k_out", 4, q);
+
+  const int64_t B = q.size(0), Hq = q.size(1), S = q.size(2), D = q.size(3), Hkv = k.size(1);
+  TORCH_CHECK(D == 64 || D == 128 || D == 256, kOp, ": argument 'q' expected head_dim (last dim) 64, 128 or 256, got ",
+              D);
+  TORCH_CHECK(k.size(0) == B && k.size(2) == S && k.size(3) == D, kOp, ": argument 'k' expected shape [", B,
+              ", Hkv, ", S, ", ", D, "], got ", k.sizes());
+  TORCH_CHECK(cos.size(0) == B || cos.size(0) == 1, kOp, ": argument 'cos' expected shape [", B, " or 1, ", S,
+              ", ", D, "], got ", cos.sizes());
+  TORCH_CHECK(cos.size(1) == S && cos.size(2) == D, kOp, ": argument 'cos' expected shape [", B, " or 1, ", S,
+              ", ", D, "], got ", cos.sizes());
+  TORCH_CHECK(sin.sizes() == cos.sizes(), kOp, ": argument 'sin' expected shape ", cos.sizes(),
+              " (same as 'cos'), got ", sin.sizes());
+  TORCH_CHECK(q_out.sizes() == q.sizes(), kOp, ": argument 'q_out' expected shape ", q.sizes(), ", got ",
+              q_out.sizes());
+  TORCH_CHECK(k_out.sizes() == k.sizes(), kOp, ": argument 'k_out' expected shape ", k.sizes(), ", got ",
+              k_out.sizes());
+  TORCH_CHECK(B * S <= INT32_MAX && Hq + Hkv <= (int64_t(1) << 30), kOp,
+              ": expected B*S < 2^31 and Hq+Hkv <= 2^30, got B*S=", B * S, ", Hq+Hkv=", Hq + Hkv);
+  if (B == 0 || S == 0 || Hq + Hkv == 0) return;
+
+  fusedrope::TtsRopeParams p;
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.cos = cos.data_ptr();
+  p.sin = sin.data_ptr();
+  p.q_out = q_out.data_ptr();
+  p.k_out = k_out.data_ptr();
+  p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_ss = q.stride(2);
+  p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_ss = k.stride(2);
+  p.c_sb = cos.size(0) == 1 ? 0 : cos.stride(0), p.c_ss = cos.stride(1);  // batch broadcast: stride 0
+  p.s_sb = sin.size(0) == 1 ? 0 : sin.stride(0), p.s_ss = sin.stride(1);
+  p.qo_sb = q_out.stride(0), p.qo_sh = q_out.stride(1), p.qo_ss = q_out.stride(2);
+  p.ko_sb = k_out.stride(0), p.ko_sh = k_out.stride(1), p.ko_ss = k_out.stride(2);
+  p.B = B, p.S = S, p.Hq = Hq, p.Hkv = Hkv, p.D = D;
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  const auto dtype = q.scalar_type() == at::kBFloat16 ? fusedrope::TtsRopeDtype::kBFloat16
+                                                      : fusedrope::TtsRopeDtype::kFloat16;
+  const cudaError_t err = fusedrope::qwen3_tts_rope_launch(p, dtype, stream, &cfg);
+  TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err),
+              err == cudaErrorInvalidValue ? " (arguments the kernel does not serve, or a forced launch config out of range)"
+                                           : "");
+}
+
+void qwen3_tts_rope_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                        at::Tensor& q_out, at::Tensor& k_out) {
+  run(q, k, cos, sin, q_out, k_out, fusedrope::TtsRopeLaunchConfig{});
+}
+
+void qwen3_tts_rope_out_config(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                               const at::Tensor& sin, at::Tensor& q_out, at::Tensor& k_out, int64_t vec,
+                               int64_t warps_per_token, int64_t tokens_per_cta, int64_t max_blocks) {
+  TORCH_CHECK(vec >= 0 && vec <= 8 && warps_per_token >= 0 && warps_per_token <= 8 && tokens_per_cta >= 0 &&
+                  tokens_per_cta <= 8 && max_blocks >= 0 && max_blocks <= INT32_MAX,
+              kOp, "_config: launch config out of range: vec=", vec, " warps_per_token=", warps_per_token,
+              " tokens_per_cta=", tokens_per_cta, " max_blocks=", max_blocks);
+  fusedrope::TtsRopeLaunchConfig cfg;
+  cfg.vec = int(vec);
+  cfg.warps_per_token = int(warps_per_token);
+  cfg.tokens_per_cta = int(tokens_per_cta);
+  cfg.max_blocks = int(max_blocks);
+  run(q, k, cos, sin, q_out, k_out, cfg);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fusedrope_cuda, m) {
+  m.def("qwen3_tts_rope_out(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor(a!) q_out, Tensor(b!) k_out) -> ()");
+  m.def(
+      "qwen3_tts_rope_out_config(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor(a!) q_out, Tensor(b!) k_out, "
+      "int vec=0, int warps_per_token=0, int tokens_per_cta=0, int max_blocks=0) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(fusedrope_cuda, CUDA, m) {
+  m.impl("qwen3_tts_rope_out", &qwen3_tts_rope_out);
+  m.impl("qwen3_tts_rope_out_config", &qwen3_tts_rope_out_config);
+}
