@@ -7,6 +7,7 @@ import torch
 from . import _checks as C
 from .backends import reference_available, triton_available
 from .registry import Impl, registry
+from . import cuda_tts_rope as _cuda  # light: torch.utils.cpp_extension is imported only to build
 
 OP = "qwen3_tts_rope"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -72,6 +73,7 @@ def _supports_any(facts) -> None:
 
 REGISTRY.register(Impl("reference", ".reference:qwen3_tts_rope", _supports_any, reference_available))
 REGISTRY.register(Impl("triton", ".triton_tts_rope:qwen3_tts_rope", _supports_any, triton_available))
+REGISTRY.register(Impl("cuda", ".cuda_tts_rope:qwen3_tts_rope", _cuda.supports, _cuda.available))
 
 
 def _run(q, k, cos, sin, inplace: bool, backend: str):
