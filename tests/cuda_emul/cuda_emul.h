@@ -1,0 +1,118 @@
+// Host emulation of the small part of the CUDA runtime and device API that fusedrope's framework-free kernels
+// use, so a kernel source compiles with a plain C++ compiler (g++ -x c++) and runs on the CPU, one thread after
+// another. Valid only for kernels whose threads do not communicate (no __syncthreads, shared memory, warp
+// shuffles or atomics): such a kernel computes the same result in any thread order. Used by
+// tests/test_cuda_kernels.py to check the kernels' indexing, vector paths and rounding without a GPU.
+//
+// The conversions are bit-exact models of the CUDA intrinsics: round-to-nearest-even, NaN kept quiet.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+// ---- qualifiers ---------------------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+
+// ---- vector types and launch geometry ----------------------------------------------------------------------
+struct uint4 { unsigned int x, y, z, w; };
+struct uint3 { unsigned int x, y, z; };
+struct float2 { float x, y; };
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
+};
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+// ---- runtime ------------------------------------------------------------------------------------------------
+enum cudaError_t : int {
+  cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9,
+};
+typedef struct CUstream_st* cudaStream_t;
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated error"; }
+
+// Launch statistics, read by the tests.
+inline long long emu_launches = 0;
+inline dim3 emu_last_grid, emu_last_block;
+inline int emu_max_threads_per_block = 1024;
+
+namespace cuda_emul_detail {
+template <class... A, std::size_t... I>
+void run(void (*f)(A...), dim3 g, dim3 b, void** args, std::index_sequence<I...>) {
+  gridDim = g;
+  blockDim = b;
+  for (unsigned bz = 0; bz < g.z; ++bz)
+    for (unsigned by = 0; by < g.y; ++by)
+      for (unsigned bx = 0; bx < g.x; ++bx) {
+        blockIdx = uint3{bx, by, bz};
+        for (unsigned tz = 0; tz < b.z; ++tz)
+          for (unsigned ty = 0; ty < b.y; ++ty)
+            for (unsigned tx = 0; tx < b.x; ++tx) {
+              threadIdx = uint3{tx, ty, tz};
+              f(*static_cast<A*>(args[I])...);
+            }
+      }
+}
+}  // namespace cuda_emul_detail
+
+template <class... A>
+cudaError_t cudaLaunchKernel(void (*f)(A...), dim3 g, dim3 b, void** args, std::size_t shared = 0,
+                             cudaStream_t stream = nullptr) {
+  (void)shared;
+  (void)stream;
+  const unsigned long long threads = 1ull * b.x * b.y * b.z;
+  if (!g.x || !g.y || !g.z || !threads || threads > unsigned(emu_max_threads_per_block) || g.x > 0x7fffffffu ||
+      g.y > 65535u || g.z > 65535u || b.z > 64u)
+    return cudaErrorInvalidConfiguration;
+  ++emu_launches;
+  emu_last_grid = g;
+  emu_last_block = b;
+  cuda_emul_detail::run(f, g, b, args, std::index_sequence_for<A...>{});
+  return cudaSuccess;
+}
+
+// ---- device intrinsics --------------------------------------------------------------------------------------
+template <class T>
+inline T __ldg(const T* p) { return *p; }
+inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
+
+// bfloat16
+struct __nv_bfloat16 { unsigned short bits; };
+struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16{u}; }
+inline float __bfloat162float(__nv_bfloat16 h) { return __uint_as_float(unsigned(h.bits) << 16); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  const unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{static_cast<unsigned short>((u >> 16) | 0x40u)};
+  return __nv_bfloat16{static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+inline __nv_bfloat162 __float22bfloat162_rn(float2 f) {
+  return __nv_bfloat162{__float2bfloat16_rn(f.x), __float2bfloat16_rn(f.y)};
+}
+inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
+
+// float16 (through the compiler's _Float16: IEEE binary16, conversions round to nearest even)
+struct __half { unsigned short bits; };
+struct __half2 { __half x, y; };
+inline unsigned short __half_as_ushort(__half h) { return h.bits; }
+inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
+inline float __half2float(__half h) { _Float16 v; std::memcpy(&v, &h.bits, 2); return static_cast<float>(v); }
+inline __half __float2half_rn(float f) {
+  const _Float16 v = static_cast<_Float16>(f);
+  __half h;
+  std::memcpy(&h.bits, &v, 2);
+  return h;
+}
+inline __half2 __float22half2_rn(float2 f) { return __half2{__float2half_rn(f.x), __float2half_rn(f.y)}; }
+inline float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }

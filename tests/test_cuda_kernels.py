@@ -1,0 +1,431 @@
+"""The hand-written CUDA kernel of qwen3_tts_rope, checked without a GPU.
+
+1. nvcc compiles kernels_cuda/qwen3_tts_rope.cu for sm_80 and sm_90; the SASS of the 16-byte path moves data with
+   128-bit global loads/stores, the narrow paths with 32-/16-bit ones, and no kernel touches local memory.
+2. The same source, compiled by the host C++ compiler against tests/cuda_emul (a bit-exact host model of the
+   few CUDA intrinsics it uses, every thread run in turn), is run on CPU tensors and compared with the float64
+   oracle: every vector path, head_dim, dtype, stride pattern, in place, cos broadcast, forced launch shapes,
+   the token loop of a capped grid, and out-of-bounds writes (guard bytes around every output).
+3. On this CPU machine the registry falls back from ``cuda`` and says why; the torch binding compiles against
+   torch's headers (syntax only: a CPU torch cannot link a CUDA extension).
+The GPU run of the real extension is gpu/check_qwen3_tts_rope.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import fusedrope
+from fusedrope import cuda_ext, cuda_tts_rope
+from fusedrope.reference import qwen3_tts_rope_oracle
+from fusedrope.testing import TTS_CASES, TtsCase, assert_ulp_close, make_tts_inputs, ulp_diff
+from fusedrope.tts_rope import REGISTRY
+
+import kernel_asm as K
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "kernels_cuda" / "qwen3_tts_rope.cu"
+BINDING = ROOT / "kernels_cuda" / "qwen3_tts_rope_torch.cpp"
+EMUL = Path(__file__).resolve().parent / "cuda_emul"
+VECS = {8: "Li8EE", 2: "Li2EE", 1: "Li1EE"}  # the VEC template argument, as mangled in the kernel names
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 1. nvcc + SASS
+# ----------------------------------------------------------------------------------------------------------
+def _kernels(arch):
+    cubin = K.nvcc_cubin(SRC, arch)
+    funcs = K.sass_functions(K.sass(cubin))
+    usage = K.resource_usage(cubin)
+    tts = {n: f for n, f in funcs.items() if "qwen3_tts_rope_kernel" in n}
+    assert len(tts) == 18, f"expected 2 dtypes x 3 head dims x 3 widths = 18 kernels, got {sorted(tts)}"
+    return tts, usage
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_no_local_memory_and_bounded_registers(arch):
+    tts, usage = _kernels(arch)
+    for name, code in tts.items():
+        u = usage[name]
+        assert u["stack"] == 0 and u["local"] == 0, f"{K.demangle_hint(name)} uses local memory: {u}"
+        ops = set(K.opcodes(code))
+        assert not {o for o in ops if o.startswith(("LDL", "STL"))}, f"{K.demangle_hint(name)} spills: {ops}"
+        assert u["registers"] <= 128, f"{K.demangle_hint(name)}: {u['registers']} registers (occupancy)"
+        # A subroutine call names its target (CALL.REL.NOINC `(__internal_...)`); a bare CALL.REL.NOINC with an
+        # address is how sm_80 code leaves a loop.
+        calls = [ln for ln in code.splitlines() if "CALL" in ln and "`(" in ln]
+        assert not calls, f"{K.demangle_hint(name)} calls a subroutine: {calls[0].strip()}"
+
+
+def _global_memory_ops(code):
+    return Counter(o for o in K.opcodes(code) if o.startswith(("LDG", "STG", "LD.", "ST.")))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_vector_paths_use_the_intended_access_widths(arch):
+    tts, _ = _kernels(arch)
+    # Mnemonics as nvcc 13 / cuobjdump print them: LDG.E.128 (q/k), LDG.E.128.CONSTANT (cos/sin through the
+    # read-only path), STG.E.128; the 4-byte path LDG.E / STG.E; the scalar path LDG.E.U16 / STG.E.U16.
+    want = {8: ("LDG.E.128", "STG.E.128"), 2: ("LDG.E", "STG.E"), 1: ("LDG.E.U16", "STG.E.U16")}
+    seen = set()
+    for name, code in tts.items():
+        tmpl = name.split("qwen3_tts_rope_kernel", 1)[1]
+        vec = int(tmpl.split("ELi")[-1].split("E")[0])
+        seen.add(vec)
+        ops = _global_memory_ops(code)
+        load, store = want[vec]
+        loads = {o for o in ops if o.startswith("LDG")}
+        stores = {o for o in ops if o.startswith("STG")}
+        assert stores == {store}, f"{K.demangle_hint(name)}: stores {dict(ops)}, expected only {store}"
+        assert loads == {load, load + ".CONSTANT"}, f"{K.demangle_hint(name)}: loads {dict(ops)}"
+        assert not any(o.startswith(("LD.", "ST.")) for o in ops), f"{K.demangle_hint(name)}: generic accesses"
+        # Each row chunk is loaded and stored in both halves: as many stores as q/k loads.
+        assert ops[load] == ops[store], f"{K.demangle_hint(name)}: {dict(ops)}"
+    assert seen == {8, 2, 1}
+
+
+def test_vector_path_issues_all_loads_of_a_round_before_storing():
+    """The 16-byte bf16 D=128 kernel: 4 passes x 2 halves of q/k loads precede the first store (memory-level
+    parallelism), and cos/sin (4 x 128-bit) are read once per token, before the head loop."""
+    tts, _ = _kernels("sm_90")
+    name = next(n for n in tts if "13__nv_bfloat16Li128ELi8E" in n)
+    ops = [o for o in K.opcodes(tts[name]) if o.startswith(("LDG", "STG"))]
+    first_store = ops.index("STG.E.128")
+    assert ops[:first_store].count("LDG.E.128") == 8, ops
+    assert ops.count("LDG.E.128.CONSTANT") == 4, ops
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 2. The kernel source on the host, through tests/cuda_emul
+# ----------------------------------------------------------------------------------------------------------
+def _cxx():
+    for c in (os.environ.get("CXX"), "g++", "clang++"):
+        if c and shutil.which(c):
+            return shutil.which(c)
+    return None
+
+
+@pytest.fixture(scope="module")
+def emu():
+    cxx = _cxx()
+    if cxx is None:
+        pytest.skip("no host C++ compiler (g++ or clang++) to run the kernel source in host emulation")
+    h = hashlib.sha256(cxx.encode())
+    for f in sorted([SRC, SRC.with_suffix(".cuh"), *EMUL.glob("*")]):
+        h.update(f.name.encode() + f.read_bytes())
+    out = Path(tempfile.gettempdir()) / f"fusedrope-emu-{os.getuid()}-{h.hexdigest()[:16]}.so"
+    if not out.exists():
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
+               "-I", str(EMUL), "-x", "c++", str(EMUL / "harness.cpp"), f'-DKERNEL_SOURCE="{SRC}"', "-o", str(tmp)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, f"host-emulation build failed:\n{proc.stderr[-4000:]}"
+        os.replace(tmp, out)
+    lib = ctypes.CDLL(str(out))
+    lib.emu_qwen3_tts_rope.restype = ctypes.c_int
+    lib.emu_qwen3_tts_rope_pick_vec.restype = ctypes.c_int
+    lib.emu_launch_count.restype = ctypes.c_longlong
+    return lib
+
+
+def _pack(q, k, cos, sin, q_out, k_out):
+    ptrs = (ctypes.c_void_p * 6)(*(t.data_ptr() for t in (q, k, cos, sin, q_out, k_out)))
+    cb = 0 if cos.shape[0] == 1 else cos.stride(0)
+    sb = 0 if sin.shape[0] == 1 else sin.stride(0)
+    B, Hq, S, D = q.shape
+    ints = (ctypes.c_int64 * 21)(*q.stride()[:3], *k.stride()[:3], cb, cos.stride(1), sb, sin.stride(1),
+                                 *q_out.stride()[:3], *k_out.stride()[:3], B, S, Hq, k.shape[1], D)
+    return ptrs, ints
+
+
+def emu_call(lib, q, k, cos, sin, q_out, k_out, vec=0, wpt=0, tpc=0, max_blocks=0) -> int:
+    ptrs, ints = _pack(q, k, cos, sin, q_out, k_out)
+    dtype = {torch.bfloat16: 0, torch.float16: 1}[q.dtype]
+    cfg = (ctypes.c_int * 4)(vec, wpt, tpc, max_blocks)
+    return lib.emu_qwen3_tts_rope(ptrs, ints, dtype, cfg)
+
+
+def emu_pick_vec(lib, q, k, cos, sin, q_out, k_out) -> int:
+    return lib.emu_qwen3_tts_rope_pick_vec(*_pack(q, k, cos, sin, q_out, k_out))
+
+
+def guarded_like(t: torch.Tensor, pad: int = 64, offset: int = 0, byte: int = 0xFF):
+    """``(view, buffer)``: a contiguous view shaped like ``t`` inside a poisoned buffer with ``pad`` guard
+    elements on each side; ``offset`` shifts it (e.g. 1 = misaligned by one element)."""
+    n = t.numel()
+    buf = torch.empty(n + 2 * pad + offset, dtype=t.dtype)
+    buf.view(torch.uint8).fill_(byte)
+    return buf[pad + offset:pad + offset + n].view(t.shape), buf
+
+
+def check_guards(buf, view):
+    """Every element of ``buf`` outside ``view`` still holds the poison (no write out of bounds)."""
+    inside = torch.zeros(buf.numel(), dtype=torch.bool)
+    idx = torch.arange(buf.numel()).as_strided(view.shape, view.stride(), view.storage_offset())
+    inside[idx.reshape(-1)] = True
+    raw = buf.view(torch.int16)
+    assert bool((raw[~inside] == -1).all()), f"{int((raw[~inside] != -1).sum())} guard elements were written"
+
+
+def check(q_out, k_out, q, k, cos, sin):
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    for out, ref, name in ((q_out, q_ref, "q"), (k_out, k_ref, "k")):
+        assert_ulp_close(out, ref, 1, name)
+        off = int((ulp_diff(out, ref) != 0).sum())
+        assert off <= 2 + out.numel() // 1000, f"{name}: {off} of {out.numel()} elements not correctly rounded"
+
+
+def run_emu(lib, q, k, cos, sin, expect_vec=None, offset=0, **cfg):
+    q_out, qbuf = guarded_like(q, offset=offset)
+    k_out, kbuf = guarded_like(k, offset=offset)
+    if expect_vec is not None:
+        assert emu_pick_vec(lib, q, k, cos, sin, q_out, k_out) == expect_vec
+    before = lib.emu_launch_count()
+    assert emu_call(lib, q, k, cos, sin, q_out, k_out, **cfg) == 0
+    assert lib.emu_launch_count() == before + (1 if q.shape[0] * q.shape[2] and q.shape[1] + k.shape[1] else 0)
+    check_guards(qbuf, q_out)
+    check_guards(kbuf, k_out)
+    check(q_out, k_out, q, k, cos, sin)
+    return q_out, k_out
+
+
+@pytest.mark.parametrize("case", TTS_CASES, ids=lambda c: c.id)
+def test_emulated_kernel_on_seed_matrix(emu, case):
+    q, k, cos, sin = make_tts_inputs(case, seed=hash(case.id) % 1000)
+    run_emu(emu, q, k, cos, sin, expect_vec=8)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("vec", [8, 2, 1])
+@pytest.mark.parametrize("layout", ["projection", "contiguous"])
+def test_emulated_every_path(emu, dtype, head_dim, vec, layout):
+    case = TtsCase("paths", 2, 5, 7, 3, head_dim)
+    q, k, cos, sin = make_tts_inputs(case, dtype, seed=head_dim + vec, layout=layout, random_cos_sin=True)
+    run_emu(emu, q, k, cos, sin, expect_vec=8, vec=vec)
+
+
+def test_emulated_misaligned_and_odd_strides_pick_narrow_paths(emu):
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(2, 9, 5, 160, generator=g).to(torch.bfloat16)
+    q = base[:, 1:8:2, :4, 16:144].transpose(1, 2)  # strides multiples of 8, 32-byte offset: 16-byte path
+    kb = torch.randn(4, 4, 3, 131, generator=g).to(torch.bfloat16)
+    k = kb[::2, :, :, 3:131].transpose(1, 2)  # odd element offset and odd strides: scalar path
+    cs = torch.randn(2, 4, 2, 136, generator=g).to(torch.bfloat16)
+    cos, sin = cs[:, :, 0, 8:136], cs[:, :, 1, :128]  # 16-byte aligned, strides % 8 == 0
+    run_emu(emu, q, k, cos, sin, expect_vec=1)
+    k2 = torch.randn(4, 4, 3, 130, generator=g).to(torch.bfloat16)[::2, :, :, 2:130].transpose(1, 2)
+    run_emu(emu, q, k2, cos, sin, expect_vec=2)  # 4-byte aligned, even strides
+    run_emu(emu, q, k2.contiguous(), cos, sin, expect_vec=8)
+    run_emu(emu, q, k2.contiguous(), cos, sin, expect_vec=1, offset=1)  # outputs misaligned by one element
+    run_emu(emu, q, k2.contiguous(), cos, sin, expect_vec=2, offset=2)
+
+
+def test_emulated_forced_wider_path_than_layout_is_refused(emu):
+    q, k, cos, sin = make_tts_inputs(TtsCase("w", 1, 2, 2, 1))
+    q_out, _ = guarded_like(q, offset=1)
+    k_out, _ = guarded_like(k)
+    assert emu_call(emu, q, k, cos, sin, q_out, k_out, vec=8) == 1  # cudaErrorInvalidValue, nothing launched
+    assert emu_call(emu, q, k, cos, sin, q_out, k_out, vec=2) == 1
+    assert emu_call(emu, q, k, cos, sin, q_out, k_out, vec=4) == 1
+
+
+@pytest.mark.parametrize("wpt,tpc,max_blocks", [(1, 1, 0), (1, 4, 0), (2, 2, 0), (3, 1, 0), (4, 2, 0), (8, 1, 0),
+                                                (1, 8, 0), (2, 1, 3), (1, 3, 1), (4, 2, 2)])
+def test_emulated_launch_shapes_and_token_loop(emu, wpt, tpc, max_blocks):
+    case = TtsCase("shape", 3, 7, 13, 5, 128)  # 21 tokens, 18 heads: neither divides anything evenly
+    q, k, cos, sin = make_tts_inputs(case, seed=wpt * 10 + tpc, random_cos_sin=True)
+    run_emu(emu, q, k, cos, sin, wpt=wpt, tpc=tpc, max_blocks=max_blocks)
+    grid = (ctypes.c_uint * 6)()
+    emu.emu_last_launch(grid)
+    assert (grid[3], grid[4]) == (32 * wpt, tpc)
+    blocks = -(-21 // tpc)
+    assert grid[0] == (min(blocks, max_blocks) if max_blocks else blocks)
+
+
+@pytest.mark.parametrize("wpt,tpc", [(0, 0), (9, 1), (1, 9), (4, 4), (-1, 1)])
+def test_emulated_bad_launch_config_is_refused(emu, wpt, tpc):
+    q, k, cos, sin = make_tts_inputs(TtsCase("bad", 1, 2, 2, 1))
+    q_out, k_out = torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous())
+    rc = emu_call(emu, q, k, cos, sin, q_out, k_out, wpt=wpt, tpc=tpc)
+    assert rc == (0 if (wpt, tpc) == (0, 0) else 1)
+
+
+def test_emulated_automatic_launch_shape(emu):
+    # Tiny, launch-bound: one token per block. wide_heads B=32 (40 heads, 4 rows per 16-byte pass): 3 warps per
+    # token, so each warp's 3-4 passes are one round of loads.
+    for case, want_block in ((TTS_CASES[0], (64, 1)), (next(c for c in TTS_CASES if c.id == "wide_heads-B32"), (96, 1)),
+                             (next(c for c in TTS_CASES if c.id == "small_tts-B1"), (32, 1))):
+        q, k, cos, sin = make_tts_inputs(case)
+        q_out, k_out = torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous())
+        assert emu_call(emu, q, k, cos, sin, q_out, k_out) == 0
+        grid = (ctypes.c_uint * 6)()
+        emu.emu_last_launch(grid)
+        assert (grid[3], grid[4]) == want_block, case.id
+        assert grid[0] == case.batch * case.seq_len
+
+
+@pytest.mark.parametrize("cos_batch", [1, None])
+def test_emulated_cos_broadcast(emu, cos_batch):
+    q, k, cos, sin = make_tts_inputs(TtsCase("bc", 3, 4, 4, 2), cos_batch=cos_batch, seed=5)
+    run_emu(emu, q, k, cos, sin, expect_vec=8)
+    if cos_batch == 1:  # same bytes as the expanded cos/sin
+        a = run_emu(emu, q, k, cos, sin)
+        b = run_emu(emu, q, k, cos.expand(3, -1, -1), sin.expand(3, -1, -1))
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("vec,wpt,tpc,max_blocks", [(8, 0, 0, 0), (2, 0, 0, 0), (1, 0, 0, 0), (8, 1, 2, 1),
+                                                    (8, 2, 3, 2), (1, 3, 2, 1)])
+def test_emulated_inplace_through_strides(emu, vec, wpt, tpc, max_blocks):
+    """In place, every element must be rotated exactly once (a token visited twice would rotate twice)."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("ip", 2, 5, 4, 2), seed=7, random_cos_sin=True)
+    proj = q._base
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    assert emu_call(emu, q, k, cos, sin, q, k, vec=vec, wpt=wpt, tpc=tpc, max_blocks=max_blocks) == 0
+    assert_ulp_close(q, q_ref, 1, "q")
+    assert_ulp_close(k, k_ref, 1, "k")
+    assert q._base is proj
+
+
+def test_emulated_independent_halves_and_specials(emu):
+    """cos[i] != cos[i+h] everywhere; zeros, infinities and NaN propagate like the fp32 formula."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("sp", 1, 3, 2, 1), seed=11, random_cos_sin=True)
+    q = q.contiguous()
+    q[0, 0, 0, 0] = float("inf")
+    q[0, 1, 1, 5] = float("nan")
+    q[0, 0, 2, :] = 0
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k.contiguous())
+    assert emu_call(emu, q, k, cos, sin, q_out, k_out) == 0
+    from fusedrope.reference import neox_rope
+
+    want = neox_rope(q, cos, sin, torch.float32).to(q.dtype)
+    assert torch.equal(q_out.view(torch.int16)[~want.isnan()], want.view(torch.int16)[~want.isnan()])
+    assert bool(q_out[want.isnan()].isnan().all())
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 3, 128), (2, 4, 0, 128), (2, 0, 3, 128)])
+def test_emulated_empty_launches_nothing(emu, shape):
+    B, H, S, D = shape
+    q = torch.randn(B, H, S, D).to(torch.bfloat16)
+    k = torch.randn(B, 0 if H == 0 else 2, S, D).to(torch.bfloat16)
+    cos = sin = torch.randn(max(B, 1), S, D).to(torch.bfloat16)
+    before = emu.emu_launch_count()
+    assert emu_call(emu, q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)) == 0
+    assert emu.emu_launch_count() == before
+
+
+def test_emulated_unsupported_head_dim_is_refused(emu):
+    q, k, cos, sin = make_tts_inputs(TtsCase("hd", 1, 2, 2, 1, 96))
+    assert emu_call(emu, q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)) == 1
+
+
+def test_emulation_rounding_model_matches_torch(emu):
+    """The emulated conversions (the model the kernel is checked with) round like torch: RNE, NaN kept."""
+    x = torch.randn(20000) * torch.logspace(-30, 30, 20000)
+    x = torch.cat([x, torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 65504.0, 65520.0, 1e-8])])
+    for dtype in (torch.bfloat16, torch.float16):
+        # The kernel's output for x = [a, 0, ...], cos = [1.5, 0, ...], sin = 0 is RNE(a * 1.5), a in dtype.
+        a = x.to(dtype)
+        n = a.numel()
+        q64 = torch.zeros(1, n, 1, 64, dtype=dtype)
+        q64[0, :, 0, 0] = a
+        c64 = torch.zeros(1, 1, 64, dtype=dtype)
+        c64[..., 0] = 1.5
+        s64 = torch.zeros(1, 1, 64, dtype=dtype)
+        k64 = torch.zeros(1, 1, 1, 64, dtype=dtype)
+        out, kout = torch.empty_like(q64), torch.empty_like(k64)
+        assert emu_call(emu, q64, k64, c64, s64, out, kout) == 0
+        want = (a.float() * 1.5).to(dtype)
+        got = out[0, :, 0, 0]
+        ok = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+        assert bool(ok.all()), f"{dtype}: {int((~ok).sum())} conversions differ from torch"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 3. Registry and binding on this machine
+# ----------------------------------------------------------------------------------------------------------
+def test_registry_falls_back_from_cuda_on_cpu_and_explains_why():
+    q, k, cos, sin = make_tts_inputs(TtsCase("reg", 1, 2, 2, 1))
+    ex = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin)
+    decisions = {d.backend: d for d in ex}
+    assert ex[0].backend == "cuda", "cuda must be tried first"
+    assert not decisions["cuda"].runs
+    if not torch.cuda.is_available():
+        assert "CUDA device" in decisions["cuda"].reason and "cpu" in decisions["cuda"].reason
+        assert ex.chosen in ("triton", "reference")
+        assert "cuda" in str(ex)
+        with pytest.raises(fusedrope.BackendUnavailableError, match="backend 'cuda' cannot run.*CUDA device"):
+            fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="cuda")
+    # Without a GPU the result is still right, from the fallback.
+    q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin)
+    check(q_out, k_out, q, k, cos, sin)
+
+
+def test_cuda_supports_reasons():
+    dev = torch.device("cuda")
+    assert cuda_tts_rope.supports((dev, torch.bfloat16, 128, False)) is None
+    assert cuda_tts_rope.supports((dev, torch.float16, 64, True)) is None
+    assert cuda_tts_rope.supports((dev, torch.bfloat16, 256, False)) is None
+    r = cuda_tts_rope.supports((dev, torch.float32, 96, False))
+    assert r == "cuda kernel serves bfloat16/float16 with D in (64, 128, 256), got float32 D=96"
+    assert "D=2" in cuda_tts_rope.supports((dev, torch.bfloat16, 2, False))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU reasons")
+def test_cuda_ext_reasons_without_gpu(monkeypatch):
+    assert "CUDA device" in cuda_ext.available(torch.device("cpu"))
+    if not torch.version.cuda:
+        assert cuda_ext.available(torch.device("cuda")) == "this torch build has no CUDA (torch.version.cuda is None)"
+        with pytest.raises(RuntimeError, match="cannot build the CUDA kernels: this torch build has no CUDA"):
+            cuda_ext.build()
+    monkeypatch.setattr(torch.version, "hip", "6.2.0")
+    assert "ROCm" in cuda_ext.available(torch.device("cuda"))
+
+
+def test_cuda_ext_finds_sources_and_names_builds_by_content(tmp_path, monkeypatch):
+    srcs = cuda_ext.sources()
+    names = [s.name for s in srcs]
+    assert "qwen3_tts_rope.cu" in names and "qwen3_tts_rope_torch.cpp" in names
+    assert all(s.suffix == ".cu" or s.name.endswith("_torch.cpp") for s in srcs)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    a = cuda_ext.ext_name()
+    assert a.startswith("fusedrope_cuda_") and a == cuda_ext.ext_name()
+    assert cuda_ext.ext_name("8.0") != a
+    assert str(cuda_ext.build_root()).startswith(str(tmp_path))
+
+
+def test_cuda_ext_import_stays_light():
+    code = ("import sys, torch, fusedrope; "
+            "assert 'torch.utils.cpp_extension' not in sys.modules, 'cpp_extension imported at package import'")
+    env = dict(os.environ)
+    proc = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_torch_binding_compiles_against_torch_headers(tmp_path):
+    """Syntax check of the binding (a CPU torch cannot link it; the GPU machine builds it for real)."""
+    cxx = _cxx()
+    cuda_inc = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+    if cxx is None or not (cuda_inc / "cuda_runtime_api.h").exists():
+        pytest.skip("needs a host C++ compiler and the CUDA headers (cuda_runtime_api.h)")
+    from torch.utils import cpp_extension
+
+    stub = tmp_path / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True)  # generated at torch's build time, absent from CPU wheels
+    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    inc = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{tmp_path}", f"-I{cuda_inc}"]
+    proc = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", *inc, str(BINDING)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
