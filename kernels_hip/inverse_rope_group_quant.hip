@@ -1,0 +1,415 @@
+// Fused inverse RoPE + FP8 per-group quant with e8m0 scales for AMD CDNA3/CDNA4 (gfx942 / gfx950), wave64.
+// Contract and parameter meanings: inverse_rope_group_quant.h. Bit-exact to fusedrope.reference for the scale
+// bytes; fp8 values are the RNE of the same fp32 numbers (no FMA contraction in the rotation).
+//
+// Work decomposition (why group 32 costs no more per byte than group 128):
+//   The flat element space S*H*512 is cut into 16-element chunks; one lane owns one chunk (two dwordx4 loads of
+//   bf16/fp16, one dwordx4 store of 16 fp8 bytes). Since 16 | 512 and 16 | quant_group_size, a chunk never
+//   straddles a head, a token or a quant block, and a block of Q elements is exactly Q/16 adjacent lanes of one
+//   DPP row: 2 lanes for Q=32 (one DPP step), 4 for 64, 8 for 128, 16 for 256 (four steps). Every lane of a
+//   block ends with the block amax (butterfly, no broadcast), computes the same scale byte with a handful of
+//   scalar ALU ops, and the first lane of the block writes it: one store instruction per wave for any Q.
+//   So smaller groups do fewer cross-lane steps, not more; no full-wave reduction and no LDS anywhere.
+//   Each lane handles kUnroll chunks (256 lanes apart) with all loads issued before any math.
+//
+// amax is taken on the integer bits of |v| (v_max_u32): for non-negative floats integer order is float order,
+// and NaN (> 0x7f800000) and Inf (== 0x7f800000) win the max, so one compare tells a non-finite block apart; such
+// a block gets scale byte 0xFF and fp8 NaN (0x7F for e4m3fn, 0x80 for fnuz) in all its values.
+//
+// fp8 encoding: gfx942 + e4m3fnuz and gfx950 + e4m3fn use v_cvt_pk_fp8_f32 (the gfx942 hardware format is FNUZ,
+// gfx950's is OCP); any other combination uses the exact software RNE below. Inputs are clamped to +-FP8_MAX
+// first (v_med3_f32), as the reference does.
+//
+// Compile-only check without ROCm (what tests/test_hip_kernels.py runs):
+//   clang++-19 -x hip --offload-arch=gfx942 --cuda-device-only -nogpulib -nogpuinc -O3 -S
+// Without the HIP runtime headers the few declarations used here are provided below.
+
+#include "inverse_rope_group_quant.h"
+
+#if !FUSEDROPE_HIP_HAVE_RUNTIME
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+#define __launch_bounds__(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+typedef int hipError_t;
+#define hipSuccess 0
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+extern "C" hipError_t hipLaunchKernel(const void* function_address, dim3 numBlocks, dim3 dimBlocks,
+                                      void** args, unsigned long sharedMemBytes, hipStream_t stream);
+#endif
+
+namespace fusedrope_hip {
+namespace {
+
+constexpr int kThreads = 256;  // 4 waves
+constexpr int kUnroll = 2;     // chunks per lane
+constexpr int kChunk = 16;     // elements per lane and chunk
+constexpr int kHeadDim = 512;
+constexpr int kRopeDim = 64;
+constexpr int kChunksPerHead = kHeadDim / kChunk;                 // 32
+constexpr int kFirstTailChunk = (kHeadDim - kRopeDim) / kChunk;   // 28
+
+typedef unsigned int u32x4 __attribute__((ext_vector_type(4)));
+#define FR_GLOBAL __attribute__((address_space(1)))
+
+// Kernel arguments (host and device see the same layout: generic pointers, cast to global in the kernel).
+struct KArgs {
+  const void* o;
+  void* x_fp8;
+  const void* positions;
+  const void* cos;
+  const void* sin;
+  void* x_scale;
+  long long pos_stride_bytes;
+  long long cos_stride_bytes;
+  long long sin_stride_bytes;
+  long long max_pos;
+  long long scale_stride_s_bytes;
+  long long scale_stride_b_bytes;
+  unsigned long long tok_magic;  // chunk / chunks_per_token by multiply-shift (Granlund-Montgomery)
+  unsigned num_chunks;
+  unsigned chunks_per_token;
+  unsigned tok_shift;
+  int pos_is_int64;
+  int cache_dtype;
+  int cache_vec;                 // cos/sin rows 16-byte aligned: dwordx4 loads
+  int io_vec;                    // o and x_fp8 16-byte aligned: dwordx4 loads/stores
+  int fp8_fnuz;
+  int scale_is_f32;
+};
+
+// ------------------------------------------------------------------------------------------------------------
+// scalar math, shared by every path (host-compilable: plain C++ on purpose)
+// ------------------------------------------------------------------------------------------------------------
+__device__ __host__ inline float as_float(unsigned u) { return __builtin_bit_cast(float, u); }
+__device__ __host__ inline unsigned as_uint(float f) { return __builtin_bit_cast(unsigned, f); }
+
+// e8m0 byte of 2^ceil(log2(max(amax, 1e-8) * fp32(1/fp8_max))) for a finite amax (given as |v| bits).
+__device__ __host__ inline unsigned e8m0_byte(unsigned amax_bits, float inv_fp8_max) {
+  float amax = as_float(amax_bits);
+  amax = amax < 1e-8f ? 1e-8f : amax;
+  const unsigned t = as_uint(amax * inv_fp8_max);
+  return ((t >> 23) & 0xFFu) + ((t & 0x7FFFFFu) != 0u);
+}
+
+// Exact RNE encoding of a finite |x| <= FP8_MAX into e4m3fn (bias 7) or e4m3fnuz (bias 8, no negative zero).
+__device__ __host__ inline unsigned fp8_encode_sw(float x, bool fnuz) {
+  const unsigned u = as_uint(x);
+  unsigned sign = (u >> 24) & 0x80u;
+  const unsigned a = u & 0x7FFFFFFFu;
+  const float af = as_float(a);
+  const float min_normal = fnuz ? 0.0078125f : 0.015625f;  // 2^-7 / 2^-6
+  unsigned code;
+  if (af < min_normal) {  // subnormal: multiples of 2^-10 / 2^-9, RNE (8 -> the smallest normal, correct)
+    code = (unsigned)__builtin_rintf(af * (fnuz ? 1024.0f : 512.0f));
+  } else {                // normal: round the 23-bit mantissa to 3 bits, RNE, carry into the exponent
+    const unsigned bias = fnuz ? 8u : 7u;
+    code = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - ((127u - bias) << 3);
+  }
+  if (fnuz && code == 0u) sign = 0u;
+  return sign | code;
+}
+
+__device__ inline float clamp_fp8(float y, float fp8_max) { return __builtin_amdgcn_fmed3f(y, -fp8_max, fp8_max); }
+
+// ------------------------------------------------------------------------------------------------------------
+// device helpers
+// ------------------------------------------------------------------------------------------------------------
+template <typename TIn>
+__device__ inline float lo_f(unsigned w);
+template <typename TIn>
+__device__ inline float hi_f(unsigned w);
+struct BF16 {};
+struct F16 {};
+template <> __device__ inline float lo_f<BF16>(unsigned w) { return as_float(w << 16); }
+template <> __device__ inline float hi_f<BF16>(unsigned w) { return as_float(w & 0xFFFF0000u); }
+template <> __device__ inline float lo_f<F16>(unsigned w) {
+  return (float)__builtin_bit_cast(_Float16, (unsigned short)(w & 0xFFFFu));
+}
+template <> __device__ inline float hi_f<F16>(unsigned w) {
+  return (float)__builtin_bit_cast(_Float16, (unsigned short)(w >> 16));
+}
+
+template <typename TIn>
+__device__ inline void unpack16(const u32x4 (&r)[2], float (&v)[16]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[h * 8 + 2 * i] = lo_f<TIn>(r[h][i]);
+      v[h * 8 + 2 * i + 1] = hi_f<TIn>(r[h][i]);
+    }
+  }
+}
+
+// 8 consecutive cache entries starting at byte address p, as fp32.
+__device__ inline void load_cache8(const FR_GLOBAL unsigned char* p, int dtype, int vec, float (&c)[8]) {
+  if (dtype == kIrgqF32) {
+    if (vec) {
+      const u32x4 a = ((const FR_GLOBAL u32x4*)p)[0];
+      const u32x4 b = ((const FR_GLOBAL u32x4*)p)[1];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) { c[i] = as_float(a[i]); c[4 + i] = as_float(b[i]); }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) c[i] = ((const FR_GLOBAL float*)p)[i];
+    }
+    return;
+  }
+  unsigned w[4];
+  if (vec) {
+    const u32x4 a = ((const FR_GLOBAL u32x4*)p)[0];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = a[i];
+  } else {
+    const FR_GLOBAL unsigned short* h = (const FR_GLOBAL unsigned short*)p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = (unsigned)h[2 * i] | ((unsigned)h[2 * i + 1] << 16);
+  }
+  if (dtype == kIrgqBF16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { c[2 * i] = lo_f<BF16>(w[i]); c[2 * i + 1] = hi_f<BF16>(w[i]); }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { c[2 * i] = lo_f<F16>(w[i]); c[2 * i + 1] = hi_f<F16>(w[i]); }
+  }
+}
+
+// Inverse GPT-J rotation of 8 pairs: e' = e*c + d*n, d' = d*c - e*n, each product and sum rounded once (no FMA).
+__device__ inline void rotate8(float (&v)[16], const float (&c)[8], const float (&n)[8]) {
+#pragma clang fp contract(off)
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float e = v[2 * i], d = v[2 * i + 1];
+    const float ec = e * c[i], dn = d * n[i], dc = d * c[i], en = e * n[i];
+    v[2 * i] = ec + dn;
+    v[2 * i + 1] = dc - en;
+  }
+}
+
+// Max over the kLanes adjacent lanes of a quant block (kLanes | 16, so inside one DPP row). Butterfly: every lane
+// ends with the block maximum. quad_perm [1,0,3,2] / [2,3,0,1], then row_half_mirror, then row_mirror.
+template <int kLanes>
+__device__ inline unsigned block_max(unsigned x) {
+  static_assert(kLanes == 1 || kLanes == 2 || kLanes == 4 || kLanes == 8 || kLanes == 16, "lanes per block");
+  if (kLanes >= 2) x = __builtin_elementwise_max(x, (unsigned)__builtin_amdgcn_update_dpp(0, (int)x, 0xB1, 0xF, 0xF, false));
+  if (kLanes >= 4) x = __builtin_elementwise_max(x, (unsigned)__builtin_amdgcn_update_dpp(0, (int)x, 0x4E, 0xF, 0xF, false));
+  if (kLanes >= 8) x = __builtin_elementwise_max(x, (unsigned)__builtin_amdgcn_update_dpp(0, (int)x, 0x141, 0xF, 0xF, false));
+  if (kLanes >= 16) x = __builtin_elementwise_max(x, (unsigned)__builtin_amdgcn_update_dpp(0, (int)x, 0x140, 0xF, 0xF, false));
+  return x;
+}
+
+// 4 clamped values -> 4 fp8 bytes (little-endian: v0 in bits 7:0).
+template <bool kFnuz>
+__device__ inline unsigned pack4(float v0, float v1, float v2, float v3) {
+#if __has_builtin(__builtin_amdgcn_cvt_pk_fp8_f32) && (defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__))
+  if (kFnuz) {  // CDNA3 hardware fp8 is FNUZ
+    int w = __builtin_amdgcn_cvt_pk_fp8_f32(v0, v1, 0, false);
+    w = __builtin_amdgcn_cvt_pk_fp8_f32(v2, v3, w, true);
+    return (unsigned)w;
+  }
+#elif __has_builtin(__builtin_amdgcn_cvt_pk_fp8_f32) && defined(__gfx950__)
+  if (!kFnuz) {  // CDNA4 hardware fp8 is OCP e4m3fn
+    int w = __builtin_amdgcn_cvt_pk_fp8_f32(v0, v1, 0, false);
+    w = __builtin_amdgcn_cvt_pk_fp8_f32(v2, v3, w, true);
+    return (unsigned)w;
+  }
+#endif
+  return fp8_encode_sw(v0, kFnuz) | (fp8_encode_sw(v1, kFnuz) << 8) | (fp8_encode_sw(v2, kFnuz) << 16) |
+         (fp8_encode_sw(v3, kFnuz) << 24);
+}
+
+template <bool kFnuz>
+__device__ inline u32x4 quant16(const float (&v)[16], unsigned byte, bool bad) {
+  constexpr float kMax = kFnuz ? 240.0f : 448.0f;
+  constexpr unsigned kNaN4 = kFnuz ? 0x80808080u : 0x7F7F7F7Fu;
+  // 2^(127 - byte): byte is in [91, 248] for any finite amax; a non-finite block is replaced below.
+  const float inv = as_float((254u - (bad ? 127u : byte)) << 23);
+  u32x4 out;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const unsigned w = pack4<kFnuz>(clamp_fp8(v[4 * i] * inv, kMax), clamp_fp8(v[4 * i + 1] * inv, kMax),
+                                    clamp_fp8(v[4 * i + 2] * inv, kMax), clamp_fp8(v[4 * i + 3] * inv, kMax));
+    out[i] = bad ? kNaN4 : w;
+  }
+  return out;
+}
+
+template <typename TIn, int kQgs>
+__global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
+  constexpr int kLanes = kQgs / kChunk;
+  const unsigned tid = __builtin_amdgcn_workitem_id_x();
+  const unsigned first = __builtin_amdgcn_workgroup_id_x() * (unsigned)(kThreads * kUnroll) + tid;
+  const FR_GLOBAL u32x4* o = (const FR_GLOBAL u32x4*)a.o;
+  FR_GLOBAL u32x4* x_fp8 = (FR_GLOBAL u32x4*)a.x_fp8;
+  const FR_GLOBAL unsigned char* positions = (const FR_GLOBAL unsigned char*)a.positions;
+  const FR_GLOBAL unsigned char* cos_p = (const FR_GLOBAL unsigned char*)a.cos;
+  const FR_GLOBAL unsigned char* sin_p = (const FR_GLOBAL unsigned char*)a.sin;
+  FR_GLOBAL unsigned char* x_scale = (FR_GLOBAL unsigned char*)a.x_scale;
+
+  // All global loads of o first (independent of everything else).
+  u32x4 raw[kUnroll][2];
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    const unsigned chunk = first + j * kThreads;
+    if (chunk < a.num_chunks) {
+      if (a.io_vec) {
+        raw[j][0] = o[2 * (unsigned long long)chunk];
+        raw[j][1] = o[2 * (unsigned long long)chunk + 1];
+      } else {  // o is contiguous but its data pointer is not 16-byte aligned (an odd storage offset)
+        const FR_GLOBAL unsigned short* h = (const FR_GLOBAL unsigned short*)o + 16ull * chunk;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) raw[j][i >> 2][i & 3] = (unsigned)h[2 * i] | ((unsigned)h[2 * i + 1] << 16);
+      }
+    } else {
+      raw[j][0] = u32x4{0u, 0u, 0u, 0u};
+      raw[j][1] = u32x4{0u, 0u, 0u, 0u};
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    const unsigned chunk = first + j * kThreads;
+    const bool valid = chunk < a.num_chunks;
+    const unsigned s = (unsigned)(((unsigned long long)chunk * a.tok_magic) >> a.tok_shift);
+    const unsigned r = chunk - s * a.chunks_per_token;  // chunk index inside the token
+
+    float v[16];
+    unpack16<TIn>(raw[j], v);
+
+    if (valid && (r % kChunksPerHead) >= kFirstTailChunk) {  // this chunk holds 16 rope dims (8 pairs)
+      long long p;
+      if (a.pos_is_int64) p = *(const FR_GLOBAL long long*)(positions + a.pos_stride_bytes * s);
+      else p = *(const FR_GLOBAL int*)(positions + a.pos_stride_bytes * s);
+      p = p < 0 ? 0 : (p >= a.max_pos ? a.max_pos - 1 : p);
+      const unsigned j0 = (r % kChunksPerHead - kFirstTailChunk) * 8u;  // first pair index of this chunk
+      const unsigned esz = a.cache_dtype == kIrgqF32 ? 4u : 2u;
+      float c[8], n[8];
+      load_cache8(cos_p + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, c);
+      load_cache8(sin_p + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, n);
+      rotate8(v, c, n);
+    }
+
+    unsigned amax = 0u;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) amax = __builtin_elementwise_max(amax, as_uint(v[i]) & 0x7FFFFFFFu);
+    amax = block_max<kLanes>(amax);
+    const bool bad = amax >= 0x7F800000u;  // NaN or +-Inf somewhere in the block
+    const unsigned byte = bad ? 0xFFu : e8m0_byte(amax, a.fp8_fnuz ? (float)(1.0 / 240.0) : (float)(1.0 / 448.0));
+
+    if (valid) {
+      const u32x4 q = a.fp8_fnuz ? quant16<true>(v, byte, bad) : quant16<false>(v, byte, bad);
+      if (a.io_vec) {
+        x_fp8[chunk] = q;
+      } else {
+        FR_GLOBAL unsigned char* b = (FR_GLOBAL unsigned char*)x_fp8 + 16ull * chunk;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) b[i] = (unsigned char)(q[i >> 2] >> (8 * (i & 3)));
+      }
+      if (r % kLanes == 0) {
+        FR_GLOBAL unsigned char* dst =
+            x_scale + a.scale_stride_s_bytes * s + a.scale_stride_b_bytes * (long long)(r / kLanes);
+        if (a.scale_is_f32) *(FR_GLOBAL unsigned*)dst = byte == 0xFFu ? 0x7FC00000u : (byte << 23);
+        else *dst = (unsigned char)byte;
+      }
+    }
+  }
+}
+
+#define FR_INSTANTIATE(TIn, Q) template __global__ void irgq_kernel<TIn, Q>(KArgs);
+FR_INSTANTIATE(BF16, 32)
+FR_INSTANTIATE(BF16, 64)
+FR_INSTANTIATE(BF16, 128)
+FR_INSTANTIATE(BF16, 256)
+FR_INSTANTIATE(F16, 32)
+FR_INSTANTIATE(F16, 64)
+FR_INSTANTIATE(F16, 128)
+FR_INSTANTIATE(F16, 256)
+#undef FR_INSTANTIATE
+
+template <typename TIn>
+const void* pick_kernel(int qgs) {
+  switch (qgs) {
+    case 32: return reinterpret_cast<const void*>(&irgq_kernel<TIn, 32>);
+    case 64: return reinterpret_cast<const void*>(&irgq_kernel<TIn, 64>);
+    case 128: return reinterpret_cast<const void*>(&irgq_kernel<TIn, 128>);
+    case 256: return reinterpret_cast<const void*>(&irgq_kernel<TIn, 256>);
+    default: return nullptr;
+  }
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
+
+}  // namespace
+
+const char* irgq_status_string(int status) {
+  switch (status) {
+    case kIrgqOk: return "ok";
+    case kIrgqUnsupportedShape: return "the HIP kernel is compiled for head_dim 512 and rope_dim 64 only";
+    case kIrgqBadGroup: return "quant_group_size must be 32, 64, 128 or 256 and divide Dg = H*head_dim/num_groups";
+    case kIrgqBadDtype: return "unsupported dtype code";
+    case kIrgqTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
+    case kIrgqLaunchFailed: return "hipLaunchKernel failed";
+    default: return "unknown status";
+  }
+}
+
+int launch_inverse_rope_group_quant(const IrgqParams& p, hipStream_t stream, int* hip_error) {
+  if (p.head_dim != kHeadDim || p.rope_dim != kRopeDim) return kIrgqUnsupportedShape;
+  if (p.o_dtype != kIrgqBF16 && p.o_dtype != kIrgqF16) return kIrgqBadDtype;
+  if (p.cache_dtype != kIrgqBF16 && p.cache_dtype != kIrgqF16 && p.cache_dtype != kIrgqF32) return kIrgqBadDtype;
+  const int q = p.quant_group_size;
+  if (q != 32 && q != 64 && q != 128 && q != 256) return kIrgqBadGroup;
+  if (p.num_heads < 1 || p.num_groups < 1 || p.max_pos < 1 || p.num_tokens < 0) return kIrgqUnsupportedShape;
+  const long long per_token = (long long)p.num_heads * kHeadDim;
+  if (per_token % p.num_groups != 0 || (per_token / p.num_groups) % q != 0) return kIrgqBadGroup;
+  if (p.num_tokens == 0) return kIrgqOk;
+  const long long chunks_per_token = per_token / kChunk;
+  const long long num_chunks = p.num_tokens * chunks_per_token;
+  if (num_chunks > 0x7FFFFFFFLL) return kIrgqTooLarge;
+
+  KArgs a;
+  a.o = p.o;
+  a.x_fp8 = p.x_fp8;
+  a.positions = p.positions;
+  a.cos = p.cos;
+  a.sin = p.sin;
+  a.x_scale = p.x_scale;
+  const long long esz = p.cache_dtype == kIrgqF32 ? 4 : 2;
+  const long long ssz = p.scale_is_f32 ? 4 : 1;
+  a.pos_stride_bytes = p.pos_stride * (p.pos_is_int64 ? 8 : 4);
+  a.cos_stride_bytes = p.cos_stride * esz;
+  a.sin_stride_bytes = p.sin_stride * esz;
+  a.max_pos = p.max_pos;
+  a.scale_stride_s_bytes = p.scale_stride_s * ssz;
+  a.scale_stride_b_bytes = p.scale_stride_b * ssz;
+  // floor(n / d) == (n * m) >> (31 + l) for all n < 2^31 with l = ceil(log2 d), m = ceil(2^(31+l) / d).
+  const unsigned long long d = (unsigned long long)chunks_per_token;
+  unsigned l = 0;
+  while ((1ull << l) < d) ++l;
+  a.tok_shift = 31 + l;
+  a.tok_magic = ((1ull << (31 + l)) + d - 1) / d;
+  a.num_chunks = (unsigned)num_chunks;
+  a.chunks_per_token = (unsigned)chunks_per_token;
+  a.pos_is_int64 = p.pos_is_int64 ? 1 : 0;
+  a.cache_dtype = p.cache_dtype;
+  a.cache_vec = aligned16(p.cos) && aligned16(p.sin) && (a.cos_stride_bytes % 16 == 0) &&
+                (a.sin_stride_bytes % 16 == 0);
+  a.io_vec = aligned16(p.o) && aligned16(p.x_fp8);
+  a.fp8_fnuz = p.fp8_fnuz ? 1 : 0;
+  a.scale_is_f32 = p.scale_is_f32 ? 1 : 0;
+
+  const void* kernel = p.o_dtype == kIrgqBF16 ? pick_kernel<BF16>(q) : pick_kernel<F16>(q);
+  const long long per_block = (long long)kThreads * kUnroll;
+  const dim3 grid((unsigned)((num_chunks + per_block - 1) / per_block));
+  const dim3 block(kThreads);
+  void* args[] = {&a};
+  const hipError_t err = hipLaunchKernel(kernel, grid, block, args, 0, stream);
+  if (hip_error) *hip_error = (int)err;
+  return err == hipSuccess ? kIrgqOk : kIrgqLaunchFailed;
+}
+
+}  // namespace fusedrope_hip

@@ -1,0 +1,171 @@
+"""CPU checks of the HIP inverse_rope_group_quant kernel (kernels_hip/inverse_rope_group_quant.hip): clang compiles
+the device code (no ROCm, no GPU) and the ISA must show what the design promises:
+
+* gfx942: dwordx4 global loads and stores, hardware FNUZ conversion (v_cvt_pk_fp8_f32), DPP butterfly steps whose
+  number grows with the quant group (1 for group 32 ... 4 for group 256; no LDS, no full-wave reduction), no
+  scratch (``.private_segment_fixed_size`` 0 in the code object's notes, no scratch_* instructions), no spills;
+* gfx950 (OCP e4m3fn in hardware): the same, where a clang that knows gfx950 is installed (clang-19 does not:
+  skipped with the reason);
+* gfx90a (no fp8 instructions): the software fallback compiles, still without scratch.
+
+The kernel has never run on AMD hardware from this repository; see docs/kernels_hip.md.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hip_asm import asm_metadata, hip_asm, hip_code_object, kernel_asm, kernel_notes, mnemonics
+
+SRC = Path(__file__).resolve().parents[1] / "kernels_hip" / "inverse_rope_group_quant.hip"
+# DPP controls of the butterfly: quad_perm [1,0,3,2], quad_perm [2,3,0,1], row_half_mirror, row_mirror
+DPP_STEPS = ("quad_perm:[1,0,3,2]", "quad_perm:[2,3,0,1]", "row_half_mirror", "row_mirror")
+
+
+def _group(name: str) -> int:
+    m = re.search(r"irgq_kernelINS0_\d+(?:BF16|F16)ELi(\d+)E", name)
+    assert m, name
+    return int(m.group(1))
+
+
+def _check_isa(arch: str, hw_fp8: bool) -> dict[str, str]:
+    text = hip_asm(SRC, arch)
+    kernels = kernel_asm(text)
+    meta = asm_metadata(text)
+    assert len(kernels) == 8, sorted(kernels)  # {bf16, fp16} x {32, 64, 128, 256}
+    for name, body in kernels.items():
+        ops = mnemonics(body)
+        q = _group(name)
+        assert "global_load_dwordx4" in ops, f"{arch} {name}: no global_load_dwordx4"
+        assert "global_store_dwordx4" in ops, f"{arch} {name}: no global_store_dwordx4"
+        assert not [o for o in ops if o.startswith("scratch_")], f"{arch} {name}: scratch instructions"
+        assert not [o for o in ops if o.startswith("ds_")], f"{arch} {name}: LDS instructions (none intended)"
+        assert not [o for o in ops if o.startswith("flat_")], f"{arch} {name}: flat (not global) memory access"
+        cvt = ops.count("v_cvt_pk_fp8_f32")
+        if hw_fp8:
+            assert cvt >= 16, f"{arch} {name}: {cvt} v_cvt_pk_fp8_f32 (8 per 16-element chunk, 2 chunks per lane)"
+        else:
+            assert cvt == 0, f"{arch} {name}: unexpected v_cvt_pk_fp8_f32"
+        # The block reduction: log2(q/16) DPP steps per chunk, two chunks per lane; never a wave-wide pattern.
+        steps = int(q // 16).bit_length() - 1
+        for i, ctl in enumerate(DPP_STEPS):
+            n = body.count(ctl)
+            assert n == (2 if i < steps else 0), f"{arch} {name}: {n} x {ctl} for group {q}"
+        assert not re.search(r"row_bcast|wave_sh|wave_ro|ds_swizzle|ds_bpermute|readlane", body), \
+            f"{arch} {name}: cross-row / wave-wide lane traffic"
+        md = meta.get(name, {})
+        assert md.get("private_segment_fixed_size") == "0", f"{arch} {name}: scratch {md}"
+        print(f"{arch} {name}: vgpr {md.get('vgpr_count')}, sgpr {md.get('sgpr_count')}, "
+              f"scratch {md.get('private_segment_fixed_size')} B, lds {md.get('group_segment_fixed_size')} B, "
+              f"{cvt} v_cvt_pk_fp8_f32, {ops.count('global_load_dwordx4')} global_load_dwordx4")
+    return kernels
+
+
+def _check_notes(arch: str) -> None:
+    notes = kernel_notes(hip_code_object(SRC, arch))
+    assert len(notes) == 8, sorted(notes)
+    for name, md in notes.items():
+        assert md["private_segment_fixed_size"] == "0", f"{arch} {name}: scratch {md['private_segment_fixed_size']}"
+        assert md.get("uses_dynamic_stack", "false") == "false", f"{arch} {name}: dynamic stack"
+        assert md.get("vgpr_spill_count", "0") == "0" and md.get("sgpr_spill_count", "0") == "0", md
+        assert md["group_segment_fixed_size"] == "0", md
+        assert md["wavefront_size"] == "64", md
+        vgpr = int(md["vgpr_count"])
+        assert vgpr <= 128, f"{arch} {name}: {vgpr} VGPRs (keep >= 4 waves per SIMD)"
+        print(f"{arch} notes {name}: .vgpr_count {vgpr}, .sgpr_count {md['sgpr_count']}, "
+              f".private_segment_fixed_size {md['private_segment_fixed_size']}")
+
+
+def test_gfx942_isa():
+    _check_isa("gfx942", hw_fp8=True)
+
+
+def test_gfx942_code_object_notes_no_scratch():
+    _check_notes("gfx942")
+
+
+def test_gfx950_isa_and_notes():
+    _check_isa("gfx950", hw_fp8=True)  # skips with the compiler's reason where clang does not know gfx950
+    _check_notes("gfx950")
+
+
+def test_gfx90a_software_fp8_fallback_compiles():
+    _check_isa("gfx90a", hw_fp8=False)
+
+
+def test_hw_conversion_is_guarded_by_arch_and_has_builtin():
+    """The fp8 builtin is only reachable under the arch macros and __has_builtin (other targets: software)."""
+    text = SRC.read_text()
+    for m in re.finditer(r"__builtin_amdgcn_cvt_pk_fp8_f32\(", text):
+        before = text[: m.start()]
+        last_if = max(before.rfind("#if "), before.rfind("#elif "))
+        guard = before[last_if: before.find("\n", last_if)]
+        assert "__has_builtin(__builtin_amdgcn_cvt_pk_fp8_f32)" in guard and "__gfx9" in guard, guard
+
+
+def test_torch_binding_compiles_against_torch_headers(tmp_path):
+    """g++ -fsyntax-only of the HIP torch binding against this torch's headers, with stand-ins for the three ROCm
+    torch declarations it uses (masquerading guard, current stream, hipGetErrorString): catches torch API
+    mistakes without ROCm. The real build happens only on a ROCm machine."""
+    import shutil
+    import subprocess
+
+    from torch.utils.cpp_extension import include_paths
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++")
+    d = tmp_path / "ATen" / "hip" / "impl"
+    d.mkdir(parents=True)
+    (d / "HIPGuardImplMasqueradingAsCUDA.h").write_text(
+        "#pragma once\n#include <c10/core/Device.h>\ntypedef struct ihipStream_t* hipStream_t;\n"
+        "enum hipError_t { hipSuccess = 0 };\ninline const char* hipGetErrorString(hipError_t) { return \"\"; }\n"
+        "namespace c10 { namespace hip {\n"
+        "struct HIPGuardMasqueradingAsCUDA { explicit HIPGuardMasqueradingAsCUDA(c10::Device) {} };\n"
+        "struct HIPStreamMasqueradingAsCUDA { hipStream_t stream() const { return nullptr; } };\n"
+        "inline HIPStreamMasqueradingAsCUDA getCurrentHIPStreamMasqueradingAsCUDA(c10::DeviceIndex = -1) "
+        "{ return {}; }\n} }\n")
+    (d / "HIPStreamMasqueradingAsCUDA.h").write_text(
+        "#pragma once\n#include <ATen/hip/impl/HIPGuardImplMasqueradingAsCUDA.h>\n")
+    cmd = [gxx, "-std=c++17", "-fsyntax-only", "-w", "-DFUSEDROPE_HIP_NO_RUNTIME_HEADERS", "-I", str(tmp_path),
+           *[f"-I{p}" for p in include_paths()], "-I", str(SRC.parent),
+           str(SRC.parent / "inverse_rope_group_quant_torch.cpp")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_hip_backend_supports(monkeypatch):
+    import torch
+
+    from fusedrope import hip_inverse_rope_quant as hq
+
+    dev = torch.device("cuda", 0)
+    base = (dev, torch.bfloat16, 512, 64, 128, torch.bfloat16, torch.int64, torch.float8_e4m3fnuz,
+            torch.float8_e8m0fnu, False)
+    monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx942")
+    assert hq.supports(base) is None
+    assert hq.supports(base[:4] + (32,) + base[5:8] + (torch.float32, True)) is None
+    assert "float8_e4m3fnuz" in hq.supports(base[:7] + (torch.float8_e4m3fn,) + base[8:])
+    assert "head_dim 512" in hq.supports((dev, torch.bfloat16, 128, 64) + base[4:])
+    monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx950")
+    assert hq.supports(base[:7] + (torch.float8_e4m3fn,) + base[8:]) is None
+    assert "float8_e4m3fn" in hq.supports(base)
+    monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx90a")
+    assert "gfx942/gfx950" in hq.supports(base)
+    monkeypatch.setattr(hq, "gpu_arch", lambda d: "sm_90")
+    assert "gfx942/gfx950" in hq.supports(base)
+
+
+def test_hip_ext_sources_and_reasons():
+    import torch
+
+    from fusedrope import hip_ext
+
+    names = [p.name for p in hip_ext.sources()]
+    assert "inverse_rope_group_quant.hip" in names and "inverse_rope_group_quant_torch.cpp" in names
+    if not torch.version.hip:
+        assert "ROCm" in hip_ext.toolkit_reason()
+        assert hip_ext.available(torch.device("cpu"))
