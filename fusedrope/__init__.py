@@ -17,6 +17,7 @@ from .tts_rope import qwen3_tts_rope
 from .inverse_rope_quant import empty_quant_outputs, inverse_rope_group_quant, quant_output_shapes
 from . import inverse_rope_quant as _inverse_rope_quant
 from . import tts_rope as _tts_rope
+from . import reference, testing  # noqa: F401  (public: the oracle and the test helpers)
 
 __version__ = "0.1.0"
 

@@ -110,9 +110,9 @@ def _tiles(S: int, row: int, group_size: int) -> tuple[int, int]:
     return block_t, block_n
 
 
-def num_warps_for(tile_elems: int) -> int:
+def num_warps_for(tile_elems: int, warp_size: int = WARP_SIZE) -> int:
     """Warps so each thread holds 16 elements of the tile (two 16-byte bf16 vectors)."""
-    return max(1, min(8, tile_elems // (16 * WARP_SIZE)))
+    return max(1, min(8, tile_elems // (16 * warp_size)))
 
 
 def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size, rope: bool):

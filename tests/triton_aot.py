@@ -38,13 +38,28 @@ def compile_kernel(fn, pointers: dict, constexprs: dict, divisible: set, target,
     return triton.compile(src, target=target, options={"num_warps": num_warps, **opts})
 
 
+def cuobjdump_sass(cubin: bytes) -> str:
+    """SASS of a cubin, by the cuobjdump that ships inside the Triton wheel."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(tool), "-sass", f.name], check=True, capture_output=True, text=True).stdout
+
+
 def counts(k, target) -> dict:
     if target.backend == "cuda":
         ptx = k.asm["ptx"]
-        return {"ld_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
+        sass = cuobjdump_sass(k.asm["cubin"])
+        return {"sass_ldg128": len(re.findall(r"LDG\.E\.128", sass)),
+                "sass_stg128": len(re.findall(r"STG\.E\.128", sass)),
+                "sass_local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),"ld_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
                 "st_v4": len(re.findall(r"st\.global(?:\.\w+)*\.v4", ptx)),
-                "ld": ptx.count("ld.global"), "st": ptx.count("st.global"),
-                "local": ptx.count(".local"), "cvt_e4m3": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2", ptx))}
+                "ld": ptx.count("ld.global"), "st": ptx.count("st.global"), "cvt_e4m3": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2", ptx))}
     asm = k.asm["amdgcn"]
     ops = re.findall(r"\b(?:global|buffer)_(load|store)_(\w+)", asm)
     return {"load_x4": sum(1 for a, b in ops if a == "load" and b == "dwordx4"),
@@ -73,7 +88,7 @@ def quant_kernel(target, group_size=128, fnuz=False, rope=True):
                   FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fnuz, SCALE_FP32=False, ROPE=rope,
                   EXACT=False)
     return compile_kernel(irq._group_quant_kernel, ptrs, consts, {"ROW", "NBLK", "cos_stride", "sin_stride"},
-                          target, irq.num_warps_for(block_t * block_n), enable_fp_fusion=False)
+                          target, irq.num_warps_for(block_t * block_n, target.warp_size), enable_fp_fusion=False)
 
 
 def main() -> dict:

@@ -1,0 +1,212 @@
+"""``python -m fusedrope``: what this machine can run, which backend each op picks for the seed shapes and
+why, a self-check of every available backend against the oracle, and a short timing table.
+
+    python -m fusedrope            # the report (same as `report`)
+    python -m fusedrope build      # build the compiled CUDA / HIP kernels ahead of time
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    # No GPU: the Triton kernels can only run in Triton's CPU interpreter. Switch it on before any kernel
+    # module is imported, so the self-check exercises the real kernel code.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import fusedrope  # noqa: E402
+from fusedrope import reference as R  # noqa: E402
+from fusedrope.backends import gpu_arch  # noqa: E402
+from fusedrope.testing import (QUANT_CASES, TTS_CASES, QuantCase, TtsCase, assert_quant_close,  # noqa: E402
+                               assert_ulp_close, make_quant_inputs, make_tts_inputs, rope_blocks)
+
+DEVICE = torch.device("cuda" if HAS_GPU else "cpu")
+OPS = ("qwen3_tts_rope", "inverse_rope_group_quant")
+
+
+def _versions() -> str:
+    try:
+        import triton
+
+        tv = triton.__version__
+    except ImportError:
+        tv = "not installed"
+    return f"fusedrope {fusedrope.__version__}, torch {torch.__version__}, triton {tv}, python {sys.version.split()[0]}"
+
+
+def machine() -> None:
+    print("== machine")
+    print(" ", _versions())
+    if HAS_GPU:
+        name = torch.cuda.get_device_name(DEVICE)
+        print(f"  GPU: {name} ({gpu_arch(DEVICE)}), torch {'ROCm ' + torch.version.hip if torch.version.hip else 'CUDA ' + str(torch.version.cuda)}")
+    else:
+        print("  No GPU here: the GPU kernels (CUDA, HIP, Triton on a GPU) cannot run on this machine.")
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            print("  Triton kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1): correct, but slow,")
+            print("  so their timings below say nothing about GPU speed.")
+
+
+def _tts_args(case: TtsCase):
+    return make_tts_inputs(case, device=DEVICE)
+
+
+def _quant_args(case: QuantCase):
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE)
+    return (o, pos, cos, sin, case.num_groups, case.quant_group_size)
+
+
+def backends() -> None:
+    print("\n== backends on this machine (device: %s)" % DEVICE)
+    for op in OPS:
+        reg = fusedrope.registry(op)
+        print(f"  {op}:")
+        for impl in reg.impls:
+            reason = reg.availability(impl, DEVICE)
+            print(f"    {'yes' if reason is None else 'no ':<4}{impl.backend:<10}{reason or ''}")
+
+
+def selection() -> None:
+    print("\n== backend chosen for the seed shapes (backend='auto')")
+    groups: dict = {}
+    small_tts = [c for c in TTS_CASES if c.batch == 1]
+    for case in TTS_CASES:
+        # cos/sin tensors only shape the choice through dtype, device and D: tiny stand-ins suffice.
+        args = _tts_args(TtsCase(case.name, 1, 1, 1, 1, case.head_dim)) if case not in small_tts else _tts_args(case)
+        ex = fusedrope.explain("qwen3_tts_rope", *args)
+        groups.setdefault(("qwen3_tts_rope", str(ex)), []).append(case.id)
+    for case in QUANT_CASES[:3] + QUANT_CASES[10:11]:
+        ex = fusedrope.explain("inverse_rope_group_quant", *_quant_args(QuantCase(1, case.num_heads, case.num_groups)))
+        groups.setdefault(("inverse_rope_group_quant", str(ex)), []).append(f"(H, G)=({case.num_heads}, {case.num_groups})")
+    for (op, text), ids in groups.items():
+        head, *rows = text.splitlines()
+        print(f"  {head}   [{', '.join(dict.fromkeys(i.rsplit('-B', 1)[0] if '-B' in i else i for i in ids))}]")
+        for r in rows:
+            print("    " + r.strip())
+
+
+def _available(op: str) -> list[str]:
+    reg = fusedrope.registry(op)
+    return [i.backend for i in reg.impls if reg.availability(i, DEVICE) is None]
+
+
+def self_check() -> bool:
+    print("\n== self-check against the oracle")
+    ok = True
+    tts_cases = [TTS_CASES[0], TTS_CASES[7]]
+    quant_cases = [QuantCase(2, 16, 2), QuantCase(3, 8, 1, quant_group_size=32)]
+    for backend in _available("qwen3_tts_rope"):
+        try:
+            for case in tts_cases:
+                q, k, cos, sin = _tts_args(case)
+                q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend)
+                q_ref, k_ref = R.qwen3_tts_rope_oracle(q, k, cos, sin)
+                assert_ulp_close(q_out, q_ref, 1, "q")
+                assert_ulp_close(k_out, k_ref, 1, "k")
+            print(f"  PASS qwen3_tts_rope           {backend:<10} within 1 ulp of the fp64 oracle on {len(tts_cases)} seed cases")
+        except Exception as e:  # noqa: BLE001 - report every backend
+            ok = False
+            print(f"  FAIL qwen3_tts_rope           {backend:<10} {type(e).__name__}: {str(e).splitlines()[0]}")
+    for backend in _available("inverse_rope_group_quant"):
+        try:
+            for case in quant_cases:
+                for ts in (False, True):
+                    args = _quant_args(case)
+                    got = fusedrope.inverse_rope_group_quant(*args, ts, backend=backend)
+                    ref = fusedrope.inverse_rope_group_quant(*args, ts, backend="reference")
+                    assert_quant_close(*got, *ref, rope_blocks(case), backend)
+            print(f"  PASS inverse_rope_group_quant {backend:<10} scale bytes exact, fp8 within 1 ulp, both layouts")
+        except Exception as e:  # noqa: BLE001
+            ok = False
+            print(f"  FAIL inverse_rope_group_quant {backend:<10} {type(e).__name__}: {str(e).splitlines()[0]}")
+    return ok
+
+
+def _time(fn, reps: int) -> float:
+    fn()
+    if HAS_GPU:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / reps
+
+
+def timing() -> None:
+    where = "GPU, CUDA events around back-to-back calls" if HAS_GPU else "CPU wall clock; triton = interpreter"
+    print(f"\n== timing, us per call ({where}; bench/ holds the real benchmarks)")
+    print(f"  {'op / case':<44}" + "".join(f"{b:>12}" for b in ("reference", "triton", "cuda", "hip")))
+    reps = 50 if HAS_GPU else 3
+    rows = []
+    for case in (TTS_CASES[0], TTS_CASES[-1] if HAS_GPU else TTS_CASES[-3]):
+        args = _tts_args(case)
+        rows.append((f"qwen3_tts_rope {case.id}", "qwen3_tts_rope",
+                     lambda b, a=args: fusedrope.qwen3_tts_rope(*a, backend=b)))
+    for case in (QuantCase(1, 16, 2), QuantCase(32 if not HAS_GPU else 2048, 16, 2)):
+        args = _quant_args(case)
+        rows.append((f"inverse_rope_group_quant S={case.num_tokens} H=16 G=2", "inverse_rope_group_quant",
+                     lambda b, a=args: fusedrope.inverse_rope_group_quant(*a, backend=b)))
+    for label, op, call in rows:
+        have = _available(op)
+        cells = [f"{_time(lambda: call(b), reps):12.1f}" if b in have else f"{'-':>12}"
+                 for b in ("reference", "triton", "cuda", "hip")]
+        print(f"  {label:<44}" + "".join(cells))
+
+
+def report(args) -> int:
+    machine()
+    backends()
+    selection()
+    ok = self_check()
+    if not args.no_timing:
+        timing()
+    print("\nself-check:", "all available backends PASS" if ok else "FAILURES above")
+    return 0 if ok else 1
+
+
+def build(args) -> int:
+    status = 0
+    for name, module in (("CUDA", "fusedrope.cuda_ext"), ("HIP", "fusedrope.hip_ext")):
+        try:
+            mod = __import__(module, fromlist=["build"])
+        except ImportError as e:
+            print(f"{name}: no builder in this version ({e})")
+            continue
+        try:
+            print(f"{name}: built {mod.build(verbose=args.verbose)}")
+        except Exception as e:  # noqa: BLE001
+            print(f"{name}: not built: {e}")
+            status = status or (0 if "cannot build" in str(e) else 1)
+    return status
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fusedrope", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    rep = sub.add_parser("report", help="backends, selection, self-check, timing (the default)")
+    rep.add_argument("--no-timing", action="store_true", help="skip the timing table")
+    b = sub.add_parser("build", help="build the compiled CUDA/HIP kernels ahead of time")
+    b.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        return build(args)
+    if args.command is None:
+        args.no_timing = False
+    return report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""The README's quick start and the docstring examples run as written."""
+
+import doctest
+import re
+from pathlib import Path
+
+import pytest
+
+import fusedrope
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_quick_start_runs():
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
+
+
+@pytest.mark.parametrize("module", [fusedrope, fusedrope.tts_rope, fusedrope.inverse_rope_quant, fusedrope.testing],
+                         ids=lambda m: m.__name__)
+def test_docstring_examples(module):
+    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert failures == 0

@@ -1,0 +1,49 @@
+"""A non-editable install carries every source a later JIT build needs."""
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(out)], check=True, cwd=out)
+    (whl,) = out.glob("fusedrope-*.whl")
+    return whl
+
+
+def test_wheel_holds_python_and_kernel_sources(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    want = {f"fusedrope/{p.relative_to(ROOT / 'fusedrope')}" for p in (ROOT / "fusedrope").glob("*.py")}
+    for folder in ("kernels_cuda", "kernels_hip"):
+        for p in (ROOT / folder).iterdir():
+            if p.suffix in (".cu", ".cuh", ".cpp", ".h", ".hip", ".md"):
+                want.add(f"fusedrope/{folder}/{p.name}")
+    assert want - names == set(), f"missing from the wheel: {sorted(want - names)}"
+
+
+def test_installed_wheel_imports_and_finds_its_kernels(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True)
+    code = (
+        "import fusedrope, pathlib, importlib.util as u;"
+        "p = pathlib.Path(fusedrope.__file__).parent;"
+        "assert str(p).startswith(%r), p;"
+        "spec = u.find_spec('fusedrope.kernels_cuda');"
+        "d = pathlib.Path(list(spec.submodule_search_locations)[0]);"
+        "assert str(d).startswith(%r), d;"
+        "print(sorted(x.name for x in d.iterdir() if x.suffix in ('.cu', '.cpp')))"
+    ) % (str(target), str(target))
+    env = dict(os.environ, PYTHONPATH=str(target))
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env,
+                         cwd=tmp_path)
+    assert ".cu'" in out.stdout
