@@ -104,9 +104,11 @@ def _rope_tail_inplace_kernel(o_ptr, pos_ptr, cos_ptr, sin_ptr, S, ROW, max_pos,
 
 
 def _tiles(S: int, row: int, group_size: int) -> tuple[int, int]:
-    """~4K elements a program: whole quant blocks, several tokens when rows are short."""
-    block_n = max(group_size, min(triton.next_power_of_2(row), 2048))
-    block_t = max(1, min(triton.next_power_of_2(S), 4096 // block_n))
+    """Tile [BLOCK_T, BLOCK_N]: whole quant blocks; up to 4K elements (several tokens when rows are short),
+    but down to 512 when that is what it takes to give a small launch (S = 1: one 16 KB row) ~128 programs."""
+    per_program = min(4096, max(512, triton.next_power_of_2(S * row // 128 + 1) // 2))
+    block_n = max(group_size, min(triton.next_power_of_2(row), per_program, 2048))
+    block_t = max(1, min(triton.next_power_of_2(S), per_program // block_n))
     return block_t, block_n
 
 
