@@ -29,7 +29,6 @@ import fusedrope
 from fusedrope import cuda_ext, cuda_tts_rope
 from fusedrope.reference import qwen3_tts_rope_oracle
 from fusedrope.testing import TTS_CASES, TtsCase, assert_ulp_close, make_tts_inputs, ulp_diff
-from fusedrope.tts_rope import REGISTRY
 
 import kernel_asm as K
 
@@ -429,3 +428,17 @@ def test_torch_binding_compiles_against_torch_headers(tmp_path):
     proc = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", *inc, str(BINDING)], capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_gpu_check_script_cpu_parts(tmp_path):
+    """gpu/check_qwen3_tts_rope.py imports, parses its arguments and writes its tables without a GPU."""
+    script = ROOT / "gpu" / "check_qwen3_tts_rope.py"
+    proc = subprocess.run([os.sys.executable, str(script), "--fake", "--out", str(tmp_path)], capture_output=True,
+                          text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "wide_heads-B32" in proc.stdout.splitlines()[-2]  # the table is printed last
+    assert {p.name for p in tmp_path.iterdir()} >= {"results.json", "bench.csv", "bench.md"}
+    import json
+
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert len(res["bench"]) == len(TTS_CASES) and res["checks"][0]["ok"]
