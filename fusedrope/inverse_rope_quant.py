@@ -19,22 +19,32 @@ O_DTYPES = (torch.bfloat16, torch.float16)
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 POSITION_DTYPES = (torch.int64, torch.int32)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)
+# e8m0 bytes, the same bytes as uint8, the same powers of two as fp32, or DeepGEMM's packed UE8M0 (int32).
+SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32, torch.int32)
+PACKED_UE8M0 = torch.int32
 QUANT_GROUP_SIZES = (32, 64, 128, 256)
 ENV_CHECK_POSITIONS = "FUSEDROPE_CHECK_POSITIONS"
 
 
 def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_groups: int,
-                        quant_group_size: int = 128) -> tuple[tuple, tuple]:
-    """``(x_fp8 shape, x_scale shape)`` = ``([S, G, Dg], [S, G, Dg / quant_group_size])``."""
+                        quant_group_size: int = 128, scale_dtype: Optional[torch.dtype] = None) -> tuple[tuple, tuple]:
+    """``(x_fp8 shape, x_scale shape)`` = ``([S, G, Dg], [S, G, Ks])`` with ``Dg = H*head_dim/G`` and
+    ``Ks = Dg/quant_group_size``; for ``scale_dtype=torch.int32`` (packed UE8M0) the last dim is ``Ks/4``."""
     dg = num_heads * head_dim // num_groups
-    return (num_tokens, num_groups, dg), (num_tokens, num_groups, dg // quant_group_size)
+    ks = dg // quant_group_size
+    return (num_tokens, num_groups, dg), (num_tokens, num_groups, ks // 4 if scale_dtype == PACKED_UE8M0 else ks)
 
 
-def scale_strides(shape: tuple, transpose_scale: bool) -> tuple:
-    """Row-major ``[S, G, Ks]``, or column-major: storage ``[G, Ks, S]`` seen as ``[S, G, Ks]``."""
+def scale_strides(shape: tuple, transpose_scale: bool, scale_dtype: Optional[torch.dtype] = None) -> tuple:
+    """Row-major ``[S, G, Ks]``, or column-major: storage ``[G, Ks, S]`` seen as ``[S, G, Ks]``.
+
+    Packed UE8M0 column-major pads S to a multiple of 4 (16 bytes), the TMA-aligned MN-major layout DeepGEMM's
+    ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` produces; padding rows are never written."""
     S, G, Ks = shape
-    return (1, Ks * S, S) if transpose_scale else (G * Ks, Ks, 1)
+    if not transpose_scale:
+        return (G * Ks, Ks, 1)
+    s_pad = -(-S // 4) * 4 if scale_dtype == PACKED_UE8M0 else S
+    return (1, Ks * s_pad, s_pad)
 
 
 def empty_quant_outputs(o: torch.Tensor, num_groups: int, quant_group_size: int = 128,
@@ -42,14 +52,16 @@ def empty_quant_outputs(o: torch.Tensor, num_groups: int, quant_group_size: int 
                         scale_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate ``(x_fp8, x_scale)`` laid out as the op writes them, e.g. once before CUDA-graph capture.
 
-    ``scale_dtype``: ``torch.float8_e8m0fnu`` (default), ``torch.uint8`` (the same bytes) or
-    ``torch.float32`` (the same powers of two as fp32, what SM90 DeepGEMM-style GEMMs read).
+    ``scale_dtype``: ``torch.float8_e8m0fnu`` (default), ``torch.uint8`` (the same bytes),
+    ``torch.float32`` (the same powers of two as fp32, what SM90 DeepGEMM-style GEMMs read) or ``torch.int32``
+    (DeepGEMM's packed UE8M0: byte ``i`` of element ``[s, g, j]`` is the scale of block ``4j+i``).
     """
     S, H, D = o.shape
-    fp_shape, sc_shape = quant_output_shapes(S, H, D, num_groups, quant_group_size)
+    scale_dtype = scale_dtype or torch.float8_e8m0fnu
+    fp_shape, sc_shape = quant_output_shapes(S, H, D, num_groups, quant_group_size, scale_dtype)
     x_fp8 = torch.empty(fp_shape, dtype=fp8_dtype or torch.float8_e4m3fn, device=o.device)
-    x_scale = torch.empty_strided(sc_shape, scale_strides(sc_shape, transpose_scale),
-                                  dtype=scale_dtype or torch.float8_e8m0fnu, device=o.device)
+    x_scale = torch.empty_strided(sc_shape, scale_strides(sc_shape, transpose_scale, scale_dtype),
+                                  dtype=scale_dtype, device=o.device)
     return x_fp8, x_scale
 
 
@@ -98,7 +110,10 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
         scale_dtype = x_scale.dtype if isinstance(x_scale, torch.Tensor) else torch.float8_e8m0fnu
     if scale_dtype not in SCALE_DTYPES:
         C.fail(OP, "scale_dtype", " or ".join(map(C.dtype_name, SCALE_DTYPES)), scale_dtype, TypeError)
-    fp_shape, sc_shape = quant_output_shapes(S, H, D, num_groups, quant_group_size)
+    if scale_dtype == PACKED_UE8M0 and (dg // quant_group_size) % 4:
+        C.fail(OP, "scale_dtype", "int32 (packed UE8M0) only when the blocks per group "
+               "Dg/quant_group_size are a multiple of 4", f"{dg}/{quant_group_size}={dg // quant_group_size}", ValueError)
+    fp_shape, sc_shape = quant_output_shapes(S, H, D, num_groups, quant_group_size, scale_dtype)
     if x_fp8 is not None:
         C.check_tensor(OP, "x_fp8", x_fp8)
         C.check_shape(OP, "x_fp8", x_fp8, fp_shape)
@@ -110,7 +125,7 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
         C.check_tensor(OP, "x_scale", x_scale)
         C.check_shape(OP, "x_scale", x_scale, sc_shape)
         C.check_dtype(OP, "x_scale", x_scale, (scale_dtype,))
-        want = scale_strides(sc_shape, bool(transpose_scale))
+        want = scale_strides(sc_shape, bool(transpose_scale), scale_dtype)
         if not _same_layout(x_scale, want):
             layout = "column-major ([G, Ks, S] storage)" if transpose_scale else "row-major contiguous"
             C.fail(OP, "x_scale", f"{layout} strides {want} for transpose_scale={bool(transpose_scale)}",
@@ -193,7 +208,10 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     fp8_dtype : torch.dtype, optional
         ``torch.float8_e4m3fn`` (FP8_MAX 448, default; NVIDIA, gfx950) or ``torch.float8_e4m3fnuz`` (240, gfx942).
     scale_dtype : torch.dtype, optional
-        ``torch.float8_e8m0fnu`` (default), ``torch.uint8`` (same bytes) or ``torch.float32`` (2^k as fp32).
+        ``torch.float8_e8m0fnu`` (default), ``torch.uint8`` (same bytes), ``torch.float32`` (2^k as fp32) or
+        ``torch.int32``: DeepGEMM's packed UE8M0, ``[S, G, Ks/4]``, byte ``i`` of ``[s, g, j]`` holding block
+        ``4j+i``; with ``transpose_scale=True`` its storage is ``[G, Ks/4, align(S, 4)]`` (TMA-aligned MN-major,
+        ``x_scale.permute(1, 0, 2)`` is what DeepGEMM's ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` gives).
     backend : str, default "auto"
         ``"auto"``, ``"hip"``, ``"cuda"``, ``"triton"`` or ``"reference"``.
 

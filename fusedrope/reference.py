@@ -92,10 +92,20 @@ def group_quant_e8m0(x: torch.Tensor, num_groups: int, group_size: int, fp8_dtyp
     return q.to(fp8_dtype).reshape(S, num_groups, -1), byte.reshape(S, num_groups, -1)
 
 
+def pack_ue8m0(byte: torch.Tensor) -> torch.Tensor:
+    """``[..., Ks]`` bytes -> ``[..., Ks/4]`` int32, byte ``i`` of word ``j`` = ``byte[4j+i]`` (DeepGEMM's UE8M0
+    packing: word = b0 | b1 << 8 | b2 << 16 | b3 << 24; the view relies on little-endian memory, as on every
+    GPU and x86 / Arm host)."""
+    return byte.reshape(*byte.shape[:-1], -1, 4).contiguous().view(torch.int32).squeeze(-1)
+
+
 def store_scale(byte: torch.Tensor, x_scale: torch.Tensor) -> None:
-    """Write scale bytes into ``x_scale`` through its strides, in its format (e8m0, raw uint8 or fp32)."""
+    """Write scale bytes into ``x_scale`` through its strides, in its format (e8m0, raw uint8, fp32 or packed
+    int32)."""
     if x_scale.dtype == torch.float32:
         x_scale.copy_(e8m0_to_float(byte))
+    elif x_scale.dtype == torch.int32:
+        x_scale.copy_(pack_ue8m0(byte))
     else:
         x_scale.view(torch.uint8).copy_(byte)
 

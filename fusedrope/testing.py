@@ -223,7 +223,12 @@ def rope_blocks(case: QuantCase) -> torch.Tensor:
 
 
 def scale_bytes(x_scale: torch.Tensor) -> torch.Tensor:
-    """The e8m0 bytes of a scale tensor in any of the op's scale formats (fp32 scales are 2^(byte-127))."""
+    """The e8m0 bytes ``[S, G, Ks]`` of a scale tensor in any of the op's scale formats (fp32 scales are
+    2^(byte-127); packed int32 words hold four bytes, block 4j+i in bits 8i..8i+7)."""
+    if x_scale.dtype == torch.int32:
+        words = x_scale.to(torch.int64) & 0xFFFFFFFF
+        shifts = torch.arange(4, device=x_scale.device) * 8
+        return ((words[..., None] >> shifts) & 0xFF).to(torch.uint8).flatten(-2)
     if x_scale.dtype == torch.float32:
         bits = x_scale.contiguous().view(torch.int32)
         return torch.where(torch.isnan(x_scale), 0xFF, (bits >> 23) & 0xFF).to(torch.uint8)

@@ -45,7 +45,7 @@ def _group_quant_kernel(
     HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, GS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_TYPE: tl.constexpr, FNUZ: tl.constexpr, SCALE_FP32: tl.constexpr,
-    ROPE: tl.constexpr, EXACT: tl.constexpr,
+    PACKED: tl.constexpr, ROPE: tl.constexpr, EXACT: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     col0 = tl.program_id(1).to(tl.int64) * BLOCK_N
@@ -76,13 +76,22 @@ def _group_quant_kernel(
         code = q.to(FP8_TYPE).to(tl.uint8, bitcast=True)
     tl.store(xq_ptr + t[:, None] * ROW + col[None, :], code, mask=m)
 
-    kb = tl.program_id(1).to(tl.int64) * (BLOCK_N // GS) + tl.arange(0, BLOCK_N // GS)
-    sm = t_mask[:, None] & (kb < NBLK)[None, :]
-    if SCALE_FP32:
-        scale = tl.where(bad, float("nan"), (tl.minimum(byte, 254) << 23).to(tl.float32, bitcast=True))
+    NB: tl.constexpr = BLOCK_N // GS
+    if PACKED:  # DeepGEMM UE8M0: four consecutive block bytes in one int32 word, block 4j+i in byte i
+        shift = (tl.arange(0, 4) * 8).to(tl.uint32)
+        word = tl.sum(tl.reshape(byte, (BLOCK_T, NB // 4, 4)) << shift[None, None, :], axis=2)  # disjoint bits
+        kw = tl.program_id(1).to(tl.int64) * (NB // 4) + tl.arange(0, NB // 4)
+        sm = t_mask[:, None] & (kw < NBLK // 4)[None, :]
+        tl.store(xs_ptr + t[:, None] * sc_stride_s + kw[None, :] * sc_stride_k, word.to(tl.int32, bitcast=True),
+                 mask=sm)
     else:
-        scale = byte.to(tl.uint8)
-    tl.store(xs_ptr + t[:, None] * sc_stride_s + kb[None, :] * sc_stride_k, scale, mask=sm)
+        kb = tl.program_id(1).to(tl.int64) * NB + tl.arange(0, NB)
+        sm = t_mask[:, None] & (kb < NBLK)[None, :]
+        if SCALE_FP32:
+            scale = tl.where(bad, float("nan"), (tl.minimum(byte, 254) << 23).to(tl.float32, bitcast=True))
+        else:
+            scale = byte.to(tl.uint8)
+        tl.store(xs_ptr + t[:, None] * sc_stride_s + kb[None, :] * sc_stride_k, scale, mask=sm)
 
 
 @triton.jit
@@ -103,11 +112,11 @@ def _rope_tail_inplace_kernel(o_ptr, pos_ptr, cos_ptr, sin_ptr, S, ROW, max_pos,
     tl.store(o_ptr + t[:, None] * ROW + col[None, :], round_to(x, o_ptr.dtype.element_ty, EXACT), mask=m)
 
 
-def _tiles(S: int, row: int, group_size: int) -> tuple[int, int]:
-    """Tile [BLOCK_T, BLOCK_N]: whole quant blocks; up to 4K elements (several tokens when rows are short),
-    but down to 512 when that is what it takes to give a small launch (S = 1: one 16 KB row) ~128 programs."""
+def _tiles(S: int, row: int, group_size: int, packed: bool = False) -> tuple[int, int]:
+    """Tile [BLOCK_T, BLOCK_N]: whole quant blocks (four, to pack UE8M0 words); up to 4K elements (several
+    tokens when rows are short), but down to 512 when that gives a small launch (S = 1) ~128 programs."""
     per_program = min(4096, max(512, triton.next_power_of_2(S * row // 128 + 1) // 2))
-    block_n = max(group_size, min(triton.next_power_of_2(row), per_program, 2048))
+    block_n = max(group_size * (4 if packed else 1), min(triton.next_power_of_2(row), per_program, 2048))
     block_t = max(1, min(triton.next_power_of_2(S), per_program // block_n))
     return block_t, block_n
 
@@ -120,9 +129,10 @@ def num_warps_for(tile_elems: int, warp_size: int = WARP_SIZE) -> int:
 def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size, rope: bool):
     S, H, D = o.shape
     row = H * D
-    block_t, block_n = _tiles(S, row, group_size)
+    packed = x_scale.dtype == torch.int32
+    block_t, block_n = _tiles(S, row, group_size, packed)
     scale_fp32 = x_scale.dtype == torch.float32
-    xs = x_scale if scale_fp32 else x_scale.view(torch.uint8)
+    xs = x_scale if scale_fp32 or packed else x_scale.view(torch.uint8)
     grid = (triton.cdiv(S, block_t), triton.cdiv(row, block_n))
     _group_quant_kernel[grid](
         o, positions, cos_cache, sin_cache, x_fp8.view(torch.uint8), xs,
@@ -130,7 +140,7 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size
         sin_cache.stride(0), x_scale.stride(0), x_scale.stride(2),
         HEAD_DIM=D, ROPE_DIM=2 * cos_cache.shape[1], GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
         FP8_MAX=FP8_MAX[x_fp8.dtype], FP8_TYPE=_FP8_TL[x_fp8.dtype], FNUZ=x_fp8.dtype == torch.float8_e4m3fnuz,
-        SCALE_FP32=scale_fp32, ROPE=rope, EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_n),
+        SCALE_FP32=scale_fp32, PACKED=packed, ROPE=rope, EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_n),
         enable_fp_fusion=False,  # no FMA: the rope matches the reference bit for bit, so scale bytes do too
     )
 

@@ -86,7 +86,7 @@ def test_backend_matches_reference(backend, case, transpose_scale, fp8_dtype):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("group_size", [32, 64, 128, 256])
-@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.uint8, torch.float32])
+@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.uint8, torch.float32, torch.int32])
 def test_group_sizes_and_scale_formats(backend, group_size, scale_dtype):
     case = QuantCase(3, 4, 2, quant_group_size=group_size)
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=4)
@@ -250,6 +250,23 @@ def test_allocating_call_and_layouts(backend):
     # The column-major storage really is [G, Ks, S] with S fastest.
     storage = torch.as_strided(st.view(torch.uint8), (G, Ks, S), (Ks * S, S, 1))
     assert torch.equal(storage, s.view(torch.uint8).permute(1, 2, 0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("transpose_scale", [False, True])
+def test_packed_ue8m0_is_deepgemms_layout(backend, transpose_scale):
+    case = QuantCase(3, 16, 2)  # S = 3: the MN-major layout pads tokens to 4
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=16)
+    got = run(backend, o, pos, cos, sin, case, transpose_scale, scale_dtype=torch.int32)[1]
+    byte = scale_bytes(reference(o, pos, cos, sin, case)[1]).long().cpu()  # [S, G, 32]
+    assert got.shape == (3, 2, 8) and got.dtype == torch.int32
+    assert got.stride() == ((1, 8 * 4, 4) if transpose_scale else (16, 8, 1))
+    for s, g, j in [(0, 0, 0), (2, 1, 7), (1, 0, 5), (2, 0, 3)]:
+        word = int(got[s, g, j]) & 0xFFFFFFFF
+        want = sum(int(byte[s, g, 4 * j + i]) << (8 * i) for i in range(4))
+        assert word == want
+    if transpose_scale:  # DeepGEMM's tensor is [G, S, Ks/4] with strides (Ks/4 * align(S, 4), 1, align(S, 4))
+        assert got.permute(1, 0, 2).stride() == (8 * 4, 1, 4)
 
 
 # -- baseline ---------------------------------------------------------------------------------------------
