@@ -28,8 +28,9 @@ import torch
 
 NAMESPACE = "fusedrope_cuda"
 BUILD_MESSAGE = "fusedrope: building CUDA kernels (first use, ~2 min) ..."
-NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
-CXX_FLAGS = ("-O3", "-std=c++17")
+# No -std: torch picks the standard its headers need (C++17 or C++20, by version); the kernels build with both.
+NVCC_FLAGS = ("-O3", "-lineinfo")
+CXX_FLAGS = ("-O3",)
 
 _lock = threading.Lock()
 _loaded: Optional[str] = None  # path of the loaded library

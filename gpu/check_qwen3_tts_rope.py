@@ -65,7 +65,7 @@ def log(msg: str) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_out"), help="output folder (default $OUT)")
-    p.add_argument("--budget-s", type=float, default=235.0,
+    p.add_argument("--budget-s", type=float, default=240.0,
                    help="wall-clock budget: optional sections (sanitize, sweep) are skipped when it runs out")
     p.add_argument("--rotate-mb", type=float, default=128.0, help="input bytes rotated through per benchmark")
     p.add_argument("--max-sets", type=int, default=4800, help="cap on input sets per case")

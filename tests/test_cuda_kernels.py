@@ -425,8 +425,8 @@ def test_torch_binding_compiles_against_torch_headers(tmp_path):
     stub.mkdir(parents=True)  # generated at torch's build time, absent from CPU wheels
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
     inc = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{tmp_path}", f"-I{cuda_inc}"]
-    proc = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", *inc, str(BINDING)], capture_output=True,
-                          text=True)
+    std = "-std=c++20" if "c++20" in Path(cpp_extension.__file__).read_text() else "-std=c++17"  # as torch builds
+    proc = subprocess.run([cxx, std, "-fsyntax-only", "-w", *inc, str(BINDING)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
