@@ -40,6 +40,9 @@ def _check_isa(arch: str, hw_fp8: bool) -> dict[str, str]:
         ops = mnemonics(body)
         q = _group(name)
         assert "global_load_dwordx4" in ops, f"{arch} {name}: no global_load_dwordx4"
+        loads = [o for o in ops if o.startswith("global_load")]
+        # the kernel issues the loads of o first: they must be the 16-byte ones
+        assert loads[:2] == ["global_load_dwordx4"] * 2, f"{arch} {name}: first loads {loads[:4]}"
         assert "global_store_dwordx4" in ops, f"{arch} {name}: no global_store_dwordx4"
         assert not [o for o in ops if o.startswith("scratch_")], f"{arch} {name}: scratch instructions"
         assert not [o for o in ops if o.startswith("ds_")], f"{arch} {name}: LDS instructions (none intended)"

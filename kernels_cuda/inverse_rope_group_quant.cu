@@ -1,0 +1,184 @@
+// inverse_rope_group_quant CUDA kernel (contract and math: inverse_rope_group_quant.cuh).
+//
+// One lane owns 16 consecutive elements: two 16-byte loads of o (LDG.E.128), one 16-byte store of fp8
+// (STG.E.128). A quant block of Q elements is Q/16 adjacent lanes, reduced with log2(Q/16) xor shuffles
+// (1 for Q=32, 3 for Q=128), after which every lane of the block holds the block amax and computes the same
+// scale byte; the block's first lane stores it. So group 32 costs fewer shuffles per byte than group 128, and
+// the same instruction count otherwise (one scale store instruction per warp for any Q). Each lane handles
+// kUnroll chunks, all loads issued before any math. No shared memory, no local memory.
+//
+// fp8: sm_89+ converts pairs with cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2, __NV_SATFINITE; the
+// saturation is the reference's clamp to +-448); sm_80 and the fnuz format use the exact software RNE of the
+// header. The rotation uses __fmul_rn / __fadd_rn / __fsub_rn, so no FMA contraction changes the fp32 values.
+#include "inverse_rope_group_quant.cuh"
+
+#include <cuda_runtime.h>
+#include <cuda_fp8.h>
+
+namespace fusedrope {
+namespace irgq {
+namespace {
+
+__device__ __forceinline__ void load_words16(const void* p, bool vec, uint32_t (&w)[8]) {
+  if (vec) {
+    const uint4 a = reinterpret_cast<const uint4*>(p)[0];
+    const uint4 b = reinterpret_cast<const uint4*>(p)[1];
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+  } else {  // 2-byte aligned (an odd storage offset): 16-bit loads
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = (uint32_t)h[2 * i] | ((uint32_t)h[2 * i + 1] << 16);
+  }
+}
+
+// 8 cache entries at byte address p (16 bytes for bf16/fp16, 32 bytes for fp32).
+__device__ __forceinline__ void load_cache8(const unsigned char* p, int dtype, bool vec, float (&c)[8]) {
+  uint32_t w[8];
+  if (dtype == kF32) {
+    if (vec) {
+      const uint4 a = reinterpret_cast<const uint4*>(p)[0];
+      const uint4 b = reinterpret_cast<const uint4*>(p)[1];
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = reinterpret_cast<const uint32_t*>(p)[i];
+    }
+  } else {
+    if (vec) {
+      const uint4 a = reinterpret_cast<const uint4*>(p)[0];
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    } else {
+      const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[i] = (uint32_t)h[2 * i] | ((uint32_t)h[2 * i + 1] << 16);
+    }
+    w[4] = w[5] = w[6] = w[7] = 0u;
+  }
+  cache8_from_words(w, dtype, c);
+}
+
+template <bool kFnuz>
+__device__ __forceinline__ void quant16(const float (&v)[16], uint32_t byte, uint32_t (&out)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (!kFnuz) {
+    const float inv = inv_scale(byte == 0xFFu ? 127u : byte);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * i] * inv, v[4 * i + 1] * inv),
+                                                   __NV_SATFINITE, __NV_E4M3);
+      const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[4 * i + 2] * inv, v[4 * i + 3] * inv),
+                                                   __NV_SATFINITE, __NV_E4M3);
+      out[i] = byte == 0xFFu ? 0x7F7F7F7Fu : (lo | (hi << 16));
+    }
+    return;
+  }
+#endif
+  quant16_sw(v, byte, kFnuz, out);
+}
+
+template <int kDtype, int kQ>
+__global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
+  constexpr int kLanes = kQ / kChunk;
+  const unsigned first = blockIdx.x * (unsigned)(kThreads * kUnroll) + threadIdx.x;
+  const unsigned char* o = static_cast<const unsigned char*>(a.o);
+
+  uint32_t raw[kUnroll][8];
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    const unsigned chunk = first + j * kThreads;
+    if (chunk < a.num_chunks) {
+      load_words16(o + 32ull * chunk, a.io_vec != 0, raw[j]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) raw[j][i] = 0u;
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    const unsigned chunk = first + j * kThreads;
+    const bool valid = chunk < a.num_chunks;
+    const ChunkPos cp = chunk_pos(a, chunk);
+    float v[16];
+    unpack16(raw[j], kDtype, v);
+
+    if (valid && cp.tail) {  // 16 rope dims = 8 (e, d) pairs of this head's tail
+      const unsigned char* pp = static_cast<const unsigned char*>(a.positions) + a.pos_stride_bytes * cp.s;
+      const long long p = clamp_position(
+          a.pos_is_int64 ? *reinterpret_cast<const long long*>(pp) : (long long)*reinterpret_cast<const int*>(pp),
+          a.max_pos);
+      const unsigned j0 = (cp.r % kChunksPerHead - kFirstTailChunk) * 8u;
+      const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u;
+      float c[8], n[8];
+      load_cache8(static_cast<const unsigned char*>(a.cos) + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype,
+                  a.cache_vec != 0, c);
+      load_cache8(static_cast<const unsigned char*>(a.sin) + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype,
+                  a.cache_vec != 0, n);
+      rotate8(v, c, n);
+    }
+
+    uint32_t m = amax_bits16(v);
+#pragma unroll
+    for (int off = 1; off < kLanes; off <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+    const uint32_t byte = e8m0_byte(m, a.fp8_fnuz != 0);
+
+    if (valid) {
+      uint32_t q[4];
+      if (a.fp8_fnuz) quant16<true>(v, byte, q);
+      else quant16<false>(v, byte, q);
+      unsigned char* dst = static_cast<unsigned char*>(a.x_fp8) + 16ull * chunk;
+      if (a.io_vec) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(q[0], q[1], q[2], q[3]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) dst[i] = (unsigned char)(q[i >> 2] >> (8 * (i & 3)));
+      }
+      if (cp.r % kLanes == 0) {
+        unsigned char* sd = static_cast<unsigned char*>(a.x_scale) + scale_offset_bytes(a, cp.s, cp.r, kLanes);
+        if (a.scale_is_f32) *reinterpret_cast<uint32_t*>(sd) = scale_f32_bits(byte);
+        else *sd = (unsigned char)byte;
+      }
+    }
+  }
+}
+
+template <int kDtype>
+cudaError_t launch_q(int q, dim3 grid, cudaStream_t stream, const KArgs& a) {
+  switch (q) {
+    case 32: irgq_kernel<kDtype, 32><<<grid, kThreads, 0, stream>>>(a); break;
+    case 64: irgq_kernel<kDtype, 64><<<grid, kThreads, 0, stream>>>(a); break;
+    case 128: irgq_kernel<kDtype, 128><<<grid, kThreads, 0, stream>>>(a); break;
+    default: irgq_kernel<kDtype, 256><<<grid, kThreads, 0, stream>>>(a); break;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+const char* status_string(int status) {
+  switch (status) {
+    case kOk: return "ok";
+    case kUnsupportedShape: return "the CUDA kernel is compiled for head_dim 512 and rope_dim 64 only";
+    case kBadGroup: return "quant_group_size must be 32, 64, 128 or 256 and divide Dg = H*head_dim/num_groups";
+    case kBadDtype: return "unsupported dtype code";
+    case kTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
+    case kLaunchFailed: return "kernel launch failed";
+    default: return "unknown status";
+  }
+}
+
+int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
+  KArgs a;
+  long long num_chunks = 0;
+  const int st = make_kargs(p, &a, &num_chunks);
+  if (st != kOk || num_chunks == 0) return st;
+  const long long per_block = (long long)kThreads * kUnroll;
+  const dim3 grid((unsigned)((num_chunks + per_block - 1) / per_block));
+  const cudaError_t err = p.o_dtype == kBF16 ? launch_q<kBF16>(p.quant_group_size, grid, stream, a)
+                                             : launch_q<kF16>(p.quant_group_size, grid, stream, a);
+  if (cuda_error) *cuda_error = (int)err;
+  return err == cudaSuccess ? kOk : kLaunchFailed;
+}
+
+}  // namespace irgq
+}  // namespace fusedrope

@@ -1,0 +1,149 @@
+// CPU emulation of the inverse_rope_group_quant CUDA kernel, for ctypes (tests/test_cuda_quant_kernels.py).
+//
+// It runs the kernel's own per-chunk and per-block functions from kernels_cuda/inverse_rope_group_quant.cuh
+// (make_kargs with its magic-number token division, chunk_pos, unpack16, cache8_from_words, rotate8,
+// amax_bits16, e8m0_byte, quant16_sw, scale_offset_bytes, scale_f32_bits) in the kernel's order; only the
+// memory instructions and the warp shuffle are replaced (the shuffle by a max over the Q/16 chunks of a block,
+// which is what the xor butterfly computes). The sm_89+ hardware cvt.rn.satfinite.e4m3x2 path is not emulated:
+// the GPU script checks it.
+//
+// Build: g++ -std=c++17 -O2 -ffp-contract=off -shared -fPIC -I kernels_cuda tests/irgq_host_harness.cpp -o h.so
+#include <string.h>
+
+#include "inverse_rope_group_quant.cuh"
+
+using namespace fusedrope::irgq;
+
+namespace {
+
+void load_bytes(const void* base, long long off, void* dst, size_t n) {
+  memcpy(dst, static_cast<const unsigned char*>(base) + off, n);
+}
+
+}  // namespace
+
+extern "C" {
+
+// ptrs: o, positions, cos, sin, x_fp8, x_scale.
+// ints: S, H, head_dim, o_dtype, pos_is_int64, pos_stride, cache_dtype, cos_stride, sin_stride, max_pos,
+//       rope_dim, fp8_fnuz, num_groups, quant_group_size, scale_is_f32, scale_stride_s, scale_stride_b.
+int irgq_host_run(void** ptrs, const long long* ints) {
+  Params p;
+  p.o = ptrs[0];
+  p.positions = ptrs[1];
+  p.cos = ptrs[2];
+  p.sin = ptrs[3];
+  p.x_fp8 = ptrs[4];
+  p.x_scale = ptrs[5];
+  p.num_tokens = ints[0];
+  p.num_heads = (int32_t)ints[1];
+  p.head_dim = (int32_t)ints[2];
+  p.o_dtype = (int32_t)ints[3];
+  p.pos_is_int64 = (int32_t)ints[4];
+  p.pos_stride = ints[5];
+  p.cache_dtype = (int32_t)ints[6];
+  p.cos_stride = ints[7];
+  p.sin_stride = ints[8];
+  p.max_pos = ints[9];
+  p.rope_dim = (int32_t)ints[10];
+  p.fp8_fnuz = (int32_t)ints[11];
+  p.num_groups = (int32_t)ints[12];
+  p.quant_group_size = (int32_t)ints[13];
+  p.scale_is_f32 = (int32_t)ints[14];
+  p.scale_stride_s = ints[15];
+  p.scale_stride_b = ints[16];
+
+  KArgs a;
+  long long num_chunks = 0;
+  const int st = make_kargs(p, &a, &num_chunks);
+  if (st != kOk || num_chunks == 0) return st;
+  const int lanes = p.quant_group_size / kChunk;
+  const bool fnuz = a.fp8_fnuz != 0;
+
+  for (long long base = 0; base < num_chunks; base += lanes) {  // one quant block = `lanes` adjacent lanes
+    float v[16][16];
+    ChunkPos cps[16];
+    uint32_t m = 0;
+    for (int l = 0; l < lanes; ++l) {
+      const unsigned chunk = (unsigned)(base + l);
+      cps[l] = chunk_pos(a, chunk);
+      uint32_t w[8];
+      load_bytes(a.o, 32ll * chunk, w, 32);
+      unpack16(w, p.o_dtype, v[l]);
+      if (cps[l].tail) {
+        long long pos;
+        if (a.pos_is_int64) {
+          load_bytes(a.positions, a.pos_stride_bytes * cps[l].s, &pos, 8);
+        } else {
+          int32_t p32;
+          load_bytes(a.positions, a.pos_stride_bytes * cps[l].s, &p32, 4);
+          pos = p32;
+        }
+        pos = clamp_position(pos, a.max_pos);
+        const unsigned j0 = (cps[l].r % kChunksPerHead - kFirstTailChunk) * 8u;
+        const long long esz = a.cache_dtype == kF32 ? 4 : 2;
+        uint32_t cw[8] = {0, 0, 0, 0, 0, 0, 0, 0}, nw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        load_bytes(a.cos, pos * a.cos_stride_bytes + j0 * esz, cw, (size_t)(8 * esz));
+        load_bytes(a.sin, pos * a.sin_stride_bytes + j0 * esz, nw, (size_t)(8 * esz));
+        float c[8], n[8];
+        cache8_from_words(cw, a.cache_dtype, c);
+        cache8_from_words(nw, a.cache_dtype, n);
+        rotate8(v[l], c, n);
+      }
+      const uint32_t ml = amax_bits16(v[l]);
+      m = ml > m ? ml : m;
+    }
+    const uint32_t byte = e8m0_byte(m, fnuz);
+    for (int l = 0; l < lanes; ++l) {
+      const unsigned chunk = (unsigned)(base + l);
+      uint32_t q[4];
+      quant16_sw(v[l], byte, fnuz, q);
+      memcpy(static_cast<unsigned char*>(a.x_fp8) + 16ll * chunk, q, 16);
+      if (cps[l].r % (unsigned)lanes == 0) {
+        unsigned char* sd = static_cast<unsigned char*>(a.x_scale) + scale_offset_bytes(a, cps[l].s, cps[l].r, lanes);
+        if (a.scale_is_f32) {
+          const uint32_t bits = scale_f32_bits(byte);
+          memcpy(sd, &bits, 4);
+        } else {
+          *sd = (unsigned char)byte;
+        }
+      }
+    }
+  }
+  return kOk;
+}
+
+// Checks the kernel's multiply-shift token division against '/' for `count` chunk indices spread over
+// [0, 2^31) (and the first and last ones exactly) for chunks_per_token = 32 * H. Returns the mismatches.
+long long irgq_host_fastdiv_mismatches(long long heads, long long count) {
+  Params p;
+  p.num_tokens = 1;
+  p.num_heads = (int32_t)heads;
+  p.head_dim = kHeadDim;
+  p.rope_dim = kRopeDim;
+  p.max_pos = 1;
+  p.num_groups = 1;
+  p.quant_group_size = 32;
+  KArgs a;
+  long long n = 0;
+  if (make_kargs(p, &a, &n) != kOk) return -1;
+  const unsigned long long d = a.chunks_per_token;
+  long long bad = 0;
+  unsigned long long x = 0x9E3779B97F4A7C15ull;
+  for (long long i = 0; i < count; ++i) {
+    unsigned c;
+    if (i < 4096) c = (unsigned)i;
+    else if (i < 8192) c = 0x7FFFFFFFu - (unsigned)(i - 4096);
+    else if (i < 12288) c = (unsigned)(((i - 8192) / 2 + 1) * d - (i & 1));  // around multiples of d
+    else {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      c = (unsigned)(x & 0x7FFFFFFFu);
+    }
+    if (c > 0x7FFFFFFFu) continue;
+    const ChunkPos cp = chunk_pos(a, c);
+    if (cp.s != c / d || cp.r != c % d) ++bad;
+  }
+  return bad;
+}
+
+}  // extern "C"
