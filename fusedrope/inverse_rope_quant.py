@@ -12,6 +12,8 @@ from . import _checks as C
 from .backends import reference_available, triton_available
 from .reference import FP8_MAX
 from .registry import Impl, registry
+from . import cuda_inverse_rope_quant as _cuda  # light: cpp_extension is imported only to build
+from . import hip_inverse_rope_quant as _hip
 
 OP = "inverse_rope_group_quant"
 REGISTRY = registry(OP)
@@ -155,6 +157,9 @@ def _supports_any(facts) -> None:
 REGISTRY.register(Impl("reference", ".reference:inverse_rope_group_quant", _supports_any, reference_available))
 REGISTRY.register(Impl("triton", ".triton_inverse_rope_quant:inverse_rope_group_quant", _supports_any,
                        triton_available))
+REGISTRY.register(Impl("hip", ".hip_inverse_rope_quant:inverse_rope_group_quant", _hip.supports, _hip.available))
+REGISTRY.register(Impl("cuda", ".cuda_inverse_rope_quant:inverse_rope_group_quant", _cuda.supports,
+                       _cuda.available))
 
 
 def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8, x_scale,
