@@ -5,7 +5,8 @@
 2. The same source, compiled by the host C++ compiler against tests/cuda_emul (a bit-exact host model of the
    few CUDA intrinsics it uses, every thread run in turn), is run on CPU tensors and compared with the float64
    oracle: every vector path, head_dim, dtype, stride pattern, in place, cos broadcast, forced launch shapes,
-   the token loop of a capped grid, and out-of-bounds writes (guard bytes around every output).
+   the token loop of a capped grid, and out-of-bounds writes (guard bytes around every output); built with
+   AddressSanitizer, on tensors in exact-size allocations, it must not read or write out of bounds either.
 3. On this CPU machine the registry falls back from ``cuda`` and says why; the torch binding compiles against
    torch's headers (syntax only: a CPU torch cannot link a CUDA extension).
 The GPU run of the real extension is gpu/check_qwen3_tts_rope.py.
@@ -442,3 +443,53 @@ def test_gpu_check_script_cpu_parts(tmp_path):
 
     res = json.loads((tmp_path / "results.json").read_text())
     assert len(res["bench"]) == len(TTS_CASES) and res["checks"][0]["ok"]
+
+
+ASAN_SCRIPT = r"""
+import ctypes, sys, torch
+import test_cuda_kernels as T
+from fusedrope.testing import TTS_CASES, TtsCase, make_tts_inputs
+lib = ctypes.CDLL(sys.argv[1])
+def exact(t, offset=0):  # a copy in its own allocation of exactly offset + numel elements
+    buf = torch.empty(t.numel() + offset, dtype=t.dtype)
+    v = buf[offset:].view(t.shape)
+    v.copy_(t)
+    return v
+n = 0
+for case in (TTS_CASES[0], TTS_CASES[-1], TtsCase("x", 3, 7, 13, 5, 64), TtsCase("y", 2, 5, 3, 2, 256)):
+    for layout in ("projection", "contiguous"):
+        for off in (0, 1, 2):
+            q, k, cos, sin = make_tts_inputs(case, layout=layout, random_cos_sin=True, seed=off)
+            if layout == "contiguous":
+                q, k, cos, sin = (exact(t, off) for t in (q, k, cos, sin))
+            for vec in (0, 2, 1):
+                qo, ko = exact(q.contiguous(), off), exact(k.contiguous(), off)
+                rc = T.emu_call(lib, q, k, cos, sin, qo, ko, vec=vec)
+                if rc == 0:
+                    T.check(qo, ko, q, k, cos, sin)
+                    n += 1
+print("ASAN RUN OK", n)
+"""
+
+
+def test_emulated_kernel_stays_in_bounds_under_asan(tmp_path):
+    """The kernel source, built with AddressSanitizer, on tensors in allocations of exactly their size (torch's
+    CPU allocator is intercepted): any read or write past the end of q, k, cos, sin or an output aborts."""
+    cxx = _cxx()
+    if cxx is None or "g++" not in Path(cxx).name:
+        pytest.skip("needs g++ (for libasan)")
+    libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not libasan or not Path(libasan).is_file():
+        pytest.skip("libasan not installed")
+    so = tmp_path / "harness_asan.so"
+    cmd = [cxx, "-std=c++17", "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-shared", "-fPIC",
+           "-Wno-unknown-pragmas", "-I", str(EMUL), "-x", "c++", str(EMUL / "harness.cpp"),
+           f'-DKERNEL_SOURCE="{SRC}"', "-o", str(so)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(Path(__file__).parent)]))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([os.sys.executable, "-c", ASAN_SCRIPT, str(so)], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=600)
+    assert proc.returncode == 0 and "ASAN RUN OK" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
