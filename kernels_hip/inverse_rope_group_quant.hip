@@ -17,8 +17,8 @@
 // a block gets scale byte 0xFF and fp8 NaN (0x7F for e4m3fn, 0x80 for fnuz) in all its values.
 //
 // fp8 encoding: gfx942 + e4m3fnuz and gfx950 + e4m3fn use v_cvt_pk_fp8_f32 (the gfx942 hardware format is FNUZ,
-// gfx950's is OCP); any other combination uses the exact software RNE below. Inputs are clamped to +-FP8_MAX
-// first (v_med3_f32), as the reference does.
+// gfx950's is OCP); any other combination uses the exact software RNE of inverse_rope_group_quant_math.h (plain
+// C++, CPU-tested). Inputs are clamped to +-FP8_MAX first (v_med3_f32), as the reference does.
 //
 // Compile-only check without ROCm (what tests/test_hip_kernels.py runs):
 //   clang++-19 -x hip --offload-arch=gfx942 --cuda-device-only -nogpulib -nogpuinc -O3 -S
@@ -41,77 +41,14 @@ extern "C" hipError_t hipLaunchKernel(const void* function_address, dim3 numBloc
                                       void** args, unsigned long sharedMemBytes, hipStream_t stream);
 #endif
 
+#include "inverse_rope_group_quant_math.h"
+
 namespace fusedrope_hip {
 namespace {
 
-constexpr int kThreads = 256;  // 4 waves
-constexpr int kUnroll = 2;     // chunks per lane
-constexpr int kChunk = 16;     // elements per lane and chunk
-constexpr int kHeadDim = 512;
-constexpr int kRopeDim = 64;
-constexpr int kChunksPerHead = kHeadDim / kChunk;                 // 32
-constexpr int kFirstTailChunk = (kHeadDim - kRopeDim) / kChunk;   // 28
-
 typedef unsigned int u32x4 __attribute__((ext_vector_type(4)));
 #define FR_GLOBAL __attribute__((address_space(1)))
-
-// Kernel arguments (host and device see the same layout: generic pointers, cast to global in the kernel).
-struct KArgs {
-  const void* o;
-  void* x_fp8;
-  const void* positions;
-  const void* cos;
-  const void* sin;
-  void* x_scale;
-  long long pos_stride_bytes;
-  long long cos_stride_bytes;
-  long long sin_stride_bytes;
-  long long max_pos;
-  long long scale_stride_s_bytes;
-  long long scale_stride_b_bytes;
-  unsigned long long tok_magic;  // chunk / chunks_per_token by multiply-shift (Granlund-Montgomery)
-  unsigned num_chunks;
-  unsigned chunks_per_token;
-  unsigned tok_shift;
-  int pos_is_int64;
-  int cache_dtype;
-  int cache_vec;                 // cos/sin rows 16-byte aligned: dwordx4 loads
-  int io_vec;                    // o and x_fp8 16-byte aligned: dwordx4 loads/stores
-  int fp8_fnuz;
-  int scale_is_f32;
-};
-
-// ------------------------------------------------------------------------------------------------------------
-// scalar math, shared by every path (host-compilable: plain C++ on purpose)
-// ------------------------------------------------------------------------------------------------------------
-__device__ __host__ inline float as_float(unsigned u) { return __builtin_bit_cast(float, u); }
-__device__ __host__ inline unsigned as_uint(float f) { return __builtin_bit_cast(unsigned, f); }
-
-// e8m0 byte of 2^ceil(log2(max(amax, 1e-8) * fp32(1/fp8_max))) for a finite amax (given as |v| bits).
-__device__ __host__ inline unsigned e8m0_byte(unsigned amax_bits, float inv_fp8_max) {
-  float amax = as_float(amax_bits);
-  amax = amax < 1e-8f ? 1e-8f : amax;
-  const unsigned t = as_uint(amax * inv_fp8_max);
-  return ((t >> 23) & 0xFFu) + ((t & 0x7FFFFFu) != 0u);
-}
-
-// Exact RNE encoding of a finite |x| <= FP8_MAX into e4m3fn (bias 7) or e4m3fnuz (bias 8, no negative zero).
-__device__ __host__ inline unsigned fp8_encode_sw(float x, bool fnuz) {
-  const unsigned u = as_uint(x);
-  unsigned sign = (u >> 24) & 0x80u;
-  const unsigned a = u & 0x7FFFFFFFu;
-  const float af = as_float(a);
-  const float min_normal = fnuz ? 0.0078125f : 0.015625f;  // 2^-7 / 2^-6
-  unsigned code;
-  if (af < min_normal) {  // subnormal: multiples of 2^-10 / 2^-9, RNE (8 -> the smallest normal, correct)
-    code = (unsigned)__builtin_rintf(af * (fnuz ? 1024.0f : 512.0f));
-  } else {                // normal: round the 23-bit mantissa to 3 bits, RNE, carry into the exponent
-    const unsigned bias = fnuz ? 8u : 7u;
-    code = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - ((127u - bias) << 3);
-  }
-  if (fnuz && code == 0u) sign = 0u;
-  return sign | code;
-}
+using namespace detail;  // constants, KArgs, make_kargs and the scalar math (inverse_rope_group_quant_math.h)
 
 __device__ inline float clamp_fp8(float y, float fp8_max) { return __builtin_amdgcn_fmed3f(y, -fp8_max, fp8_max); }
 
@@ -274,7 +211,7 @@ __global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
   for (int j = 0; j < kUnroll; ++j) {
     const unsigned chunk = first + j * kThreads;
     const bool valid = chunk < a.num_chunks;
-    const unsigned s = (unsigned)(((unsigned long long)chunk * a.tok_magic) >> a.tok_shift);
+    const unsigned s = chunk_token(a, chunk);
     const unsigned r = chunk - s * a.chunks_per_token;  // chunk index inside the token
 
     float v[16];
@@ -312,7 +249,7 @@ __global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
       if (r % kLanes == 0) {
         FR_GLOBAL unsigned char* dst =
             x_scale + a.scale_stride_s_bytes * s + a.scale_stride_b_bytes * (long long)(r / kLanes);
-        if (a.scale_is_f32) *(FR_GLOBAL unsigned*)dst = byte == 0xFFu ? 0x7FC00000u : (byte << 23);
+        if (a.scale_is_f32) *(FR_GLOBAL unsigned*)dst = scale_f32_bits(byte);
         else *dst = (unsigned char)byte;
       }
     }
@@ -341,8 +278,6 @@ const void* pick_kernel(int qgs) {
   }
 }
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
-
 }  // namespace
 
 const char* irgq_status_string(int status) {
@@ -358,49 +293,11 @@ const char* irgq_status_string(int status) {
 }
 
 int launch_inverse_rope_group_quant(const IrgqParams& p, hipStream_t stream, int* hip_error) {
-  if (p.head_dim != kHeadDim || p.rope_dim != kRopeDim) return kIrgqUnsupportedShape;
-  if (p.o_dtype != kIrgqBF16 && p.o_dtype != kIrgqF16) return kIrgqBadDtype;
-  if (p.cache_dtype != kIrgqBF16 && p.cache_dtype != kIrgqF16 && p.cache_dtype != kIrgqF32) return kIrgqBadDtype;
-  const int q = p.quant_group_size;
-  if (q != 32 && q != 64 && q != 128 && q != 256) return kIrgqBadGroup;
-  if (p.num_heads < 1 || p.num_groups < 1 || p.max_pos < 1 || p.num_tokens < 0) return kIrgqUnsupportedShape;
-  const long long per_token = (long long)p.num_heads * kHeadDim;
-  if (per_token % p.num_groups != 0 || (per_token / p.num_groups) % q != 0) return kIrgqBadGroup;
-  if (p.num_tokens == 0) return kIrgqOk;
-  const long long chunks_per_token = per_token / kChunk;
-  const long long num_chunks = p.num_tokens * chunks_per_token;
-  if (num_chunks > 0x7FFFFFFFLL) return kIrgqTooLarge;
-
   KArgs a;
-  a.o = p.o;
-  a.x_fp8 = p.x_fp8;
-  a.positions = p.positions;
-  a.cos = p.cos;
-  a.sin = p.sin;
-  a.x_scale = p.x_scale;
-  const long long esz = p.cache_dtype == kIrgqF32 ? 4 : 2;
-  const long long ssz = p.scale_is_f32 ? 4 : 1;
-  a.pos_stride_bytes = p.pos_stride * (p.pos_is_int64 ? 8 : 4);
-  a.cos_stride_bytes = p.cos_stride * esz;
-  a.sin_stride_bytes = p.sin_stride * esz;
-  a.max_pos = p.max_pos;
-  a.scale_stride_s_bytes = p.scale_stride_s * ssz;
-  a.scale_stride_b_bytes = p.scale_stride_b * ssz;
-  // floor(n / d) == (n * m) >> (31 + l) for all n < 2^31 with l = ceil(log2 d), m = ceil(2^(31+l) / d).
-  const unsigned long long d = (unsigned long long)chunks_per_token;
-  unsigned l = 0;
-  while ((1ull << l) < d) ++l;
-  a.tok_shift = 31 + l;
-  a.tok_magic = ((1ull << (31 + l)) + d - 1) / d;
-  a.num_chunks = (unsigned)num_chunks;
-  a.chunks_per_token = (unsigned)chunks_per_token;
-  a.pos_is_int64 = p.pos_is_int64 ? 1 : 0;
-  a.cache_dtype = p.cache_dtype;
-  a.cache_vec = aligned16(p.cos) && aligned16(p.sin) && (a.cos_stride_bytes % 16 == 0) &&
-                (a.sin_stride_bytes % 16 == 0);
-  a.io_vec = aligned16(p.o) && aligned16(p.x_fp8);
-  a.fp8_fnuz = p.fp8_fnuz ? 1 : 0;
-  a.scale_is_f32 = p.scale_is_f32 ? 1 : 0;
+  long long num_chunks = 0;
+  const int st = make_kargs(p, &a, &num_chunks);
+  if (st != kIrgqOk || num_chunks == 0) return st;
+  const int q = p.quant_group_size;
 
   const void* kernel = p.o_dtype == kIrgqBF16 ? pick_kernel<BF16>(q) : pick_kernel<F16>(q);
   const long long per_block = (long long)kThreads * kUnroll;

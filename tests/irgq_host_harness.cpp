@@ -113,6 +113,14 @@ int irgq_host_run(void** ptrs, const long long* ints) {
   return kOk;
 }
 
+// amax values (finite, >= 0) -> e8m0 bytes; values with |x| <= FP8_MAX -> fp8 bytes (software RNE).
+void irgq_host_e8m0(const float* amax, long long n, int fnuz, unsigned char* out) {
+  for (long long i = 0; i < n; ++i) out[i] = (unsigned char)e8m0_byte(float_to_bits(amax[i]) & 0x7FFFFFFFu, fnuz != 0);
+}
+void irgq_host_encode(const float* x, long long n, int fnuz, unsigned char* out) {
+  for (long long i = 0; i < n; ++i) out[i] = (unsigned char)fp8_encode_sw(x[i], fnuz != 0);
+}
+
 // Checks the kernel's multiply-shift token division against '/' for `count` chunk indices spread over
 // [0, 2^31) (and the first and last ones exactly) for chunks_per_token = 32 * H. Returns the mismatches.
 long long irgq_host_fastdiv_mismatches(long long heads, long long count) {

@@ -283,3 +283,26 @@ def test_cuda_backend_supports(monkeypatch):
     assert "sm_80" in cq.supports(base)
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "gfx942")
     assert "NVIDIA" in cq.supports(base)
+
+
+@pytest.mark.parametrize("fnuz", [False, True], ids=["e4m3fn", "e4m3fnuz"])
+def test_emulated_scalar_math_matches_reference(fnuz):
+    """The .cuh's e8m0 byte and software fp8 RNE (the sm_80 path and the fnuz path) on every bf16/fp16 value,
+    every fp8 tie and scale boundary, bit-exact against fusedrope.reference and torch's fp8 casts."""
+    from test_hip_kernels import e8m0_probe_values, fp8_probe_values
+
+    lib = _harness()
+    dtype = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
+    fp8_max = ref.FP8_MAX[dtype]
+    amax = e8m0_probe_values()
+    got = torch.empty(amax.numel(), dtype=torch.uint8)
+    lib.irgq_host_e8m0(ctypes.c_void_p(amax.data_ptr()), ctypes.c_longlong(amax.numel()), ctypes.c_int(fnuz),
+                       ctypes.c_void_p(got.data_ptr()))
+    assert torch.equal(got, ref.e8m0_scale_bytes(amax, fp8_max))
+    x = fp8_probe_values(fp8_max)
+    got = torch.empty(x.numel(), dtype=torch.uint8)
+    lib.irgq_host_encode(ctypes.c_void_p(x.data_ptr()), ctypes.c_longlong(x.numel()), ctypes.c_int(fnuz),
+                         ctypes.c_void_p(got.data_ptr()))
+    want = x.to(dtype).view(torch.uint8)
+    bad = (got != want).nonzero()
+    assert bad.numel() == 0, f"first x={x[bad[0]].item()!r}: {got[bad[0]].item():#x} vs {want[bad[0]].item():#x}"

@@ -172,3 +172,141 @@ def test_hip_ext_sources_and_reasons():
     if not torch.version.hip:
         assert "ROCm" in hip_ext.toolkit_reason()
         assert hip_ext.available(torch.device("cpu"))
+
+
+# ------------------------------------------------------------------- the plain-C++ part, run on the CPU (g++)
+HARNESS = Path(__file__).resolve().parent / "irgq_hip_host_harness.cpp"
+MATH_H = SRC.parent / "inverse_rope_group_quant_math.h"
+
+
+def _hip_harness():
+    import ctypes
+    import hashlib
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    gxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not gxx:
+        pytest.skip("no C++ compiler (g++) for the HIP host harness")
+    h = hashlib.sha256()
+    for f in (HARNESS, MATH_H, SRC.parent / "inverse_rope_group_quant.h"):
+        h.update(f.read_bytes())
+    out = Path(tempfile.gettempdir()) / f"fusedrope-irgq-hip-harness-{os.getuid()}-{h.hexdigest()[:16]}.so"
+    if not out.exists():
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [gxx, "-std=c++17", "-O2", "-ffp-contract=off", "-Wall", "-Werror", "-shared", "-fPIC", "-I",
+               str(SRC.parent), str(HARNESS), "-o", str(tmp)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"HIP host harness build failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+        os.replace(tmp, out)
+    lib = ctypes.CDLL(str(out))
+    lib.irgq_hip_fastdiv_mismatches.restype = ctypes.c_longlong
+    lib.irgq_hip_fastdiv_mismatches.argtypes = [ctypes.c_longlong, ctypes.c_longlong]
+    return lib
+
+
+def e8m0_probe_values():
+    """amax values around every scale boundary (FP8_MAX * 2^k and its fp32 neighbours), random magnitudes,
+    values at and below the 1e-8 floor, zero."""
+    import torch
+
+    k = torch.arange(-40, 120, dtype=torch.float64)
+    edges = torch.cat([(m * torch.exp2(k)) for m in (448.0, 240.0, 1.0)]).float()
+    edges = edges[torch.isfinite(edges)]
+    up = torch.nextafter(edges, torch.full_like(edges, float("inf")))
+    down = torch.nextafter(edges, torch.zeros_like(edges))
+    g = torch.Generator().manual_seed(0)
+    rnd = torch.exp2(torch.rand(20000, generator=g, dtype=torch.float64) * 160 - 40).float()
+    low = torch.tensor([0.0, 1e-12, 9.99e-9, 1e-8, 1.0001e-8, 3e-8], dtype=torch.float32)
+    v = torch.cat([edges, up, down, rnd, low])
+    return v[torch.isfinite(v)].contiguous()
+
+
+def fp8_probe_values(fp8_max: float):
+    """Every bf16 and fp16 bit pattern, every fp8 code's value and the midpoints between neighbouring codes
+    (ties) with their fp32 neighbours, random fp32; clamped to [-FP8_MAX, FP8_MAX] as the kernel does."""
+    import torch
+
+    bf = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    hf = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    vals = torch.cat([codes.view(torch.float8_e4m3fn).float(), codes.view(torch.float8_e4m3fnuz).float()])
+    vals = vals[torch.isfinite(vals)].unique()
+    mids = (vals[1:] + vals[:-1]) / 2
+    mids = torch.cat([mids, torch.nextafter(mids, mids + 1), torch.nextafter(mids, mids - 1)])
+    g = torch.Generator().manual_seed(1)
+    rnd = (torch.randn(50000, generator=g) * torch.exp2(torch.randint(-14, 9, (50000,), generator=g).float()))
+    v = torch.cat([bf, hf, vals, mids, rnd, torch.tensor([0.0, -0.0, fp8_max, -fp8_max])])
+    v = v[torch.isfinite(v)]
+    return v.clamp(-fp8_max, fp8_max).contiguous()
+
+
+@pytest.mark.parametrize("fnuz", [False, True], ids=["e4m3fn", "e4m3fnuz"])
+def test_hip_scalar_math_matches_reference(fnuz):
+    """The e8m0 byte and the software fp8 RNE of the HIP kernel, compiled by g++, bit-exact against
+    fusedrope.reference (e8m0_scale_bytes) and torch's fp8 casts (what the reference uses)."""
+    import ctypes
+
+    import torch
+
+    from fusedrope import reference as ref
+
+    lib = _hip_harness()
+    dtype = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
+    fp8_max = ref.FP8_MAX[dtype]
+    amax = e8m0_probe_values()
+    got = torch.empty(amax.numel(), dtype=torch.uint8)
+    lib.irgq_hip_e8m0(ctypes.c_void_p(amax.data_ptr()), ctypes.c_longlong(amax.numel()), ctypes.c_int(fnuz),
+                      ctypes.c_void_p(got.data_ptr()))
+    want = ref.e8m0_scale_bytes(amax, fp8_max)
+    bad = (got != want).nonzero()
+    assert bad.numel() == 0, f"e8m0 differs for amax={amax[bad[0]].item()!r}: {got[bad[0]].item()} vs {want[bad[0]].item()}"
+
+    x = fp8_probe_values(fp8_max)
+    got = torch.empty(x.numel(), dtype=torch.uint8)
+    lib.irgq_hip_encode(ctypes.c_void_p(x.data_ptr()), ctypes.c_longlong(x.numel()), ctypes.c_int(fnuz),
+                        ctypes.c_void_p(got.data_ptr()))
+    want = x.to(dtype).view(torch.uint8)
+    bad = (got != want).nonzero()
+    assert bad.numel() == 0, (f"{bad.numel()} fp8 codes differ; first x={x[bad[0]].item()!r}: "
+                              f"{got[bad[0]].item():#x} vs torch {want[bad[0]].item():#x}")
+
+
+def test_hip_launcher_arguments():
+    import ctypes
+
+    lib = _hip_harness()
+
+    def kargs(ptrs=(4096, 8192, 16384, 16384 + 128, 65536, 131072), **kw):
+        ints = dict(S=5, H=16, D=512, o_dtype=0, pos64=1, pos_stride=1, cache_dtype=2, cos_stride=64,
+                    sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1)
+        ints.update(kw)
+        p = (ctypes.c_void_p * 6)(*ptrs)
+        arr = (ctypes.c_longlong * 17)(*ints.values())
+        out = (ctypes.c_longlong * 10)()
+        lib.irgq_hip_kargs(p, arr, out)
+        return list(out)
+
+    r = kargs()
+    assert r[:8] == [0, 5 * 16 * 32, 16 * 32, 31 + 9, 8, 256, 64, 1], r
+    assert r[8:] == [1, 1]
+    assert kargs(ptrs=(4096 + 2, 8192, 16384, 16384 + 128, 65536, 131072))[9] == 0  # o off 16-byte alignment
+    assert kargs(ptrs=(4096, 8192, 16384, 16384 + 128, 65536 + 3, 131072))[9] == 0  # x_fp8 too
+    assert kargs(cos_stride=65)[8] == 0                                              # cache rows unaligned
+    assert kargs(cache_dtype=0, cos_stride=72, sin_stride=72)[8] == 1                # 144 B rows: aligned
+    assert kargs(pos64=0, pos_stride=3)[4] == 12
+    assert kargs(f32=1, ss0=1, ss2=5)[6:8] == [4, 20]
+    assert kargs(D=256)[0] == 1 and kargs(rope=128)[0] == 1                          # kIrgqUnsupportedShape
+    assert kargs(q=48)[0] == 2 and kargs(G=3)[0] == 2                                # kIrgqBadGroup
+    assert kargs(o_dtype=2)[0] == 3 and kargs(cache_dtype=7)[0] == 3                 # kIrgqBadDtype
+    assert kargs(S=(1 << 31) // (16 * 32) + 1)[0] == 4                               # kIrgqTooLarge
+    assert kargs(S=0)[:2] == [0, 0]                                                  # nothing to launch
+
+
+def test_hip_token_division_magic_numbers():
+    lib = _hip_harness()
+    for heads in (1, 2, 3, 5, 7, 8, 12, 16, 24, 32, 61, 64, 100, 128, 1000, 4093):
+        assert lib.irgq_hip_fastdiv_mismatches(heads, 200_000) == 0, heads
