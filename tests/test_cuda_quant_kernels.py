@@ -306,3 +306,17 @@ def test_emulated_scalar_math_matches_reference(fnuz):
     want = x.to(dtype).view(torch.uint8)
     bad = (got != want).nonzero()
     assert bad.numel() == 0, f"first x={x[bad[0]].item()!r}: {got[bad[0]].item():#x} vs {want[bad[0]].item():#x}"
+
+
+def test_gpu_check_script_cpu_selftest(tmp_path):
+    """gpu/check_inverse_rope_group_quant.py's plumbing (inputs, poisoning, comparisons, reports) on CPU."""
+    import sys
+
+    script = ROOT / "gpu" / "check_inverse_rope_group_quant.py"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(script), "--cpu-selftest", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "correctness  yes" in proc.stdout
+    for f in ("results.json", "bench.csv", "bench.md"):
+        assert (tmp_path / f).exists(), f
