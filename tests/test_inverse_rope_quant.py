@@ -28,6 +28,11 @@ def run(backend, o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=
     """The backend on poisoned caller-provided buffers, through the public function."""
     x_fp8, x_scale = fusedrope.empty_quant_outputs(o, case.num_groups, case.quant_group_size, transpose_scale,
                                                    fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
+    facts = validate(o, positions, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, x_fp8, x_scale,
+                     None, None)[0]
+    reason = REGISTRY.decide(next(i for i in REGISTRY.impls if i.backend == backend), facts)
+    if reason:  # e.g. the compiled kernels serve head_dim 512 / rope_dim 64 only
+        pytest.skip(f"{backend} does not serve these inputs: {reason}")
     x_fp8, x_scale = poison_like(x_fp8), poison_like(x_scale)
     out = fusedrope.inverse_rope_group_quant(o, positions, cos, sin, case.num_groups, case.quant_group_size,
                                              transpose_scale, x_fp8, x_scale, backend=backend)
