@@ -2,9 +2,9 @@
 
 Serves NVIDIA sm_80+ (hardware packed E4M3 conversion on sm_89+/sm_90; exact software RNE on sm_80/sm_86),
 FP8 = float8_e4m3fn, head_dim 512 with rope_dim 64 (DeepSeek-V4), quant groups 32/64/128/256, bf16/fp16 ``o``,
-bf16/fp16/fp32 caches, int64/int32 positions, every scale format (float8_e8m0fnu, uint8, float32) and both scale
-layouts. Other shapes and float8_e4m3fnuz (an AMD format) go to Triton. Pointer alignment is decided inside the
-compiled op (16-byte vector path or a narrow one).
+bf16/fp16/fp32 caches, int64/int32 positions, every scale format (float8_e8m0fnu, uint8, float32) and both
+scale layouts. Other shapes and float8_e4m3fnuz (an AMD format) go to Triton. Pointer alignment is decided
+inside the compiled op (16-byte vector path or a narrow one).
 
 Status: compile- and SASS-checked for sm_90/sm_80 on CPU and its math emulated on CPU bit-exactly
 (tests/test_cuda_quant_kernels.py); GPU runs: gpu/check_inverse_rope_group_quant.py.

@@ -1,15 +1,15 @@
 """The compiled HIP kernels for AMD GPUs: ONE torch extension built from every ``kernels_hip/*.hip`` and
 ``kernels_hip/*_torch.cpp`` source with hipcc, registering its ops under ``torch.ops.fusedrope_hip``.
 
-* Built on first use (JIT, torch.utils.cpp_extension on a ROCm build of torch, with ROCm's hipcc) or ahead of time
-  with ``build()``; one log line on stderr when a build starts.
-* Cached in torch's extension directory (``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``) under a name
-  that hashes the sources, the torch and HIP versions, the flags and the target architectures, so a changed
-  source or torch never loads a stale build, and a finished build loads without a compiler.
+* Built on first use (JIT, torch.utils.cpp_extension on a ROCm build of torch, with ROCm's hipcc) or ahead of
+  time with ``build()``; one log line on stderr when a build starts.
+* Cached in torch's extension directory (``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``) under a
+  name that hashes the sources, the torch and HIP versions, the flags and the target architectures, so a
+  changed source or torch never loads a stale build, and a finished build loads without a compiler.
 * Sources are found in-tree (``<repo>/kernels_hip``) and installed (the wheel ships them as the package
   ``fusedrope.kernels_hip``).
-* Targets: ``$PYTORCH_ROCM_ARCH`` (e.g. ``"gfx942"`` or ``"gfx942;gfx950"``) if set, else the visible GPUs; only
-  gfx942 and gfx950 are compiled (the kernels use their fp8 instructions).
+* Targets: ``$PYTORCH_ROCM_ARCH`` (e.g. ``"gfx942"`` or ``"gfx942;gfx950"``) if set, else the visible GPUs;
+  only gfx942 and gfx950 are compiled (the kernels use their fp8 instructions).
 
 Status: the HIP kernel is compile-checked on CPU for gfx942 (tests/test_hip_kernels.py); this module and the
 torch binding have not been run on a ROCm machine from this repository (docs/kernels_hip.md).
@@ -40,7 +40,8 @@ _failure: Optional[str] = None
 
 # -- sources ---------------------------------------------------------------------------------------------
 def kernel_dir() -> Path:
-    """The directory holding the HIP sources: the installed package ``fusedrope.kernels_hip`` or ``<repo>/kernels_hip``."""
+    """The directory holding the HIP sources: the installed package ``fusedrope.kernels_hip`` or
+    ``<repo>/kernels_hip``."""
     here = Path(__file__).resolve().parent
     candidates = [here / "kernels_hip"]
     try:
@@ -58,7 +59,8 @@ def kernel_dir() -> Path:
 
 
 def sources() -> list[Path]:
-    """Every source compiled into the extension: ``*.hip`` kernels and the ``*_torch.cpp`` bindings, sorted."""
+    """Every source compiled into the extension: ``*.hip`` kernels and the ``*_torch.cpp`` bindings,
+    sorted."""
     d = kernel_dir()
     return sorted(d.glob("*.hip")) + sorted(d.glob("*_torch.cpp"))
 
@@ -82,8 +84,8 @@ def arch_list() -> str:
                         for i in range(torch.cuda.device_count())})
     keep = [a for a in archs if a in ARCHS]
     if not keep:
-        raise RuntimeError(f"no supported target: the HIP kernels are written for {', '.join(ARCHS)}, asked for "
-                           f"{', '.join(archs) or 'nothing'}")
+        raise RuntimeError(f"no supported target: the HIP kernels are written for {', '.join(ARCHS)}, "
+                           f"asked for {', '.join(archs) or 'nothing'}")
     return ";".join(sorted(set(keep)))
 
 
@@ -92,7 +94,8 @@ def ext_name(archs: Optional[str] = None) -> str:
     h = hashlib.sha256()
     for p in _hashed_files():
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(f"{torch.__version__}|{torch.version.hip}|{archs or arch_list()}|{HIPCC_FLAGS}|{CXX_FLAGS}".encode())
+    key = f"{torch.__version__}|{torch.version.hip}|{archs or arch_list()}|{HIPCC_FLAGS}|{CXX_FLAGS}"
+    h.update(key.encode())
     return f"{NAMESPACE}_{h.hexdigest()[:12]}"
 
 
@@ -182,8 +185,8 @@ def build(verbose: bool = False) -> str:
 def toolkit_reason() -> Optional[str]:
     """Why no HIP build is possible here (torch flavour, hipcc), independent of a device; None if it is."""
     if not torch.version.hip:
-        return ("this torch build has no ROCm (torch.version.hip is None); the 'hip' backend needs a ROCm torch "
-                "(NVIDIA GPUs use the 'cuda' backend)")
+        return ("this torch build has no ROCm (torch.version.hip is None); the 'hip' backend needs a ROCm "
+                "torch (NVIDIA GPUs use the 'cuda' backend)")
     from torch.utils import cpp_extension
 
     if getattr(cpp_extension, "ROCM_HOME", None) is None:
@@ -192,7 +195,8 @@ def toolkit_reason() -> Optional[str]:
 
 
 def available(device: torch.device) -> Optional[str]:
-    """None when the compiled HIP kernels can run on ``device`` (building or loading them if needed), else why not."""
+    """None when the compiled HIP kernels can run on ``device`` (building or loading them if needed), else why
+    not."""
     from .backends import gpu_arch, hip_toolkit_reason
 
     reason = hip_toolkit_reason(device)

@@ -1,12 +1,14 @@
-"""inverse_rope_group_quant on the hand-written HIP kernel (kernels_hip/inverse_rope_group_quant.hip), AMD only.
+"""inverse_rope_group_quant on the hand-written HIP kernel (kernels_hip/inverse_rope_group_quant.hip), AMD
+only.
 
 Serves gfx942 (MI300, FP8 = float8_e4m3fnuz in hardware) and gfx950 (MI350/MI355, FP8 = OCP float8_e4m3fn in
 hardware), head_dim 512 with rope_dim 64 (DeepSeek-V4), quant groups 32/64/128/256, bf16/fp16 ``o``,
-bf16/fp16/fp32 caches, int64/int32 positions, every scale format (float8_e8m0fnu, uint8, float32) and both scale
-layouts. Other shapes and the non-native fp8 format of an arch go to Triton (``supports`` says why). Pointer
-alignment is decided inside the compiled op.
+bf16/fp16/fp32 caches, int64/int32 positions, every scale format (float8_e8m0fnu, uint8, float32) and both
+scale layouts. Other shapes and the non-native fp8 format of an arch go to Triton (``supports`` says why).
+Pointer alignment is decided inside the compiled op.
 
-Status: compile-checked on CPU for gfx942 only; never run on AMD hardware from this repository (docs/kernels_hip.md).
+Status: compile-checked on CPU for gfx942 only; never run on AMD hardware from this repository
+(docs/kernels_hip.md).
 """
 
 from __future__ import annotations

@@ -7,26 +7,28 @@ meant to stay under 4 minutes (a first build of the CUDA extension takes about 2
 
 Sections
   build        fusedrope.cuda_ext.build() (the whole fusedrope_cuda extension), which backend "auto" picks
-  correctness  CUDA backend vs fusedrope.reference (on the GPU) over the seed matrix ((H, G) = (16, 2), (8, 1);
-               several S; group 32/64/128/256; both scale layouts) plus dtype / stride / alignment / clamping /
-               NaN-Inf cases: scale bytes bit-exact, fp8 within 1 ulp (and the count of fp8 bytes that differ
-               at all: expected 0, since the hardware cvt.rn.satfinite is the reference's RNE + clamp);
-               outputs poisoned first so unwritten bytes fail; a few cases also against the CPU reference
+  correctness  CUDA backend vs fusedrope.reference (on the GPU) over the seed matrix ((H, G) = (16, 2), (8,
+               1); several S; group 32/64/128/256; both scale layouts) plus dtype / stride / alignment /
+               clamping / NaN-Inf cases: scale bytes bit-exact, fp8 within 1 ulp (and the count of fp8 bytes
+               that differ at all: expected 0, since the hardware cvt.rn.satfinite is the reference's RNE +
+               clamp); outputs poisoned first so unwritten bytes fail; a few cases also against the CPU
+               reference
   sanitize     re-runs this script with --sanitize-subset under `compute-sanitizer --tool memcheck` with
                PYTORCH_NO_CUDA_MEMORY_CACHING=1 (so each tensor is its own allocation and an overrun is seen)
   graph        CUDA-graph capture + replay equals eager, also after new data is copied into the inputs
   bench        fused CUDA kernel, fused Triton kernel (backend="triton") and the unfused baseline
-               (fusedrope.baseline.unfused_inverse_rope_group_quant) over the seed's S axis for (H, G) = (16, 2)
-               and (8, 1), and its group-size axis (32/64/128 at S = 2048, 8192; plus column-major scales);
-               device time from CUDA-graph replay over input sets rotated beyond the L2; TB/s by the seed's byte
-               count (read o, one cos + one sin row per token, write fp8 1 B/elem + 1 scale byte per block) and
-               as a fraction of a device-to-device copy measured in the same run (bytes read + written)
+               (fusedrope.baseline.unfused_inverse_rope_group_quant) over the seed's S axis for (H, G) = (16,
+               2) and (8, 1), and its group-size axis (32/64/128 at S = 2048, 8192; plus column-major scales);
+               device time from CUDA-graph replay over input sets rotated beyond the L2; TB/s by the seed's
+               byte count (read o, one cos + one sin row per token, write fp8 1 B/elem + 1 scale byte per
+               block) and as a fraction of a device-to-device copy measured in the same run (bytes read +
+               written)
 
 Outputs under --out: results.json (everything: GPU, versions, commit, command, per-case results, errors),
 bench.csv, bench.md; a short table is printed last.
 
---cpu-selftest runs the correctness machinery on the CPU with the reference backend (tiny shapes) and writes the
-output files, so the script's plumbing can be checked without a GPU.
+--cpu-selftest runs the correctness machinery on the CPU with the reference backend (tiny shapes) and writes
+the output files, so the script's plumbing can be checked without a GPU.
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------ helpers
 def make_inputs(S, H, *, device, dtype=torch.bfloat16, cache_dtype=torch.float32, max_pos=4096, seed=0,
                 pos_dtype=torch.int64, pos_stride=1, cache_offset=0, o_offset=0, out_of_range=False):
-    """o [S, H, 512] with per-(token, head) magnitudes over ~40 binades; positions (optionally strided, or with
-    values outside [0, max_pos) that the kernel must clamp); cos/sin as views of one combined cache: with
+    """o [S, H, 512] with per-(token, head) magnitudes over ~40 binades; positions (optionally strided, or
+    with values outside [0, max_pos) that the kernel must clamp); cos/sin as views of one combined cache: with
     ``cache_offset=0`` the DeepSeek layout ``[max_pos, 64]`` (16-byte aligned rows), else rows shifted off
     alignment (the kernel's narrow cache loads); o optionally at an element offset inside a bigger buffer
     (2-byte aligned: the narrow o loads)."""
@@ -114,7 +116,8 @@ def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m
     fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, transpose, x, sc, backend=backend)
     xr, sr = poison_like(x0), poison_like(s0, 0xA5)
     if cpu_reference:
-        xr_c, sr_c = empty_quant_outputs(o.cpu(), G, q, transpose, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
+        xr_c, sr_c = empty_quant_outputs(o.cpu(), G, q, transpose, fp8_dtype=fp8_dtype,
+                                         scale_dtype=scale_dtype)
         ref.inverse_rope_group_quant(o.cpu(), p.cpu(), c.cpu(), s.cpu(), xr_c, sr_c, q)
         xr.copy_(xr_c)
         sr.copy_(sr_c)
@@ -123,7 +126,8 @@ def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m
     scale_equal = torch.equal(scale_bytes(sc), scale_bytes(sr))
     nb, max_ulp = fp8_stats(x, xr)
     ok = scale_equal and max_ulp <= 1
-    return {"ok": bool(ok), "scale_bit_exact": bool(scale_equal), "fp8_bytes_differ": nb, "fp8_max_ulp": max_ulp}
+    return {"ok": bool(ok), "scale_bit_exact": bool(scale_equal), "fp8_bytes_differ": nb,
+            "fp8_max_ulp": max_ulp}
 
 
 def correctness_cases(subset: bool):
@@ -138,8 +142,10 @@ def correctness_cases(subset: bool):
                     cases.append((f"{name}-S{S}-g{q}-{'col' if t else 'row'}", dict(S=S, H=H, seed=S * 7 + q),
                                   dict(G=G, q=q, transpose=t)))
     extra = [
-        ("fp16-o-bf16-cache-int32-strided-pos", dict(S=37, H=16, dtype=torch.float16, cache_dtype=torch.bfloat16,
-                                                     pos_dtype=torch.int32, pos_stride=3), dict(G=2, q=64, transpose=False)),
+        ("fp16-o-bf16-cache-int32-strided-pos",
+         dict(S=37, H=16, dtype=torch.float16, cache_dtype=torch.bfloat16, pos_dtype=torch.int32,
+              pos_stride=3),
+         dict(G=2, q=64, transpose=False)),
         ("fp16-cache-out-of-range-pos", dict(S=29, H=8, cache_dtype=torch.float16, out_of_range=True),
          dict(G=1, q=128, transpose=True)),
         ("unaligned-cache-rows", dict(S=21, H=16, cache_dtype=torch.bfloat16, cache_offset=3),
@@ -212,12 +218,14 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
     res["failed"] = fails
     res["fp8_bytes_differ_total"] = sum(v.get("fp8_bytes_differ", 0) for v in res["cases"].values())
     log(f"correctness[{backend}]: {len(cases) + 1 - len(fails)}/{len(cases) + 1} cases ok, "
-        f"{res['fp8_bytes_differ_total']} fp8 bytes differ from the reference" + (f"; FAILED: {fails}" if fails else ""))
+        f"{res['fp8_bytes_differ_total']} fp8 bytes differ from the reference"
+        + (f"; FAILED: {fails}" if fails else ""))
 
 
 def section_sanitize(res, out: Path, budget_s: float):
     cs = shutil.which("compute-sanitizer") or next(
-        (p for p in ("/usr/local/cuda/bin/compute-sanitizer", "/opt/nvidia/compute-sanitizer/compute-sanitizer")
+        (p for p in ("/usr/local/cuda/bin/compute-sanitizer",
+                     "/opt/nvidia/compute-sanitizer/compute-sanitizer")
          if os.path.exists(p)), None)
     if cs is None:
         res["skipped"] = "compute-sanitizer not found"
@@ -237,11 +245,14 @@ def section_sanitize(res, out: Path, budget_s: float):
         res["tail"] = text[-3000:]
         sub = out / "sanitize" / "results.json"
         if sub.exists():
-            res["subset"] = json.loads(sub.read_text()).get("sections", {}).get("correctness", {}).get("failed")
-        log(f"sanitize: rc={proc.returncode}, memcheck errors={res['errors']}, subset failures={res.get('subset')}")
+            sections = json.loads(sub.read_text()).get("sections", {})
+            res["subset"] = sections.get("correctness", {}).get("failed")
+        log(f"sanitize: rc={proc.returncode}, memcheck errors={res['errors']}, "
+            f"subset failures={res.get('subset')}")
     except subprocess.TimeoutExpired as e:
         res["timeout_s"] = e.timeout
-        res["tail"] = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))[-2000:]
+        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        res["tail"] = text[-2000:]
         log(f"sanitize: timed out after {e.timeout:.0f} s")
 
 
@@ -252,7 +263,8 @@ def section_graph(res, backend="cuda"):
         x_e, s_e = empty_quant_outputs(o, G, q, t)
         fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, t, x_e, s_e, backend=backend)
         x_g, s_g = poison_like(x_e), poison_like(s_e)
-        fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, t, x_g, s_g, backend=backend)  # warm (and compile)
+        # warm up (and compile) outside the capture
+        fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, t, x_g, s_g, backend=backend)
         x_g, s_g = poison_like(x_e), poison_like(s_e)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -277,7 +289,8 @@ def section_graph(res, backend="cuda"):
 
 
 def graph_time_us(fn_sets, reps=15) -> float:
-    """Median device time per call (us): one CUDA graph holds one call per input set; replay it ``reps`` times."""
+    """Median device time per call (us): one CUDA graph holds one call per input set; replay it ``reps``
+    times."""
     for f in fn_sets:  # warm-up (compiles Triton kernels) outside the capture
         f()
     torch.cuda.synchronize()
@@ -307,7 +320,6 @@ def copy_bandwidth(res) -> float:
     tbps = 2 * n / (us * 1e-6) / 1e12
     res["copy"] = {"bytes_each_way": n, "us": round(us, 2), "tbps_read_plus_write": round(tbps, 3)}
     log(f"copy roofline: {tbps:.2f} TB/s (read + write)")
-    del src, dst
     return tbps
 
 
@@ -352,7 +364,8 @@ def section_bench(res, deadline: float):
         row = {"axis": axis, "hg": hg_name, "H": H, "G": G, "S": S, "group": q, "transpose_scale": t,
                "bytes": nbytes, "n_sets": n_sets, "l2_resident": n_sets * set_bytes < l2}
         impls = {
-            "cuda": lambda o, p, x, sc: fusedrope.inverse_rope_group_quant(o, p, cos, sin, G, q, t, x, sc, backend="cuda"),
+            "cuda": lambda o, p, x, sc: fusedrope.inverse_rope_group_quant(o, p, cos, sin, G, q, t, x, sc,
+                                                                           backend="cuda"),
             "triton": lambda o, p, x, sc: fusedrope.inverse_rope_group_quant(o, p, cos, sin, G, q, t, x, sc,
                                                                              backend="triton"),
             "unfused": lambda o, p, x, sc: unfused_inverse_rope_group_quant(o, p, cos, sin, G, q, t, x, sc),
@@ -371,7 +384,8 @@ def section_bench(res, deadline: float):
             row["speedup_vs_triton"] = round(row["triton_us"] / row["cuda_us"], 3)
         rows.append(row)
         log(f"bench {axis} {hg_name} S={S} g={q}{' col' if t else ''}: cuda {row.get('cuda_us')} us "
-            f"({row.get('cuda_tbps')} TB/s), triton {row.get('triton_us')} us, unfused {row.get('unfused_us')} us")
+            f"({row.get('cuda_tbps')} TB/s), triton {row.get('triton_us')} us, "
+            f"unfused {row.get('unfused_us')} us")
         del sets
     res["rows"] = rows
     res["copy_tbps"] = copy_tbps
@@ -393,25 +407,31 @@ def write_reports(results, out: Path) -> str:
             w.writerow(r)
     copy = results["sections"].get("bench", {}).get("copy_tbps")
     md = [f"# inverse_rope_group_quant on {results['meta'].get('gpu', '?')}", "",
-          f"Device-to-device copy (read + write): {copy and round(copy, 2)} TB/s. Device time from CUDA-graph replay, "
+          f"Device-to-device copy (read + write): {copy and round(copy, 2)} TB/s. "
+          "Device time from CUDA-graph replay, "
           "inputs rotated beyond the L2. TB/s by the seed's byte count.", "",
-          "| axis | H,G | S | group | scale | cuda us | cuda TB/s | % copy | triton us | unfused us | vs unfused | vs triton |",
+          "| axis | H,G | S | group | scale | cuda us | cuda TB/s | % copy | triton us | unfused us "
+          "| vs unfused | vs triton |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         frac = r.get("cuda_frac_copy")
         md.append(f"| {r['axis']} | {r['H']},{r['G']} | {r['S']} | {r['group']} | "
-                  f"{'col' if r['transpose_scale'] else 'row'} | {r.get('cuda_us', '-')} | {r.get('cuda_tbps', '-')} | "
+                  f"{'col' if r['transpose_scale'] else 'row'} | {r.get('cuda_us', '-')} | "
+                  f"{r.get('cuda_tbps', '-')} | "
                   f"{'-' if frac is None else round(100 * frac, 1)} | {r.get('triton_us', '-')} | "
-                  f"{r.get('unfused_us', '-')} | {r.get('speedup_vs_unfused', '-')} | {r.get('speedup_vs_triton', '-')} |")
+                  f"{r.get('unfused_us', '-')} | {r.get('speedup_vs_unfused', '-')} | "
+                  f"{r.get('speedup_vs_triton', '-')} |")
     (out / "bench.md").write_text("\n".join(md) + "\n")
     short = ["", "section      ok   notes"]
     for name, sec in results["sections"].items():
         note = sec.get("error") or sec.get("skipped") or ""
         if name == "correctness" and "failed" in sec:
             note = f"{sec['n_cases'] - len(sec['failed'])}/{sec['n_cases']} ok, fp8 bytes differing: " \
-                   f"{sec.get('fp8_bytes_differ_total')}" + (f", failed {sec['failed'][:4]}" if sec["failed"] else "")
+                   f"{sec.get('fp8_bytes_differ_total')}" \
+                   + (f", failed {sec['failed'][:4]}" if sec["failed"] else "")
         if name == "sanitize" and "errors" in sec:
-            note = f"memcheck errors {sec['errors']}, rc {sec.get('returncode')}, subset failures {sec.get('subset')}"
+            note = (f"memcheck errors {sec['errors']}, rc {sec.get('returncode')}, "
+                    f"subset failures {sec.get('subset')}")
         if name == "graph" and "ok_all" in sec:
             note = f"replay == eager: {sec['ok_all']}"
         if name == "build" and "seconds" in sec:
@@ -419,9 +439,11 @@ def write_reports(results, out: Path) -> str:
         short.append(f"{name:<12} {'yes' if sec.get('ok') else 'NO ':<4} {str(note)[:150]}")
     skipped = results["sections"].get("bench", {}).get("skipped")
     if skipped:
-        short.append(f"bench: {len(skipped)} configs skipped at the time budget (--budget-s): {skipped[:3]} ...")
+        short.append(f"bench: {len(skipped)} configs skipped at the time budget (--budget-s): "
+                     f"{skipped[:3]} ...")
     if rows:
-        short += ["", f"copy {copy:.2f} TB/s | H,G  S      g   sc  | cuda us  TB/s  %cp | triton us | unfused us | x unf"]
+        short += ["", f"copy {copy:.2f} TB/s | H,G  S      g   sc  | cuda us  TB/s  %cp | triton us "
+                      "| unfused us | x unf"]
         for r in rows:
             if r["axis"] == "seq" and r["S"] not in (1, 128, 1024, 4096, 8192, 16384):
                 continue
@@ -429,7 +451,8 @@ def write_reports(results, out: Path) -> str:
             short.append(f"{r['axis']:<8} {r['H']:>2},{r['G']:<2} {r['S']:>6} {r['group']:>3} "
                          f"{'col' if r['transpose_scale'] else 'row'} | {r.get('cuda_us', '-'):>7} "
                          f"{r.get('cuda_tbps', '-'):>5} {'-' if frac is None else round(100 * frac):>3} | "
-                         f"{r.get('triton_us', '-'):>9} | {r.get('unfused_us', '-'):>10} | {r.get('speedup_vs_unfused', '-')}")
+                         f"{r.get('triton_us', '-'):>9} | {r.get('unfused_us', '-'):>10} | "
+                         f"{r.get('speedup_vs_unfused', '-')}")
     return "\n".join(short)
 
 
@@ -446,7 +469,8 @@ def meta(args) -> dict:
     try:
         m["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                      timeout=10).stdout.strip()
-        m["dirty"] = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
+        m["dirty"] = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                                         text=True,
                                          timeout=10).stdout.strip())
     except Exception:  # noqa: BLE001
         m["commit"] = None
@@ -455,7 +479,8 @@ def meta(args) -> dict:
         m.update(gpu=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
                  l2_bytes=getattr(p, "L2_cache_size", None))
         try:
-            m["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem",
+            m["nvidia_smi"] = subprocess.run(["nvidia-smi",
+                                              "--query-gpu=name,driver_version,clocks.sm,clocks.mem",
                                               "--format=csv,noheader"], capture_output=True, text=True,
                                              timeout=20).stdout.strip()
         except Exception:  # noqa: BLE001
@@ -470,7 +495,8 @@ def main(argv=None) -> int:
                     help="only the small correctness subset (what runs under compute-sanitizer)")
     ap.add_argument("--skip-sanitize", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
-    ap.add_argument("--budget-s", type=float, default=225.0, help="stop starting new work after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=225.0,
+                    help="stop starting new work after this many seconds")
     ap.add_argument("--cpu-selftest", action="store_true",
                     help="no GPU: run the correctness machinery with the reference backend on CPU tensors")
     args = ap.parse_args(argv)
@@ -489,10 +515,12 @@ def main(argv=None) -> int:
             elif name == "graph":
                 ok = res.get("ok_all", False)
             elif name == "sanitize":
-                ok = "skipped" not in res and res.get("errors") == 0 and res.get("returncode") == 0 and not res.get("subset")
+                ok = ("skipped" not in res and res.get("errors") == 0 and res.get("returncode") == 0
+                      and not res.get("subset"))
             res["ok"] = ok
         except Exception as e:  # noqa: BLE001
-            res.update(ok=False, error=f"{type(e).__name__}: {e}"[:500], traceback=traceback.format_exc()[-4000:])
+            res.update(ok=False, error=f"{type(e).__name__}: {e}"[:500],
+                       traceback=traceback.format_exc()[-4000:])
             log(f"{name}: FAILED: {type(e).__name__}: {e}")
 
     if args.cpu_selftest:

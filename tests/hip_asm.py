@@ -1,19 +1,20 @@
-"""CPU-side checks of HIP kernels: compile a framework-free ``.hip`` source for an AMD GPU with clang (device only,
-no ROCm needed) and read its ISA and code-object metadata. No GPU needed.
+"""CPU-side checks of HIP kernels: compile a framework-free ``.hip`` source for an AMD GPU with clang (device
+only, no ROCm needed) and read its ISA and code-object metadata. No GPU needed.
 
 * ``find_hip_clang() -> str | None``: ``$HIP_CLANG``, then ``clang++-19``/``-20``/``-21``/``-18``,
   ``/opt/rocm/llvm/bin/clang++``, ``clang++``; the first that lists the ``amdgcn`` target.
-* ``arch_supported(arch) -> (bool, reason)``: can that clang compile for ``arch`` (e.g. clang-19 and gfx950: no)?
-* ``hip_asm(src, arch) -> str``: the assembly (``-S``) of ``clang++ -x hip --offload-arch=ARCH --cuda-device-only
-  -nogpulib -nogpuinc -O3``, cached by content; ``kernel_asm(text) -> {kernel symbol: its instructions}``;
-  ``mnemonics(kernel_text) -> [str]``.
+* ``arch_supported(arch) -> (bool, reason)``: can that clang compile for ``arch`` (e.g. clang-19 and gfx950:
+  no)?
+* ``hip_asm(src, arch) -> str``: the assembly (``-S``) of ``clang++ -x hip --offload-arch=ARCH
+  --cuda-device-only -nogpulib -nogpuinc -O3``, cached by content; ``kernel_asm(text) -> {kernel symbol: its
+  instructions}``; ``mnemonics(kernel_text) -> [str]``.
 * ``hip_code_object(src, arch) -> Path``: the same compile to a code object (needs ``ld.lld``);
   ``kernel_notes(code_object) -> {kernel name: {metadata key: value}}`` from ``llvm-readelf --notes``
   (``.vgpr_count``, ``.sgpr_count``, ``.private_segment_fixed_size`` = scratch bytes per lane, spills, ...);
   ``asm_metadata(text)`` reads the same ``amdhsa.kernels`` block out of the assembly.
 
-Debian/Ubuntu: ``apt-get install -y --no-install-recommends clang-19 lld-19`` (llvm-readelf of any LLVM version
-reads the notes; without one the tests fall back to the assembly's identical metadata block).
+Debian/Ubuntu: ``apt-get install -y --no-install-recommends clang-19 lld-19`` (llvm-readelf of any LLVM
+version reads the notes; without one the tests fall back to the assembly's identical metadata block).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def find_hip_clang() -> str | None:
 def _require_clang() -> str:
     clang = find_hip_clang()
     if clang is None:
-        pytest.skip("no clang with the amdgcn target (apt-get install -y --no-install-recommends clang-19 lld-19, "
-                    "or set HIP_CLANG): cannot compile HIP here")
+        pytest.skip("no clang with the amdgcn target (apt-get install -y --no-install-recommends clang-19 "
+                    "lld-19, or set HIP_CLANG): cannot compile HIP here")
     return clang
 
 
@@ -110,8 +111,10 @@ def _compile(src, arch: str, kind: str, extra_flags=()) -> Path:
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         if kind == "obj" and "ld.lld" in proc.stderr:
-            pytest.skip(f"no ld.lld for the code object (apt-get install lld-19): {proc.stderr.strip()[:300]}")
-        pytest.fail(f"clang failed for {src.name} ({arch}):\n{' '.join([clang, *flags])}\n{proc.stderr[-4000:]}")
+            pytest.skip(f"no ld.lld for the code object (apt-get install lld-19): "
+                        f"{proc.stderr.strip()[:300]}")
+        pytest.fail(f"clang failed for {src.name} ({arch}):\n{' '.join([clang, *flags])}\n"
+                    f"{proc.stderr[-4000:]}")
     os.replace(tmp, out)
     return out
 
@@ -185,7 +188,8 @@ def find_readelf() -> str | None:
 
 
 def kernel_notes(code_object) -> dict[str, dict[str, str]]:
-    """``{kernel name: metadata}`` from the code object's NT_AMDGPU_METADATA note (``llvm-readelf --notes``)."""
+    """``{kernel name: metadata}`` from the code object's NT_AMDGPU_METADATA note (``llvm-readelf
+    --notes``)."""
     tool = find_readelf()
     if tool is None:
         pytest.skip("no llvm-readelf to read the code object's notes")

@@ -1,13 +1,13 @@
 """CPU checks of the inverse_rope_group_quant CUDA kernel (kernels_cuda/inverse_rope_group_quant.cu):
 
 * nvcc compiles it for sm_90 and the SASS has 16-byte global loads and stores (LDG.E.128 / STG.E.128), packed
-  hardware E4M3 conversions (F2FP.SATFINITE.E4M3.F32.PACK_AB...), butterfly shuffles whose count grows with the
-  quant group (group 32 needs fewer than group 128: the seed's weakness), and no local memory;
+  hardware E4M3 conversions (F2FP.SATFINITE.E4M3.F32.PACK_AB...), butterfly shuffles whose count grows with
+  the quant group (group 32 needs fewer than group 128: the seed's weakness), and no local memory;
 * sm_80 compiles too (software fp8, no F2FP E4M3 there);
 * the kernel's own per-chunk / per-block math (the __host__ __device__ functions of the .cuh, magic-number
   token division included) compiled with g++ and run on the CPU gives bit-exact scale bytes and fp8 bytes
-  against fusedrope.reference, over both scale layouts, all group sizes, dtypes, strides, clamped positions and
-  NaN / Inf / zero blocks.
+  against fusedrope.reference, over both scale layouts, all group sizes, dtypes, strides, clamped positions
+  and NaN / Inf / zero blocks.
 
 The hardware conversion path itself runs only on a GPU: gpu/check_inverse_rope_group_quant.py checks it.
 """
@@ -61,7 +61,8 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
         q = _group_of(name)
         ldg128 = sum(bool(re.fullmatch(r"LDG\.E(\.\w+)*\.128", o)) for o in ops)
         stg128 = sum(bool(re.fullmatch(r"STG\.E(\.\w+)*\.128", o)) for o in ops)
-        # o: 2 per chunk x 2 chunks per lane = 4; aligned cos/sin rows: 2 x (1 bf16/fp16 or 2 fp32) x 2 chunks = 12
+        # o: 2 per chunk x 2 chunks per lane = 4; aligned cos/sin rows: 2 x (1 bf16/fp16 or 2 fp32) x 2 chunks
+        # = 12
         first_ldg = next(o for o in ops if o.startswith("LDG"))
         assert re.fullmatch(r"LDG\.E(\.\w+)*\.128", first_ldg), f"{name}: o's first load is {first_ldg}"
         assert ldg128 >= 16, f"{name}: {ldg128} LDG.E.128 (expected 4 for o + 12 for the cos/sin rows)"
@@ -194,7 +195,8 @@ def test_emulated_kernel_matches_reference_seed_shapes():
     dict(dtype=torch.bfloat16, cache_dtype=torch.float16, pos_dtype=torch.int64, strided_cache=True, H=5, G=1,
          q=32, transpose=True),
     dict(dtype=torch.bfloat16, cache_dtype=torch.float32, H=4, G=4, q=256, fp8=torch.float8_e4m3fnuz),
-    dict(dtype=torch.float16, cache_dtype=torch.bfloat16, H=16, G=2, q=128, scale=torch.float32, transpose=True),
+    dict(dtype=torch.float16, cache_dtype=torch.bfloat16, H=16, G=2, q=128, scale=torch.float32,
+         transpose=True),
     dict(dtype=torch.bfloat16, cache_dtype=torch.bfloat16, H=16, G=8, q=32, fp8=torch.float8_e4m3fnuz,
          scale=torch.uint8),
 ], ids=["fp16-f32cache-int32pos-H3", "bf16-f16cache-colmajor-H5", "fnuz-q256", "f32scale-colmajor",
@@ -202,7 +204,8 @@ def test_emulated_kernel_matches_reference_seed_shapes():
 def test_emulated_kernel_matches_reference_layouts(case):
     lib = _harness()
     o, p, c, s = _inputs(6, case["H"], dtype=case["dtype"], cache_dtype=case["cache_dtype"],
-                         pos_dtype=case.get("pos_dtype", torch.int64), strided_cache=case.get("strided_cache", False),
+                         pos_dtype=case.get("pos_dtype", torch.int64),
+                         strided_cache=case.get("strided_cache", False),
                          strided_pos=case.get("strided_pos", False), seed=len(str(case)))
     _check(lib, o, p, c, s, case["G"], case["q"], case.get("transpose", False),
            case.get("fp8", torch.float8_e4m3fn), case.get("scale", torch.float8_e8m0fnu))
@@ -210,8 +213,8 @@ def test_emulated_kernel_matches_reference_layouts(case):
 
 @pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
 def test_emulated_kernel_special_blocks(fp8_dtype):
-    """NaN / Inf only poison their own block (byte 0xFF, fp8 NaN); a zero block gets byte 92; blocks of tiny and
-    huge values; negative values rounding to zero (-0 in e4m3fn, +0 in fnuz)."""
+    """NaN / Inf only poison their own block (byte 0xFF, fp8 NaN); a zero block gets byte 92; blocks of tiny
+    and huge values; negative values rounding to zero (-0 in e4m3fn, +0 in fnuz)."""
     lib = _harness()
     o, p, c, s = _inputs(4, 8, dtype=torch.float16, seed=3)
     o[0, 0, 0:32] = 0
@@ -260,8 +263,9 @@ def test_torch_binding_compiles_against_torch_headers(tmp_path):
     stub = tmp_path / "c10" / "cuda" / "impl"
     stub.mkdir(parents=True)
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
-    cmd = [gxx, "-std=c++17", "-fsyntax-only", "-w", "-I", str(tmp_path), *[f"-I{p}" for p in _torch_includes()],
-           "-I", str(cuda_inc), "-I", str(HEADER.parent), str(HEADER.parent / "inverse_rope_group_quant_torch.cpp")]
+    cmd = [gxx, "-std=c++17", "-fsyntax-only", "-w", "-I", str(tmp_path),
+           *[f"-I{p}" for p in _torch_includes()], "-I", str(cuda_inc), "-I", str(HEADER.parent),
+           str(HEADER.parent / "inverse_rope_group_quant_torch.cpp")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -305,7 +309,8 @@ def test_emulated_scalar_math_matches_reference(fnuz):
                          ctypes.c_void_p(got.data_ptr()))
     want = x.to(dtype).view(torch.uint8)
     bad = (got != want).nonzero()
-    assert bad.numel() == 0, f"first x={x[bad[0]].item()!r}: {got[bad[0]].item():#x} vs {want[bad[0]].item():#x}"
+    assert bad.numel() == 0, (f"first x={x[bad[0]].item()!r}: {got[bad[0]].item():#x} "
+                              f"vs {want[bad[0]].item():#x}")
 
 
 def test_gpu_check_script_cpu_selftest(tmp_path):

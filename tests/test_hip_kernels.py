@@ -1,9 +1,10 @@
-"""CPU checks of the HIP inverse_rope_group_quant kernel (kernels_hip/inverse_rope_group_quant.hip): clang compiles
-the device code (no ROCm, no GPU) and the ISA must show what the design promises:
+"""CPU checks of the HIP inverse_rope_group_quant kernel (kernels_hip/inverse_rope_group_quant.hip): clang
+compiles the device code (no ROCm, no GPU) and the ISA must show what the design promises:
 
-* gfx942: dwordx4 global loads and stores, hardware FNUZ conversion (v_cvt_pk_fp8_f32), DPP butterfly steps whose
-  number grows with the quant group (1 for group 32 ... 4 for group 256; no LDS, no full-wave reduction), no
-  scratch (``.private_segment_fixed_size`` 0 in the code object's notes, no scratch_* instructions), no spills;
+* gfx942: dwordx4 global loads and stores, hardware FNUZ conversion (v_cvt_pk_fp8_f32), DPP butterfly steps
+  whose number grows with the quant group (1 for group 32 ... 4 for group 256; no LDS, no full-wave
+  reduction), no scratch (``.private_segment_fixed_size`` 0 in the code object's notes, no scratch_*
+  instructions), no spills;
 * gfx950 (OCP e4m3fn in hardware): the same, where a clang that knows gfx950 is installed (clang-19 does not:
   skipped with the reason);
 * gfx90a (no fp8 instructions): the software fallback compiles, still without scratch.
@@ -46,10 +47,12 @@ def _check_isa(arch: str, hw_fp8: bool) -> dict[str, str]:
         assert "global_store_dwordx4" in ops, f"{arch} {name}: no global_store_dwordx4"
         assert not [o for o in ops if o.startswith("scratch_")], f"{arch} {name}: scratch instructions"
         assert not [o for o in ops if o.startswith("ds_")], f"{arch} {name}: LDS instructions (none intended)"
-        assert not [o for o in ops if o.startswith("flat_")], f"{arch} {name}: flat (not global) memory access"
+        assert not [o for o in ops if o.startswith("flat_")], \
+            f"{arch} {name}: flat (not global) memory access"
         cvt = ops.count("v_cvt_pk_fp8_f32")
         if hw_fp8:
-            assert cvt >= 16, f"{arch} {name}: {cvt} v_cvt_pk_fp8_f32 (8 per 16-element chunk, 2 chunks per lane)"
+            assert cvt >= 16, \
+                f"{arch} {name}: {cvt} v_cvt_pk_fp8_f32 (8 per 16-element chunk, 2 chunks per lane)"
         else:
             assert cvt == 0, f"{arch} {name}: unexpected v_cvt_pk_fp8_f32"
         # The block reduction: log2(q/16) DPP steps per chunk, two chunks per lane; never a wave-wide pattern.
@@ -62,7 +65,8 @@ def _check_isa(arch: str, hw_fp8: bool) -> dict[str, str]:
         md = meta.get(name, {})
         assert md.get("private_segment_fixed_size") == "0", f"{arch} {name}: scratch {md}"
         print(f"{arch} {name}: vgpr {md.get('vgpr_count')}, sgpr {md.get('sgpr_count')}, "
-              f"scratch {md.get('private_segment_fixed_size')} B, lds {md.get('group_segment_fixed_size')} B, "
+              f"scratch {md.get('private_segment_fixed_size')} B, "
+              f"lds {md.get('group_segment_fixed_size')} B, "
               f"{cvt} v_cvt_pk_fp8_f32, {ops.count('global_load_dwordx4')} global_load_dwordx4")
     return kernels
 
@@ -71,7 +75,8 @@ def _check_notes(arch: str) -> None:
     notes = kernel_notes(hip_code_object(SRC, arch))
     assert len(notes) == 8, sorted(notes)
     for name, md in notes.items():
-        assert md["private_segment_fixed_size"] == "0", f"{arch} {name}: scratch {md['private_segment_fixed_size']}"
+        assert md["private_segment_fixed_size"] == "0", \
+            f"{arch} {name}: scratch {md['private_segment_fixed_size']}"
         assert md.get("uses_dynamic_stack", "false") == "false", f"{arch} {name}: dynamic stack"
         assert md.get("vgpr_spill_count", "0") == "0" and md.get("sgpr_spill_count", "0") == "0", md
         assert md["group_segment_fixed_size"] == "0", md
@@ -110,8 +115,8 @@ def test_hw_conversion_is_guarded_by_arch_and_has_builtin():
 
 
 def test_torch_binding_compiles_against_torch_headers(tmp_path):
-    """g++ -fsyntax-only of the HIP torch binding against this torch's headers, with stand-ins for the three ROCm
-    torch declarations it uses (masquerading guard, current stream, hipGetErrorString): catches torch API
+    """g++ -fsyntax-only of the HIP torch binding against this torch's headers, with stand-ins for the three
+    ROCm torch declarations it uses (masquerading guard, current stream, hipGetErrorString): catches torch API
     mistakes without ROCm. The real build happens only on a ROCm machine."""
     import shutil
     import subprocess
@@ -125,7 +130,8 @@ def test_torch_binding_compiles_against_torch_headers(tmp_path):
     d.mkdir(parents=True)
     (d / "HIPGuardImplMasqueradingAsCUDA.h").write_text(
         "#pragma once\n#include <c10/core/Device.h>\ntypedef struct ihipStream_t* hipStream_t;\n"
-        "enum hipError_t { hipSuccess = 0 };\ninline const char* hipGetErrorString(hipError_t) { return \"\"; }\n"
+        "enum hipError_t { hipSuccess = 0 };\n"
+        "inline const char* hipGetErrorString(hipError_t) { return \"\"; }\n"
         "namespace c10 { namespace hip {\n"
         "struct HIPGuardMasqueradingAsCUDA { explicit HIPGuardMasqueradingAsCUDA(c10::Device) {} };\n"
         "struct HIPStreamMasqueradingAsCUDA { hipStream_t stream() const { return nullptr; } };\n"
@@ -133,7 +139,8 @@ def test_torch_binding_compiles_against_torch_headers(tmp_path):
         "{ return {}; }\n} }\n")
     (d / "HIPStreamMasqueradingAsCUDA.h").write_text(
         "#pragma once\n#include <ATen/hip/impl/HIPGuardImplMasqueradingAsCUDA.h>\n")
-    cmd = [gxx, "-std=c++17", "-fsyntax-only", "-w", "-DFUSEDROPE_HIP_NO_RUNTIME_HEADERS", "-I", str(tmp_path),
+    cmd = [gxx, "-std=c++17", "-fsyntax-only", "-w", "-DFUSEDROPE_HIP_NO_RUNTIME_HEADERS",
+           "-I", str(tmp_path),
            *[f"-I{p}" for p in include_paths()], "-I", str(SRC.parent),
            str(SRC.parent / "inverse_rope_group_quant_torch.cpp")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -263,7 +270,8 @@ def test_hip_scalar_math_matches_reference(fnuz):
                       ctypes.c_void_p(got.data_ptr()))
     want = ref.e8m0_scale_bytes(amax, fp8_max)
     bad = (got != want).nonzero()
-    assert bad.numel() == 0, f"e8m0 differs for amax={amax[bad[0]].item()!r}: {got[bad[0]].item()} vs {want[bad[0]].item()}"
+    assert bad.numel() == 0, (f"e8m0 differs for amax={amax[bad[0]].item()!r}: {got[bad[0]].item()} "
+                              f"vs {want[bad[0]].item()}")
 
     x = fp8_probe_values(fp8_max)
     got = torch.empty(x.numel(), dtype=torch.uint8)
