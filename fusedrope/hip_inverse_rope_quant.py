@@ -3,8 +3,9 @@ only.
 
 Serves gfx942 (MI300, FP8 = float8_e4m3fnuz in hardware) and gfx950 (MI350/MI355, FP8 = OCP float8_e4m3fn in
 hardware), head_dim 512 with rope_dim 64 (DeepSeek-V4), quant groups 32/64/128/256, bf16/fp16 ``o``,
-bf16/fp16/fp32 caches, int64/int32 positions, every scale format (float8_e8m0fnu, uint8, float32) and both
-scale layouts. Other shapes and the non-native fp8 format of an arch go to Triton (``supports`` says why).
+bf16/fp16/fp32 caches, int64/int32 positions, the float8_e8m0fnu, uint8 and float32 scale formats and both
+scale layouts. Other shapes, the non-native fp8 format of an arch and packed int32 UE8M0 scales go to
+Triton (``supports`` says why).
 Pointer alignment is decided inside the compiled op.
 
 Status: compile-checked on CPU for gfx942 only; never run on AMD hardware from this repository
@@ -23,6 +24,7 @@ from .backends import gpu_arch
 NATIVE_FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 O_DTYPES = (torch.bfloat16, torch.float16)
 GROUP_SIZES = (32, 64, 128, 256)
+SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)  # not DeepGEMM's packed int32 UE8M0
 
 _op = None
 
@@ -34,7 +36,7 @@ def _name(dtype) -> str:
 def supports(facts: tuple) -> Optional[str]:
     """``facts`` = ``(device, o.dtype, head_dim, rope_dim, quant_group_size, cache dtype, positions dtype,
     fp8_dtype, scale_dtype, transpose_scale)`` from ``fusedrope.inverse_rope_quant.validate``."""
-    device, o_dtype, head_dim, rope_dim, q, _cache, _pos, fp8_dtype, _scale, _t = facts
+    device, o_dtype, head_dim, rope_dim, q, _cache, _pos, fp8_dtype, scale_dtype, _t = facts
     arch = gpu_arch(device)
     if arch not in NATIVE_FP8:
         return f"hip kernel runs on gfx942/gfx950, this device is {arch or device}"
@@ -47,6 +49,9 @@ def supports(facts: tuple) -> Optional[str]:
         return f"hip kernel serves quant_group_size in {GROUP_SIZES}, got {q}"
     if o_dtype not in O_DTYPES:
         return f"hip kernel serves bfloat16/float16 o, got {_name(o_dtype)}"
+    if scale_dtype not in SCALE_DTYPES:
+        return (f"hip kernel writes float8_e8m0fnu / uint8 / float32 scales, got scale_dtype="
+                f"{_name(scale_dtype)} (packed UE8M0: Triton serves it)")
     return None
 
 

@@ -281,6 +281,7 @@ def test_cuda_backend_supports(monkeypatch):
     assert cq.supports(base[:4] + (32,) + base[5:9] + (True,)) is None
     assert cq.supports(base[:8] + (torch.float32, False)) is None
     assert "e4m3fn" in cq.supports(base[:7] + (torch.float8_e4m3fnuz,) + base[8:])
+    assert "packed UE8M0" in cq.supports(base[:8] + (torch.int32, False))
     assert "head_dim 512" in cq.supports((dev, torch.bfloat16, 256, 64) + base[4:])
     assert "rope_dim 64" in cq.supports((dev, torch.bfloat16, 512, 128) + base[4:])
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "sm_75")

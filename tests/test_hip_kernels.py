@@ -159,6 +159,7 @@ def test_hip_backend_supports(monkeypatch):
     assert hq.supports(base) is None
     assert hq.supports(base[:4] + (32,) + base[5:8] + (torch.float32, True)) is None
     assert "float8_e4m3fnuz" in hq.supports(base[:7] + (torch.float8_e4m3fn,) + base[8:])
+    assert "packed UE8M0" in hq.supports(base[:8] + (torch.int32, True))
     assert "head_dim 512" in hq.supports((dev, torch.bfloat16, 128, 64) + base[4:])
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx950")
     assert hq.supports(base[:7] + (torch.float8_e4m3fn,) + base[8:]) is None
