@@ -3,6 +3,7 @@ why, a self-check of every available backend against the oracle, and a short tim
 
     python -m fusedrope            # the report (same as `report`)
     python -m fusedrope build      # build the compiled CUDA / HIP kernels ahead of time
+    python -m fusedrope bench      # benchmark both ops: the seed tables, JSON/CSV/markdown and plots
 """
 
 from __future__ import annotations
@@ -193,6 +194,13 @@ def build(args) -> int:
     return status
 
 
+def bench(args, argv) -> int:
+    from fusedrope import benchmark
+
+    command = " ".join([sys.executable, "-m", "fusedrope", *(sys.argv[1:] if argv is None else argv)])
+    return benchmark.cli(args, command)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fusedrope", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
@@ -200,9 +208,25 @@ def main(argv=None) -> int:
     rep.add_argument("--no-timing", action="store_true", help="skip the timing table")
     b = sub.add_parser("build", help="build the compiled CUDA/HIP kernels ahead of time")
     b.add_argument("--verbose", action="store_true")
+    be = sub.add_parser("bench", help="benchmark both ops against every contender (the seed tables, files, plots)")
+    be.add_argument("--op", default="all", choices=("all",) + OPS)
+    be.add_argument("--quick", action="store_true", help="a short matrix (tiny sizes on a CPU-only machine)")
+    be.add_argument("--full", action="store_true", help="run the seed matrix even on a CPU-only machine")
+    be.add_argument("--out", help="output folder (default bench/results/<gpu or cpu>-<matrix>-<commit>)")
+    be.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="PNG plots (matplotlib)")
+    be.add_argument("--reps", type=int, default=0, help="timing samples per measurement (default 5 GPU, 3 CPU)")
+    be.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
+    be.add_argument("--no-graph", action="store_true", help="skip CUDA-graph device timing")
+    be.add_argument("--interpreter", action="store_true", help="on a CPU, time Triton in its interpreter too")
+    be.add_argument("--transpose-scale", action="store_true", help="op 2 with the column-major scale layout")
+    be.add_argument("--contenders", default="", help="comma-separated contender names to run (default: all)")
+    be.add_argument("--cases", default="", help="comma-separated case ids to run (default: the whole matrix)")
+    be.add_argument("--budget-s", type=float, default=None, help="start no new case after this many seconds")
     args = parser.parse_args(argv)
     if args.command == "build":
         return build(args)
+    if args.command == "bench":
+        return bench(args, argv)
     if args.command is None:
         args.no_timing = False
     return report(args)

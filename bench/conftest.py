@@ -1,0 +1,79 @@
+"""Shared machinery of the pytest-benchmark suites (``pytest bench/ --benchmark-only``).
+
+Every test times one contender on one seed case; ``benchmark.group`` is the case, so pytest-benchmark prints the
+contenders of a case side by side. What is timed and how comes from ``fusedrope.benchmark``:
+
+* the stats pytest-benchmark prints are per call over back-to-back calls rotating among input sets (>= 3x the L2
+  on a GPU), with a timer that synchronises the GPU before reading the clock, so a round ends when the device
+  work ends (host overhead included: the seeds' method);
+* ``extra_info`` (in ``--benchmark-json``) adds the device time per call from CUDA-graph replay (``device_us``),
+  ``tbps`` (from device time on a GPU, per-call time on a CPU) and ``frac_copy`` against a device-to-device copy
+  measured once per session.
+
+A contender that cannot run here is skipped with the reason (no GPU, backend unavailable, liger_kernel missing,
+Triton only in its CPU interpreter). On a CPU, op-2 cases above ``FUSEDROPE_BENCH_CPU_MAX_TOKENS`` (default 1024)
+tokens are skipped too.
+"""
+
+import itertools
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before fusedrope's Triton kernels are imported
+
+import pytest  # noqa: E402
+
+from fusedrope import benchmark as B  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+CPU_MAX_TOKENS = int(os.environ.get("FUSEDROPE_BENCH_CPU_MAX_TOKENS", "1024"))
+
+
+@pytest.fixture(scope="session")
+def copy_tbps():
+    return B.copy_roofline(DEVICE)["tbps"]
+
+
+@pytest.fixture(scope="session")
+def contenders_here():
+    return {op: {c.name: c for c in B.contenders(op, DEVICE)} for op in B.OPS}
+
+
+@pytest.fixture
+def run_contender(benchmark, copy_tbps, contenders_here):
+    """``run_contender(op, case, name)``: skip with the reason, or time it into ``benchmark``."""
+
+    def run(op, case, name):
+        contender = contenders_here[op][name]
+        if contender.reason:
+            pytest.skip(f"{name}: {contender.reason}")
+        if DEVICE.type == "cpu" and op == B.QUANT and case.num_tokens > CPU_MAX_TOKENS:
+            pytest.skip(f"CPU: S={case.num_tokens} > {CPU_MAX_TOKENS} tokens takes seconds per call here "
+                        "(FUSEDROPE_BENCH_CPU_MAX_TOKENS raises the limit)")
+        sets = B.make_sets(op, case, DEVICE)
+        reason = contender.case_reason(case, sets)
+        if reason:
+            pytest.skip(f"{name}: {reason}")
+        benchmark.group = f"{op} {case.id}"
+        call = contender.make(case, sets)
+        for i in range(2):  # compile / autotune / first-use build outside the timing
+            call(i)
+        set_bytes = B.case_fields(op, case)["bytes_moved"]
+        info = {"contender": name, "what": contender.what, "n_sets": len(sets), "bytes_moved": set_bytes,
+                "device": DEVICE.type, "copy_tbps": copy_tbps}
+        if DEVICE.type == "cuda":
+            graph_calls = min(len(sets), B.GRAPH_CAP_MANY_KERNELS) if contender.many_kernels else len(sets)
+            info.update(device_us=B.time_graph_us(call, graph_calls), graph_calls=graph_calls)
+        iterations = B.calls_per_sample(call, len(sets), DEVICE)
+        counter = itertools.count()
+        benchmark.pedantic(lambda: call(next(counter)), rounds=5 if DEVICE.type == "cuda" else 10,
+                           iterations=iterations, warmup_rounds=1)
+        info["per_call_us"] = benchmark.stats.stats.median * 1e6
+        seconds = (info.get("device_us") or info["per_call_us"]) * 1e-6
+        info["tbps"] = set_bytes / seconds / 1e12
+        info["frac_copy"] = info["tbps"] / copy_tbps
+        benchmark.extra_info.update(info)
+
+    return run

@@ -1,0 +1,934 @@
+"""The benchmark engine for both ops: contenders, GPU timers, rotating input sets, the copy roofline, result
+files (JSON, CSV, markdown tables in the seeds' columns) and plots. ``python -m fusedrope bench``, the
+pytest-benchmark suites in ``bench/`` and the one-shot GPU scripts in ``gpu/`` all use it.
+
+Timing on a GPU (both per call, in microseconds, median over ``reps`` samples):
+
+* ``per_call_us`` (a): CUDA events around ``n`` back-to-back calls, host overhead included: the seeds' method.
+* ``device_us`` (b): ``n`` calls captured in one CUDA graph and replayed: device time with the launch gaps of
+  a graph replay instead of Python's.
+
+Each call takes the next of ``n`` input sets that together hold at least 3x the L2 (60 MB on an H200), so
+bandwidth numbers are not L2 hits. A device-to-device copy measured in the same run is the roofline (bytes read
+plus written); ``tbps`` = the case's ``bytes_moved()`` / time, ``frac_copy`` = ``tbps`` / copy TB/s.
+
+On a CPU-only machine the same code runs on tiny sizes with the wall clock, and every output says
+"CPU, not representative".
+
+Examples
+--------
+>>> import torch
+>>> from fusedrope import benchmark as B
+>>> from fusedrope.testing import TTS_CASES
+>>> dev = torch.device("cpu")
+>>> eager = next(c for c in B.contenders("qwen3_tts_rope", dev, compile=False) if c.name == "eager")
+>>> rows = B.measure("qwen3_tts_rope", TTS_CASES[3], [eager], dev, reps=1)
+>>> rows[0]["contender"], rows[0]["status"], rows[0]["per_call_us"] > 0
+('eager', 'ok', True)
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from . import __version__
+from . import reference as R
+from .backends import gpu_arch, triton_available
+from .inverse_rope_quant import quant_output_shapes
+from .registry import registry
+from .testing import (QUANT_CASES, QUANT_GROUP_SIZE_CASES, QUANT_HEAD_GROUPS, TTS_CASES, QuantCase, TtsCase,
+                      deepseek_rope_cache, qwen3_tts_cos_sin)
+
+TTS = "qwen3_tts_rope"
+QUANT = "inverse_rope_group_quant"
+OPS = (TTS, QUANT)
+CPU_LABEL = "CPU, not representative: wall-clock timing on a CPU, no GPU kernel ran"
+DEFAULT_L2_BYTES = 60 * 2**20  # H200; used when the device does not report its L2
+ROTATE_L2_FACTOR = 3
+MAX_SETS = 4800
+GRAPH_CAP_MANY_KERNELS = 400  # eager / compile / reference launch many kernels per call: capture fewer calls
+QUANT_MAX_POS = 4096
+QUANT_CACHE_DTYPE = torch.float32
+FAST_BACKENDS = ("cuda", "hip", "triton", "reference")  # the "fused" column of op 2: auto's pick, else this order
+
+TIMING = {
+    "per_call_us": "(a) CUDA events around n back-to-back calls over n rotating input sets, host overhead "
+                   "included (the seeds' method); median of reps",
+    "device_us": "(b) device time per call: n calls captured in one CUDA graph, replayed; median of reps, / n",
+    "tbps": "case.bytes_moved() (bytes read + written) / time; time = device_us where measured, else per_call_us",
+    "frac_copy": "tbps / bandwidth of a device-to-device copy measured in the same run (bytes read + written)",
+}
+CPU_TIMING = {
+    "per_call_us": "time.perf_counter around back-to-back calls on the CPU; median of reps (" + CPU_LABEL + ")",
+    "device_us": "not measured: no GPU",
+    "tbps": TIMING["tbps"],
+    "frac_copy": "tbps / bandwidth of a CPU memory copy measured in the same run",
+}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# case matrices
+# ------------------------------------------------------------------------------------------------------------
+def seed_cases(op: str) -> list:
+    """The seed PRs' benchmark matrix: 18 TTS cases, or 20 (H, G) x S cases plus the group-size axis."""
+    if op == TTS:
+        return list(TTS_CASES)
+    return list(dict.fromkeys(QUANT_CASES + QUANT_GROUP_SIZE_CASES))
+
+
+def quick_cases(op: str, device: torch.device) -> list:
+    """A short matrix: a few seed cases on a GPU; tiny sizes on a CPU (where only the wall clock exists)."""
+    gpu = device.type == "cuda"
+    if op == TTS:
+        ids = ("qwen3_tts-B1", "qwen3_tts-B8", "qwen3_tts-B32", "wide_heads-B32") if gpu else \
+              ("small_tts-B1", "qwen3_tts-B1")
+        return [c for c in TTS_CASES if c.id in ids]
+    seqs, group_axis_seqs = ((1, 128, 1024, 8192), (8192,)) if gpu else ((1, 8), (8,))
+    cases = [QuantCase(s, h, g) for h, g in QUANT_HEAD_GROUPS.values() for s in seqs]
+    cases += [QuantCase(s, 16, 2, quant_group_size=q) for s in group_axis_seqs for q in (32, 64, 128)]
+    return list(dict.fromkeys(cases))
+
+
+def case_fields(op: str, case) -> dict:
+    """The case's parameters as result-row fields; ``size`` is the x axis of the plots (bytes moved)."""
+    if op == TTS:
+        return {"case": case.id, "shape": case.name, "batch": case.batch, "seq_len": case.seq_len,
+                "num_q_heads": case.num_q_heads, "num_kv_heads": case.num_kv_heads, "head_dim": case.head_dim,
+                "rows": case.rows, "bytes_moved": case.bytes_moved()}
+    return {"case": case.id, "num_tokens": case.num_tokens, "num_heads": case.num_heads,
+            "num_groups": case.num_groups, "head_dim": case.head_dim, "rope_dim": case.rope_dim,
+            "quant_group_size": case.quant_group_size,
+            "bytes_moved": case.bytes_moved(torch.bfloat16, QUANT_CACHE_DTYPE)}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# input sets: rotated so that bandwidth numbers are not L2 hits
+# ------------------------------------------------------------------------------------------------------------
+def l2_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or DEFAULT_L2_BYTES)
+
+
+def num_sets(set_bytes: int, device: torch.device, max_sets: int = MAX_SETS) -> int:
+    """Enough input sets to hold ``ROTATE_L2_FACTOR`` x the L2 (at least 2); 2 on a CPU."""
+    if device.type != "cuda":
+        return 2
+    return max(2, min(max_sets, math.ceil(ROTATE_L2_FACTOR * l2_bytes(device) / max(set_bytes, 1))))
+
+
+def native_fp8_dtype(device: torch.device) -> torch.dtype:
+    """float8_e4m3fnuz on gfx942 (its hardware format), float8_e4m3fn everywhere else."""
+    return torch.float8_e4m3fnuz if gpu_arch(device) == "gfx942" else torch.float8_e4m3fn
+
+
+def tts_sets(case: TtsCase, n: int, device: torch.device, dtype=torch.bfloat16, seed: int = 0) -> list:
+    """``n`` input sets ``(q, k, cos, sin)``: q/k views of one ``[B, S, Hq+Hkv, D]`` projection each (the engine
+    layout), cos/sin as Qwen3-TTS builds them, each sequence at its own position."""
+    B, S, HQ, HKV, D = case.batch, case.seq_len, case.num_q_heads, case.num_kv_heads, case.head_dim
+    g = torch.Generator(device=device).manual_seed(seed)
+    proj = torch.randn(n, B, S, HQ + HKV, D, device=device, generator=g).to(dtype)
+    start = torch.randint(0, 4096, (n * B, 1), device=device, generator=g)
+    cos, sin = qwen3_tts_cos_sin(start + torch.arange(S, device=device), D, dtype=dtype)
+    cos, sin = cos.view(n, B, S, D), sin.view(n, B, S, D)
+    return [(proj[i, :, :, :HQ].transpose(1, 2), proj[i, :, :, HQ:].transpose(1, 2), cos[i], sin[i])
+            for i in range(n)]
+
+
+def quant_sets(case: QuantCase, n: int, device: torch.device, transpose_scale: bool = False,
+               fp8_dtype: Optional[torch.dtype] = None, seed: int = 0) -> list:
+    """``n`` input sets ``(o, positions, cos_cache, sin_cache, x_fp8, x_scale, transpose_scale)`` with
+    preallocated outputs (the CUDA-graph use); o's magnitudes vary by token and head over 12 binades, as in
+    ``testing.make_quant_inputs``."""
+    S, H, D, G, q = case.num_tokens, case.num_heads, case.head_dim, case.num_groups, case.quant_group_size
+    g = torch.Generator(device=device).manual_seed(seed)
+    mag = torch.exp2(torch.randint(-6, 7, (n, S, H, 1), device=device, generator=g).float())
+    o = (torch.randn(n, S, H, D, device=device, generator=g) * mag).to(torch.bfloat16)
+    pos = torch.randint(0, QUANT_MAX_POS, (n, S), device=device, generator=g)
+    cos, sin = (t.to(device) for t in deepseek_rope_cache(QUANT_MAX_POS, case.rope_dim, dtype=QUANT_CACHE_DTYPE))
+    fp_shape, (_, _, Ks) = quant_output_shapes(S, H, D, G, q)
+    x = torch.empty((n, *fp_shape), dtype=fp8_dtype or native_fp8_dtype(device), device=device)
+    if transpose_scale:  # storage [G, Ks, S] per set, seen as [S, G, Ks]
+        sc = torch.empty(n, G, Ks, S, dtype=torch.float8_e8m0fnu, device=device).permute(0, 3, 1, 2)
+    else:
+        sc = torch.empty(n, S, G, Ks, dtype=torch.float8_e8m0fnu, device=device)
+    return [(o[i], pos[i], cos, sin, x[i], sc[i], transpose_scale) for i in range(n)]
+
+
+def make_sets(op: str, case, device: torch.device, n: Optional[int] = None, transpose_scale: bool = False) -> list:
+    """Rotating input sets for ``case`` (``n`` defaults to :func:`num_sets` of the case's bytes)."""
+    if n is None:
+        n = num_sets(case_fields(op, case)["bytes_moved"], device)
+    return tts_sets(case, n, device) if op == TTS else quant_sets(case, n, device, transpose_scale)
+
+
+def op_args(op: str, case, one_set: tuple) -> tuple:
+    """The public function's positional arguments for one input set."""
+    if op == TTS:
+        return one_set
+    o, pos, cos, sin, x, sc, transpose_scale = one_set
+    return o, pos, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, x, sc
+
+
+# ------------------------------------------------------------------------------------------------------------
+# contenders
+# ------------------------------------------------------------------------------------------------------------
+def tts_formula(q, k, cos, sin):
+    """The seed's eager baseline, HF's ``apply_rotary_pos_emb``: ``q*cos + rotate_half(q)*sin`` in the input
+    dtype (each product and the sum rounded)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + R.rotate_half(q) * sin, k * cos + R.rotate_half(k) * sin
+
+
+def quant_formula(o, positions, cos_cache, sin_cache, num_groups: int, quant_group_size: int,
+                  fp8_dtype: torch.dtype):
+    """Op 2 in plain torch (``fusedrope.reference``'s steps, fp32): returns ``(x_fp8, scale bytes)``."""
+    x = R.inverse_rope_tail(o, positions, cos_cache, sin_cache)
+    return R.group_quant_e8m0(x, num_groups, quant_group_size, fp8_dtype)
+
+
+_COMPILED: dict = {}
+
+
+def compiled(fn: Callable) -> Callable:
+    """``torch.compile(fn)`` with default options (what a user gets), once per process."""
+    if fn not in _COMPILED:
+        import torch._dynamo.config as cfg
+
+        # One compiled graph per shape class would exceed the default limit over a seed matrix and fall back
+        # to eager silently; the benchmark must time compiled code.
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(getattr(cfg, name), 64))
+        _COMPILED[fn] = torch.compile(fn)
+    return _COMPILED[fn]
+
+
+@dataclass
+class Contender:
+    """One thing to time. ``make(case, sets)`` returns ``call(i)``, which runs it on input set ``i % len(sets)``.
+    ``reason`` says why it cannot run on this machine (None: it can); ``backend`` names a fusedrope backend,
+    whose per-case support :meth:`case_reason` asks the registry about."""
+
+    name: str
+    op: str
+    what: str
+    make: Callable
+    reason: Optional[str] = None
+    backend: Optional[str] = None
+    many_kernels: bool = False
+
+    def case_reason(self, case, sets: list) -> Optional[str]:
+        """Why this contender cannot run this case (None: it can)."""
+        if self.reason or self.backend is None:
+            return self.reason
+        from . import explain
+
+        ex = explain(self.op, *op_args(self.op, case, sets[0]), backend=self.backend)
+        d = next((d for d in ex if d.backend == self.backend), None)
+        return None if d is None or d.runs else d.reason
+
+
+def _triton_reason(device: torch.device, interpreter: bool) -> Optional[str]:
+    reason = triton_available(device)
+    if reason is None and device.type == "cpu" and not interpreter:
+        reason = "CPU interpreter timings are not meaningful"
+    return reason
+
+
+def _backend_reason(op: str, backend: str, device: torch.device, interpreter: bool) -> Optional[str]:
+    reg = registry(op)
+    impl = next(i for i in reg.impls if i.backend == backend)
+    reason = reg.availability(impl, device)
+    if reason:
+        return f"{backend} backend unavailable: {reason}"
+    if backend == "triton":
+        return _triton_reason(device, interpreter)
+    return None
+
+
+def _liger():
+    """(LigerRopeFunction.apply, version) or (None, why not)."""
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction
+    except ImportError as e:
+        return None, f"liger_kernel not installed ({e})"
+    try:
+        return LigerRopeFunction.apply, metadata.version("liger-kernel")
+    except metadata.PackageNotFoundError:
+        return LigerRopeFunction.apply, "unknown"
+
+
+def _tts_maker(get_fn: Callable) -> Callable:
+    """``make(case, sets)`` whose ``call(i)`` runs ``get_fn()(q, k, cos, sin)`` on set ``i % len(sets)``;
+    ``get_fn`` runs at make time (so torch.compile happens only for contenders that run)."""
+    def make(case, sets):
+        fn = get_fn()
+        return lambda i: fn(*sets[i % len(sets)])
+    return make
+
+
+def _quant_formula_maker(get_fn: Callable) -> Callable:
+    def make(case, sets):
+        fn, fp8_dtype = get_fn(), sets[0][4].dtype
+        return lambda i: fn(*sets[i % len(sets)][:4], case.num_groups, case.quant_group_size, fp8_dtype)
+    return make
+
+
+def _quant_api_maker(fn: Callable) -> Callable:
+    """For functions with the public op's signature (outputs written into the set's buffers)."""
+    def make(case, sets):
+        return lambda i: fn(*op_args(QUANT, case, sets[i % len(sets)]))
+    return make
+
+
+def contenders(op: str, device: torch.device, *, compile: bool = True, interpreter: bool = False,
+               only: Optional[Iterable[str]] = None) -> list[Contender]:
+    """Every contender of ``op`` in table order, each with the reason it cannot run here (or None).
+
+    Op 1: eager torch formula, its ``torch.compile``, each registered fusedrope backend (``backend=``), Liger's
+    ``LigerRopeFunction`` (in place on its own contiguous copy; reads only the first half of cos/sin).
+    Op 2: eager torch formula, its ``torch.compile``, each registered backend, the unfused two-kernel baseline
+    (``fusedrope.baseline``; rotates ``o`` in place, which changes no timing).
+    ``interpreter=True`` times Triton in its CPU interpreter too (otherwise skipped on a CPU).
+    """
+    from . import inverse_rope_group_quant, qwen3_tts_rope
+    from .baseline import unfused_inverse_rope_group_quant
+
+    out: list[Contender] = []
+    no_compile = None if compile else "torch.compile disabled (--no-compile)"
+    if op == TTS:
+        out.append(Contender("eager", op, "torch formula q*cos + rotate_half(q)*sin in bf16 (the seed's eager)",
+                             _tts_maker(lambda: tts_formula), many_kernels=True))
+        out.append(Contender("compile", op, "torch.compile of that formula (default options)",
+                             _tts_maker(lambda: compiled(tts_formula)), reason=no_compile, many_kernels=True))
+        for impl in registry(op).impls:
+            b = impl.backend
+            out.append(Contender(b, op, f"fusedrope.qwen3_tts_rope(..., backend={b!r}), allocating outputs",
+                                 _tts_maker(lambda b=b: functools.partial(qwen3_tts_rope, backend=b)),
+                                 reason=_backend_reason(op, b, device, interpreter), backend=b,
+                                 many_kernels=b == "reference"))
+        fn, info = _liger()
+        reason = info if fn is None else (None if device.type == "cuda" else "liger_kernel's Triton kernel needs a GPU")
+        out.append(Contender("liger", op, f"liger_kernel.ops.rope.LigerRopeFunction.apply (liger-kernel {info})",
+                             _tts_maker(lambda: fn), reason=reason))
+    elif op == QUANT:
+        out.append(Contender("eager", op, "fusedrope.reference's torch steps (inverse RoPE, then group quant)",
+                             _quant_formula_maker(lambda: quant_formula), many_kernels=True))
+        out.append(Contender("compile", op, "torch.compile of that formula (default options)",
+                             _quant_formula_maker(lambda: compiled(quant_formula)), reason=no_compile,
+                             many_kernels=True))
+        for impl in registry(op).impls:
+            b = impl.backend
+            out.append(Contender(b, op, f"fusedrope.inverse_rope_group_quant(..., backend={b!r}) into "
+                                        "preallocated outputs",
+                                 _quant_api_maker(functools.partial(inverse_rope_group_quant, backend=b)),
+                                 reason=_backend_reason(op, b, device, interpreter), backend=b,
+                                 many_kernels=b == "reference"))
+        out.append(Contender("unfused", op, "fusedrope.baseline: Triton inverse RoPE in place (bf16), then a "
+                                            "separate Triton group-quant kernel",
+                             _quant_api_maker(unfused_inverse_rope_group_quant),
+                             reason=_triton_reason(device, interpreter)))
+    else:
+        raise ValueError(f"contenders: argument 'op' expected one of {OPS}, got {op!r}")
+    if only is not None:
+        only = set(only)
+        out = [c for c in out if c.name in only]
+    return out
+
+
+def contender_names(op: str) -> list[str]:
+    """Every contender's name, in table order, whether or not it can run here (for parametrising tests)."""
+    return [c.name for c in contenders(op, torch.device("cpu"), compile=False)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# timers
+# ------------------------------------------------------------------------------------------------------------
+def synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def synchronized_timer() -> float:
+    """``time.perf_counter()`` after the GPU has drained: a pytest-benchmark timer
+    (``pytest.mark.benchmark(timer=...)``) that makes a timed round end when the device work ends."""
+    synchronize()
+    return time.perf_counter()
+
+
+def calls_per_sample(call: Callable[[int], object], n: int, device: torch.device, min_s: float = 0.01) -> int:
+    """``n`` on a GPU (n rotating sets already make a long sample); on a CPU a multiple of ``n`` that lasts at
+    least ``min_s`` (one pass is timed to find it), so the wall clock's noise stays small."""
+    if device.type == "cuda":
+        return n
+    t0 = time.perf_counter()
+    for i in range(n):
+        call(i)
+    return n * max(1, min(1000, math.ceil(min_s / max(time.perf_counter() - t0, 1e-9))))
+
+
+def time_per_call_us(call: Callable[[int], object], n: int, device: torch.device, reps: int = 5,
+                     warmup: int = 2) -> float:
+    """(a) Median over ``reps`` of (time for ``call(0) .. call(n-1)`` back to back) / n, in us: CUDA events on a
+    GPU, the wall clock on a CPU. ``warmup`` calls first (compilation, autotuning, first-use builds)."""
+    for i in range(warmup):
+        call(i)
+    synchronize()
+    n = calls_per_sample(call, n, device)
+    samples = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for i in range(n):
+                call(i)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / n)
+        else:
+            t0 = time.perf_counter()
+            for i in range(n):
+                call(i)
+            samples.append((time.perf_counter() - t0) * 1e6 / n)
+    return statistics.median(samples)
+
+
+def time_graph_us(call: Callable[[int], object], n: int, reps: int = 5) -> float:
+    """(b) Device time per call in us: ``call(0) .. call(n-1)`` captured in one CUDA graph, replayed ``reps``
+    times (after one untimed replay); median replay time / n. GPU only."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up on a side stream, as capture requires
+        for i in range(min(n, 3)):
+            call(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n):
+            call(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / n)
+    del graph
+    return statistics.median(samples)
+
+
+def copy_roofline(device: torch.device, nbytes: Optional[int] = None, reps: int = 5) -> dict:
+    """Bandwidth of a device-to-device copy (bytes read + written), the roofline of this run. On a GPU 1 GiB
+    each way, device time from graph replay; on a CPU 64 MiB, wall clock."""
+    gpu = device.type == "cuda"
+    nbytes = nbytes or (2**30 if gpu else 64 * 2**20)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()  # not zeros: METHOD.md
+    dst = torch.empty_like(src)
+    if gpu:
+        us = time_graph_us(lambda i: dst.copy_(src), 4, reps)
+    else:
+        us = time_per_call_us(lambda i: dst.copy_(src), 2, device, reps, warmup=1)
+    tbps = 2 * nbytes / (us * 1e-6) / 1e12
+    return {"bytes_each_way": nbytes, "us": round(us, 3), "tbps": _sig(tbps),
+            "timing": "CUDA-graph replay of 4 copies" if gpu else "wall clock (" + CPU_LABEL + ")"}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# measuring
+# ------------------------------------------------------------------------------------------------------------
+def auto_backend(op: str, case, sets: list) -> Optional[str]:
+    """The backend ``backend="auto"`` picks for this case on this machine."""
+    from . import explain
+
+    return explain(op, *op_args(op, case, sets[0])).chosen
+
+
+def measure(op: str, case, contender_list: list[Contender], device: torch.device, *, reps: int = 5,
+            copy_tbps: Optional[float] = None, graph: bool = True, transpose_scale: bool = False,
+            sets: Optional[list] = None, log: Callable[[str], None] = lambda s: None) -> list[dict]:
+    """Time every contender on one case; one result row (a dict) per contender, ``status`` "ok", "skipped"
+    (``reason`` says why) or "error" (``reason`` holds the exception). ``transpose_scale``: op 2's
+    column-major scale layout."""
+    sets = sets if sets is not None else make_sets(op, case, device, transpose_scale=transpose_scale)
+    n = len(sets)
+    set_bytes = case_fields(op, case)["bytes_moved"]
+    base = {"op": op, **case_fields(op, case), "n_sets": n, "rotated_mb": round(n * set_bytes / 2**20, 2),
+            "auto_backend": auto_backend(op, case, sets), "device": device.type}
+    if op == QUANT:
+        base["transpose_scale"] = bool(sets[0][6])
+    rows = []
+    for c in contender_list:
+        row = {**base, "contender": c.name, "status": "ok", "reason": ""}
+        rows.append(row)
+        reason = c.case_reason(case, sets)
+        if reason:
+            row.update(status="skipped", reason=reason)
+            continue
+        try:
+            call = c.make(case, sets)
+            row["per_call_us"] = round(time_per_call_us(call, n, device, reps), 3)
+        except Exception as e:  # noqa: BLE001 - one contender's failure must not lose the others
+            row.update(status="error", reason=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+                       if str(e).strip() else type(e).__name__)
+            _recover(device)
+            continue
+        if graph and device.type == "cuda":
+            ng = min(n, GRAPH_CAP_MANY_KERNELS) if c.many_kernels else n
+            try:
+                row["device_us"] = round(time_graph_us(call, ng, reps), 3)
+                row["graph_calls"] = ng
+                row["graph_l2_resident"] = ng * set_bytes < l2_bytes(device)
+            except Exception as e:  # noqa: BLE001
+                row["device_error"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+                _recover(device)
+        t = row.get("device_us") or row["per_call_us"]
+        row["tbps_basis"] = "device_us" if row.get("device_us") else "per_call_us"
+        row["tbps"] = _sig(set_bytes / (t * 1e-6) / 1e12)
+        if copy_tbps:
+            row["frac_copy"] = _sig(row["tbps"] / copy_tbps)
+        log(f"  {case.id:<28} {c.name:<10} per call {row['per_call_us']:>10.2f} us"
+            + (f"   device {row['device_us']:>9.2f} us" if row.get("device_us") else "")
+            + f"   {row['tbps']:.3f} TB/s")
+    del sets
+    _recover(device)
+    return rows
+
+
+def _sig(x: float, digits: int = 5) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def _recover(device: torch.device) -> None:
+    if device.type == "cuda":
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - a sticky error shows up in the next row anyway
+            pass
+
+
+# ------------------------------------------------------------------------------------------------------------
+# provenance
+# ------------------------------------------------------------------------------------------------------------
+def _git(*args: str) -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info(device: torch.device, command: Optional[str] = None) -> dict:
+    """Where and how results were made: host, GPU, library versions, git commit, the exact command."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    info = {
+        "hostname": platform.node(), "platform": platform.platform(), "machine": platform.machine(),
+        "cpu_count": os.cpu_count(), "python": platform.python_version(), "fusedrope": __version__,
+        "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_hip": torch.version.hip,
+        "triton": triton_version, "liger_kernel": _version("liger-kernel"), "device": device.type,
+        "git_commit": _git("rev-parse", "HEAD") or "unknown",
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "command": command or " ".join([sys.executable, *sys.argv]),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
+        "timing": TIMING if device.type == "cuda" else CPU_TIMING,
+    }
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(gpu=p.name, gpu_arch=gpu_arch(device), multiprocessors=p.multi_processor_count,
+                    l2_bytes=l2_bytes(device), gpu_memory_bytes=p.total_memory)
+        smi = ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"]
+        if not torch.version.hip:
+            try:
+                info["driver_clocks"] = subprocess.run(smi, capture_output=True, text=True, timeout=15).stdout.strip()
+            except Exception:  # noqa: BLE001
+                pass
+    else:
+        info.update(gpu=None, label=CPU_LABEL)
+    return info
+
+
+# ------------------------------------------------------------------------------------------------------------
+# a whole run
+# ------------------------------------------------------------------------------------------------------------
+@dataclass
+class RunConfig:
+    ops: tuple = OPS
+    matrix: str = "seed"  # "seed" or "quick"
+    reps: int = 5
+    compile: bool = True
+    graph: bool = True
+    interpreter: bool = False
+    transpose_scale: bool = False
+    only_contenders: Optional[tuple] = None
+    only_cases: Optional[tuple] = None  # case ids
+    cases: Optional[dict] = None  # {op: [case, ...]}: an explicit matrix instead of ``matrix``'s
+    budget_s: Optional[float] = None
+    plots: bool = True
+
+
+def run(cfg: RunConfig, out_dir, device: Optional[torch.device] = None, command: Optional[str] = None,
+        log: Callable[[str], None] = print) -> dict:
+    """Measure ``cfg``'s matrix on ``device``; write ``results.json``, ``results.csv``, ``results.md`` (after
+    every case, so a run cut short keeps what it measured) and the plots into ``out_dir``. Returns the results."""
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    results = {"meta": machine_info(device, command), "config": {k: v for k, v in vars(cfg).items()},
+               "contenders": {}, "copy": {}, "rows": []}
+    log(f"== copy roofline on {results['meta'].get('gpu') or 'CPU'}")
+    results["copy"] = copy_roofline(device, reps=cfg.reps)
+    copy_tbps = results["copy"]["tbps"]
+    log(f"  {copy_tbps:.3f} TB/s (bytes read + written)")
+    for op in cfg.ops:
+        cl = contenders(op, device, compile=cfg.compile, interpreter=cfg.interpreter, only=cfg.only_contenders)
+        results["contenders"][op] = [{"name": c.name, "what": c.what, "unavailable": c.reason} for c in cl]
+        cases = (cfg.cases or {}).get(op) or (seed_cases(op) if cfg.matrix == "seed" else quick_cases(op, device))
+        if cfg.only_cases:
+            cases = [c for c in cases if c.id in cfg.only_cases]
+        log(f"== {op}: {len(cases)} cases x {len(cl)} contenders"
+            + "".join(f"\n  skip {c.name}: {c.reason}" for c in cl if c.reason))
+        for case in cases:
+            if cfg.budget_s is not None and time.time() - t0 > cfg.budget_s:
+                results["rows"] += [{"op": op, **case_fields(op, case), "contender": c.name, "status": "skipped",
+                                     "reason": f"time budget ({cfg.budget_s:.0f} s) ran out"} for c in cl]
+                continue
+            results["rows"] += measure(op, case, cl, device, reps=cfg.reps, copy_tbps=copy_tbps, graph=cfg.graph,
+                                       transpose_scale=cfg.transpose_scale, log=log)
+            write_results(results, out)
+    results["meta"]["seconds"] = round(time.time() - t0, 1)
+    files = write_results(results, out)
+    if cfg.plots:
+        try:
+            files += plot(results, out)
+        except ImportError as e:
+            log(f"plots skipped: {e} (pip install 'fusedrope[bench]')")
+    results["files"] = [str(f) for f in files]
+    return results
+
+
+# ------------------------------------------------------------------------------------------------------------
+# result files
+# ------------------------------------------------------------------------------------------------------------
+CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "tbps", "frac_copy", "tbps_basis",
+             "graph_calls", "graph_l2_resident", "n_sets", "rotated_mb", "bytes_moved", "auto_backend", "device"]
+
+
+def write_json(results: dict, path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return path
+
+
+def write_csv(rows: list[dict], path) -> Path:
+    """One line per (case, contender); columns: :data:`CSV_FIRST`, then the case fields, then the rest."""
+    fields = list(CSV_FIRST)
+    for r in rows:
+        fields += [k for k in r if k not in fields and k != "reason"]
+    fields.append("reason")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: r.get(k, "") for k in fields})
+    path = Path(path)
+    path.write_text(buf.getvalue())
+    return path
+
+
+def write_results(results: dict, out_dir) -> list[Path]:
+    out = Path(out_dir)
+    return [write_json(results, out / "results.json"), write_csv(results["rows"], out / "results.csv"),
+            _write_text(out / "results.md", markdown(results))]
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------------
+# markdown tables
+# ------------------------------------------------------------------------------------------------------------
+def _f(v, nd: int = 2) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def _ratio(a, b) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}x"
+
+
+def _table(header: list[str], lines: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(x) + " |" for x in lines]) + "\n"
+
+
+def _by_case(rows: list[dict], op: str) -> dict:
+    """``{case id: {contender: row}}`` of the ok rows, cases in measured order."""
+    out: dict = {}
+    for r in rows:
+        if r.get("op") == op:
+            out.setdefault(r["case"], {})
+            if r.get("status") == "ok":
+                out[r["case"]][r["contender"]] = r
+    return out
+
+
+def _first(case_rows: dict) -> dict:
+    return next(iter(case_rows.values()), {})
+
+
+def tts_seed_table(rows: list[dict]) -> str:
+    """Op 1 in the seed's columns (per-call us, CUDA events around back-to-back calls), with the cuda kernel's
+    TB/s and fraction of the copy roofline added."""
+    header = ["shape", "batch", "rows", "eager us", "torch.compile us", "triton us", "cuda us", "compile / cuda",
+              "triton / cuda", "cuda TB/s", "% copy"]
+    lines = []
+    meta = {r["case"]: r for r in rows if r.get("op") == TTS}
+    for cid, cr in _by_case(rows, TTS).items():
+        m = meta[cid]
+        t = {k: cr.get(k, {}).get("per_call_us") for k in ("eager", "compile", "triton", "cuda")}
+        frac = cr.get("cuda", {}).get("frac_copy")
+        lines.append([m["shape"], str(m["batch"]), str(m["rows"]), _f(t["eager"]), _f(t["compile"]),
+                      _f(t["triton"]), _f(t["cuda"]), _ratio(t["compile"], t["cuda"]), _ratio(t["triton"], t["cuda"]),
+                      _f(cr.get("cuda", {}).get("tbps"), 3), _f(None if frac is None else 100 * frac, 0)])
+    return _table(header, lines)
+
+
+def fused_row(case_rows: dict) -> tuple[Optional[str], dict]:
+    """Op 2's "fused" contender of one case: the backend auto picks if it was measured, else the first measured
+    one in :data:`FAST_BACKENDS` order."""
+    auto = _first(case_rows).get("auto_backend")
+    for name in ([auto] if auto else []) + list(FAST_BACKENDS):
+        if name in case_rows:
+            return name, case_rows[name]
+    return None, {}
+
+
+def _quant_line(case_rows: dict, lead: list[str]) -> tuple[list[str], Optional[str]]:
+    name, fr = fused_row(case_rows)
+    un = case_rows.get("unfused", {})
+    tf, tu = _time(fr), _time(un)
+    frac = fr.get("frac_copy")
+    return (lead + [_f(tf), _f(fr.get("tbps"), 3), _f(tu), _f(un.get("tbps"), 3), _ratio(tu, tf),
+                    _f(None if frac is None else 100 * frac, 0)], name)
+
+
+def _time(row: dict):
+    """The time a row's TB/s came from: device time where measured, else per call."""
+    return row.get("device_us") or row.get("per_call_us")
+
+
+def quant_seed_tables(rows: list[dict]) -> str:
+    """Op 2 in the seed's columns: one table per (H, G) over S, and the quant-group-size axis."""
+    by_case = _by_case(rows, QUANT)
+    meta = {r["case"]: r for r in rows if r.get("op") == QUANT}
+    out, fused_names = [], set()
+    layout = "column-major" if any(m.get("transpose_scale") for m in meta.values()) else "row-major"
+    head = ["fused us", "fused TB/s", "unfused us", "unfused TB/s", "speedup", "% copy"]
+    hgs = list(dict.fromkeys((m["num_heads"], m["num_groups"]) for m in meta.values()))
+    for h, g in hgs:
+        ids = [c for c, m in meta.items() if (m["num_heads"], m["num_groups"]) == (h, g)
+               and m["quant_group_size"] == 128]
+        if not ids:
+            continue
+        lines = []
+        for cid in sorted(ids, key=lambda c: meta[c]["num_tokens"]):
+            line, name = _quant_line(by_case.get(cid, {}), [str(meta[cid]["num_tokens"])])
+            lines.append(line)
+            fused_names.add(name)
+        out.append(f"hg = (n_local_heads, n_local_groups) = ({h}, {g}), quant_group_size 128, {layout} scale\n\n"
+                   + _table(["S"] + head, lines))
+    # the group-size axis: token counts of one (H, G) measured at more than one group size
+    for h, g in hgs:
+        gs: dict = {}
+        for cid, m in meta.items():
+            if (m["num_heads"], m["num_groups"]) == (h, g):
+                gs.setdefault(m["num_tokens"], []).append(cid)
+        lines = []
+        for s in sorted(k for k, v in gs.items() if len(v) > 1):
+            for cid in sorted(gs[s], key=lambda c: meta[c]["quant_group_size"]):
+                line, name = _quant_line(by_case.get(cid, {}), [str(s), str(meta[cid]["quant_group_size"])])
+                lines.append(line)
+                fused_names.add(name)
+        if lines:
+            out.append(f"Quant group size axis, hg = ({h}, {g}), {layout} scale\n\n"
+                       + _table(["S", "group"] + head, lines))
+    names = ", ".join(sorted(n for n in fused_names if n)) or "none measured"
+    return f"fused = {names} (the backend `auto` picks, among those measured)\n\n" + "\n".join(out)
+
+
+def contender_tables(rows: list[dict], op: str) -> str:
+    """Every contender side by side: one table per metric (per-call us, device us, TB/s, % of copy)."""
+    by_case = _by_case(rows, op)
+    names = list(dict.fromkeys(r["contender"] for r in rows if r.get("op") == op))
+    skipped = {}
+    for r in rows:
+        if r.get("op") == op and r.get("status") != "ok":
+            skipped.setdefault(r["contender"], r.get("reason", ""))
+    ran = [n for n in names if any(n in cr for cr in by_case.values())]
+    out = []
+    for key, title, nd, scale in (("per_call_us", "per call, us", 2, 1), ("device_us", "device time, us", 2, 1),
+                                  ("tbps", "TB/s", 3, 1), ("frac_copy", "% of copy", 0, 100)):
+        if not any(key in r for cr in by_case.values() for r in cr.values()):
+            continue
+        lines = [[cid] + [_f(None if cr.get(n, {}).get(key) is None else scale * cr[n][key], nd) for n in ran]
+                 for cid, cr in by_case.items()]
+        out.append(f"{title}\n\n" + _table(["case"] + ran, lines))
+    notes = [f"- {n}: {skipped[n]}" for n in names if n not in ran and n in skipped]
+    if notes:
+        out.append("Not measured:\n" + "\n".join(notes) + "\n")
+    return "\n".join(out)
+
+
+def markdown(results: dict) -> str:
+    """All tables of a run, with the machine, commit, command and timing method above them."""
+    m, rows, cp = results["meta"], results["rows"], results.get("copy", {})
+    gpu = m.get("gpu")
+    lines = [f"# fusedrope benchmark: {gpu or CPU_LABEL}", "",
+             f"- machine: {m['hostname']} ({m['platform']}, {m['cpu_count']} CPUs)"
+             + (f"; GPU {gpu} ({m.get('gpu_arch')}, L2 {m.get('l2_bytes', 0) / 2**20:.0f} MiB)" if gpu else ""),
+             (f"- versions: fusedrope {m['fusedrope']}, torch {m['torch']} (CUDA {m['torch_cuda']}, HIP "
+              f"{m['torch_hip']}), triton {m['triton']}, liger-kernel {m['liger_kernel']}, python {m['python']}"),
+             f"- commit: {m['git_commit']}{' (working tree had uncommitted changes)' if m['git_dirty'] else ''}",
+             f"- command: `{m['command']}`", f"- time: {m['time_utc']}",
+             f"- copy roofline: {cp.get('tbps', 0):.3f} TB/s ({cp.get('timing', '')})", ""]
+    lines += [f"- {k}: {v}" for k, v in m["timing"].items()]
+    if not gpu:
+        lines += ["", (f"**{CPU_LABEL}.** These numbers show the format and that the harness runs; they say "
+                       "nothing about GPU kernels.")]
+    text = "\n".join(lines) + "\n"
+    if any(r.get("op") == TTS for r in rows):
+        basis = "device time" if gpu else "per-call time"
+        text += ("\n## qwen3_tts_rope (seed columns: per call, host overhead included; TB/s and % copy of the cuda "
+                 f"kernel from {basis})\n\n" + tts_seed_table(rows))
+        text += "\n### every contender\n\n" + contender_tables(rows, TTS)
+    if any(r.get("op") == QUANT for r in rows):
+        text += ("\n## inverse_rope_group_quant (seed columns; times are " +
+                 ("device time from CUDA-graph replay" if gpu else "per call, wall clock") + ")\n\n"
+                 + quant_seed_tables(rows))
+        text += "\n### every contender\n\n" + contender_tables(rows, QUANT)
+    return text
+
+
+# ------------------------------------------------------------------------------------------------------------
+# plots
+# ------------------------------------------------------------------------------------------------------------
+def plot(results: dict, out_dir) -> list[Path]:
+    """PNG plots, time and bandwidth against bytes moved, one line per contender: one figure for op 1, one per
+    (H, G) for op 2 (quant group 128). Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m, rows = results["meta"], results["rows"]
+    where = m.get("gpu") or CPU_LABEL
+    copy_tbps = results.get("copy", {}).get("tbps")
+    series = [(TTS, "qwen3_tts_rope", lambda r: True)]
+    hgs = dict.fromkeys((r["num_heads"], r["num_groups"]) for r in rows if r.get("op") == QUANT)
+    for h, g in hgs:
+        series.append((QUANT, f"inverse_rope_group_quant_H{h}_G{g}",
+                       lambda r, h=h, g=g: (r["num_heads"], r["num_groups"]) == (h, g) and r["quant_group_size"] == 128))
+    files = []
+    for op, name, keep in series:
+        ok = [r for r in rows if r.get("op") == op and r.get("status") == "ok" and keep(r)]
+        if not ok:
+            continue
+        fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 4.8))
+        for contender in dict.fromkeys(r["contender"] for r in ok):
+            pts = sorted((r["bytes_moved"] / 1e6, _time(r), r["tbps"]) for r in ok if r["contender"] == contender)
+            x = [p[0] for p in pts]
+            ax_t.plot(x, [p[1] for p in pts], marker="o", label=contender)
+            ax_b.plot(x, [p[2] for p in pts], marker="o", label=contender)
+        if copy_tbps:
+            ax_b.axhline(copy_tbps, color="gray", linestyle="--", label=f"copy {copy_tbps:.2f} TB/s")
+        basis = "device time (CUDA-graph replay)" if m.get("gpu") else "per call, wall clock"
+        ax_t.set(xscale="log", yscale="log", xlabel="bytes moved per call (MB)", ylabel=f"us per call, {basis}",
+                 title=f"{name}: time")
+        ax_b.set(xscale="log", xlabel="bytes moved per call (MB)", ylabel="TB/s (bytes read + written)",
+                 title=f"{name}: bandwidth")
+        for ax in (ax_t, ax_b):
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"{where} | commit {m['git_commit'][:10]} | {m['time_utc']}", fontsize=9)
+        fig.tight_layout()
+        path = Path(out_dir) / f"{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        files.append(path)
+    return files
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the CLI: python -m fusedrope bench
+# ------------------------------------------------------------------------------------------------------------
+CPU_REFUSAL = ("No GPU here: running the quick CPU matrix (tiny sizes) instead of the seed matrix. On a CPU the "
+               "seed sizes take minutes per case, Triton runs only in its interpreter, and wall-clock CPU timings "
+               "say nothing about GPU kernels. Pass --full to run the seed matrix anyway.")
+
+
+def default_out_dir(device: torch.device, matrix: str) -> Path:
+    """``bench/results/<gpu or cpu>-<matrix>-<commit>``."""
+    where = "cpu"
+    if device.type == "cuda":
+        where = "".join(ch if ch.isalnum() else "-" for ch in torch.cuda.get_device_name(device).lower()).strip("-")
+    return Path("bench") / "results" / f"{where}-{matrix}-{(_git('rev-parse', '--short', 'HEAD') or 'nogit')}"
+
+
+def cli(args, command: str) -> int:
+    """``python -m fusedrope bench``: run, write the files, print the tables. Exit 1 if a contender failed."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    matrix = "quick" if args.quick else "seed"
+    if device.type == "cpu" and matrix == "seed" and not args.full:
+        print(CPU_REFUSAL)
+        matrix = "quick"
+    split = lambda s: tuple(x for x in s.split(",") if x) or None  # noqa: E731
+    cfg = RunConfig(ops=OPS if args.op == "all" else (args.op,), matrix=matrix,
+                    reps=args.reps or (5 if device.type == "cuda" else 3), compile=not args.no_compile,
+                    graph=not args.no_graph, interpreter=args.interpreter, transpose_scale=args.transpose_scale,
+                    only_contenders=split(args.contenders), only_cases=split(args.cases), budget_s=args.budget_s,
+                    plots=args.plots)
+    out = Path(args.out) if args.out else default_out_dir(device, matrix)
+    results = run(cfg, out, device, command)
+    print()
+    print(markdown(results))
+    print("files:", *results["files"], sep="\n  ")
+    errors = [r for r in results["rows"] if r.get("status") == "error"]
+    for r in errors:
+        print(f"ERROR {r['op']} {r['case']} {r['contender']}: {r['reason']}")
+    return 1 if errors else 0

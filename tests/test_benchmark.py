@@ -1,0 +1,176 @@
+"""The benchmark engine (fusedrope/benchmark.py), the CLI `python -m fusedrope bench` and the pytest-benchmark
+suites in bench/, end to end on CPU at tiny sizes (GPU timing itself runs only on a GPU)."""
+
+import csv
+import doctest
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fusedrope
+from fusedrope import benchmark as B
+from fusedrope.__main__ import main
+from fusedrope.testing import TTS_CASES, QuantCase
+
+from conftest import DEVICE
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU = torch.device("cpu")
+TTS_SEED_COLUMNS = "| shape | batch | rows | eager us | torch.compile us | triton us | cuda us | compile / cuda | " \
+                   "triton / cuda | cuda TB/s | % copy |"
+QUANT_SEED_COLUMNS = "| S | fused us | fused TB/s | unfused us | unfused TB/s | speedup | % copy |"
+GROUP_COLUMNS = "| S | group | fused us | fused TB/s | unfused us | unfused TB/s | speedup | % copy |"
+
+pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="CPU end-to-end checks; on a GPU run the CLI itself")
+
+
+def test_cli_bench_on_cpu_writes_every_file(tmp_path, capsys):
+    """The CPU refuses the seed matrix and runs the tiny one; JSON, CSV, markdown and PNGs come out."""
+    out = tmp_path / "run"
+    rc = main(["bench", "--out", str(out), "--no-compile", "--reps", "1", "--interpreter",
+               "--cases", "small_tts-B1,S1-H8-G1-D512-R64-g128"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert B.CPU_REFUSAL in printed
+
+    results = json.loads((out / "results.json").read_text())
+    meta = results["meta"]
+    for key in ("hostname", "gpu", "torch", "triton", "torch_cuda", "torch_hip", "git_commit", "command", "timing"):
+        assert key in meta
+    assert meta["gpu"] is None and meta["label"] == B.CPU_LABEL
+    assert "-m fusedrope bench" in meta["command"] and "--interpreter" in meta["command"]
+    assert results["copy"]["tbps"] > 0
+
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    got = {(r["op"], r["case"], r["contender"]): r for r in rows}
+    for contender in ("eager", "triton", "reference"):
+        assert got[("qwen3_tts_rope", "small_tts-B1", contender)]["status"] == "ok"
+        assert float(got[("qwen3_tts_rope", "small_tts-B1", contender)]["per_call_us"]) > 0
+    for contender in ("eager", "triton", "reference", "unfused"):
+        row = got[("inverse_rope_group_quant", "S1-H8-G1-D512-R64-g128", contender)]
+        assert row["status"] == "ok" and float(row["tbps"]) > 0, row
+    skipped = got[("qwen3_tts_rope", "small_tts-B1", "cuda")]
+    assert skipped["status"] == "skipped" and "CUDA device" in skipped["reason"]
+    assert got[("qwen3_tts_rope", "small_tts-B1", "compile")]["reason"] == "torch.compile disabled (--no-compile)"
+
+    md = (out / "results.md").read_text()
+    assert TTS_SEED_COLUMNS in md and QUANT_SEED_COLUMNS in md and B.CPU_LABEL in md
+    assert "| small_tts | 1 | 96 |" in md and "fused = triton" in md
+    assert md in printed  # the tables are printed too
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == ["inverse_rope_group_quant_H8_G1.png", "qwen3_tts_rope.png"]
+    for p in out.glob("*.png"):
+        assert p.stat().st_size > 5000 and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_group_size_axis_and_torch_compile(tmp_path):
+    cases = {B.QUANT: [QuantCase(1, 16, 2, quant_group_size=32), QuantCase(1, 16, 2, quant_group_size=128)]}
+    cfg = B.RunConfig(ops=(B.QUANT,), reps=1, cases=cases, only_contenders=("eager", "compile", "reference"),
+                      plots=False)
+    results = B.run(cfg, tmp_path, CPU, command="test", log=lambda s: None)
+    assert {r["status"] for r in results["rows"]} == {"ok"}, results["rows"]
+    md = (tmp_path / "results.md").read_text()
+    assert "Quant group size axis, hg = (16, 2), row-major scale" in md and GROUP_COLUMNS in md
+    assert "| 1 | 32 |" in md and "| 1 | 128 |" in md and "fused = reference" in md
+
+
+def _row(contender, **kw):
+    case = TTS_CASES[0]
+    return {"op": B.TTS, **B.case_fields(B.TTS, case), "contender": contender, "status": "ok", **kw}
+
+
+def test_tts_seed_table_ratios_and_columns():
+    rows = [_row("eager", per_call_us=66.45), _row("compile", per_call_us=32.66), _row("triton", per_call_us=23.05),
+            _row("cuda", per_call_us=6.83, tbps=0.0288, frac_copy=0.0067)]
+    table = B.tts_seed_table(rows)
+    assert table.splitlines()[0] == TTS_SEED_COLUMNS
+    assert table.splitlines()[2] == "| qwen3_tts | 1 | 384 | 66.45 | 32.66 | 23.05 | 6.83 | 4.78x | 3.37x | 0.029 | 1 |"
+
+
+def test_quant_fused_column_prefers_autos_pick():
+    case = QuantCase(8, 16, 2)
+    base = {"op": B.QUANT, **B.case_fields(B.QUANT, case), "status": "ok", "auto_backend": "cuda"}
+    rows = [{**base, "contender": "triton", "device_us": 4.0, "tbps": 1.0},
+            {**base, "contender": "cuda", "device_us": 2.0, "tbps": 2.0, "frac_copy": 0.5},
+            {**base, "contender": "unfused", "device_us": 5.0, "tbps": 0.8}]
+    text = B.quant_seed_tables(rows)
+    assert "fused = cuda" in text
+    assert "| 8 | 2.00 | 2.000 | 5.00 | 0.800 | 2.50x | 50 |" in text
+
+
+def test_measure_records_skips_and_errors():
+    def broken(case, sets):
+        raise RuntimeError("boom")
+
+    cl = [B.Contender("absent", B.TTS, "not here", lambda c, s: None, reason="not installed"),
+          B.Contender("broken", B.TTS, "raises", broken)]
+    rows = B.measure(B.TTS, TTS_CASES[6], cl, CPU, reps=1)
+    assert [(r["contender"], r["status"], r["reason"]) for r in rows] == [
+        ("absent", "skipped", "not installed"), ("broken", "error", "RuntimeError: boom")]
+    assert rows[0]["auto_backend"] in fusedrope.BACKENDS and rows[0]["n_sets"] == 2
+
+
+def test_contenders_say_why_they_cannot_run_here():
+    tts = {c.name: c for c in B.contenders(B.TTS, CPU)}
+    quant = {c.name: c for c in B.contenders(B.QUANT, CPU)}
+    assert list(tts) == ["eager", "compile", "cuda", "triton", "reference", "liger"]
+    assert list(quant) == ["eager", "compile", "cuda", "hip", "triton", "reference", "unfused"]
+    assert tts["triton"].reason == quant["unfused"].reason == "CPU interpreter timings are not meaningful"
+    assert tts["cuda"].reason.startswith("cuda backend unavailable: ")
+    assert quant["hip"].reason.startswith("hip backend unavailable: ")
+    assert tts["liger"].reason  # not installed here, or needs a GPU
+    assert tts["eager"].reason is tts["reference"].reason is None
+    assert B.contenders(B.TTS, CPU, interpreter=True)[3].reason is None
+
+
+def test_sets_rotate_distinct_inputs_in_engine_layouts():
+    q, k, cos, sin = B.make_sets(B.TTS, TTS_CASES[0], CPU)[1]
+    assert not q.is_contiguous() and q.shape == (1, 16, 16, 128) and k.shape == (1, 8, 16, 128)
+    sets = B.make_sets(B.QUANT, QuantCase(3, 16, 2), CPU, n=3, transpose_scale=True)
+    o, pos, c, s, x, sc, t = sets[2]
+    assert t and sc.shape == (3, 2, 32) and sc.stride() == (1, 32 * 3, 3) and x.dtype == torch.float8_e4m3fn
+    assert not torch.equal(sets[0][0], sets[1][0])
+    x2, sc2 = fusedrope.inverse_rope_group_quant(*B.op_args(B.QUANT, QuantCase(3, 16, 2), sets[2]),
+                                                 backend="reference")
+    assert x2 is x and sc2 is sc
+
+
+def test_cpu_timers_and_copy_roofline():
+    calls = []
+    us = B.time_per_call_us(calls.append, 2, CPU, reps=2, warmup=1)
+    assert us > 0 and len(calls) > 5  # calibrated to a 10 ms sample
+    copy = B.copy_roofline(CPU, nbytes=2**20, reps=1)
+    assert copy["tbps"] > 0 and "not representative" in copy["timing"]
+
+
+def test_default_out_dir_names_the_machine_and_matrix():
+    d = B.default_out_dir(CPU, "quick")
+    assert d.parent == Path("bench/results") and d.name.startswith("cpu-quick-")
+
+
+def test_docstring_examples():
+    failures, tried = doctest.testmod(B, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert tried and failures == 0
+
+
+def test_pytest_benchmark_suite_runs_and_skips_with_reasons():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "bench/test_bench_tts_rope.py", "bench/test_bench_inverse_rope_quant.py",
+         "--benchmark-only", "-q", "-rs", "-p", "no:cacheprovider",
+         "-k", "(small_tts-B1 or S1-H8-G1) and not compile"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "benchmark 'qwen3_tts_rope small_tts-B1'" in out
+    assert "benchmark 'inverse_rope_group_quant S1-H8-G1-D512-R64-g128'" in out
+    assert "triton: CPU interpreter timings are not meaningful" in out
+    assert "unfused: CPU interpreter timings are not meaningful" in out
+    assert "cuda: cuda backend unavailable" in out
+    assert "4 passed" in out  # eager + reference, for each op
