@@ -1,0 +1,38 @@
+"""The integration examples in examples/ run and hold their own checks (small sizes; on CPU the Triton kernels
+run in the interpreter)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from conftest import DEVICE, backends_here
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("backend", backends_here("qwen3_tts_rope"))
+def test_qwen3_tts_attention_example(backend):
+    stats = load("qwen3_tts_attention").check(batch=2, seq_len=8, hidden_size=128, backend=backend,
+                                              device=str(DEVICE))
+    assert stats["backend"] == backend and stats["attention_output_rel_diff"] < 2**-6
+
+
+@pytest.mark.parametrize("backend", backends_here("inverse_rope_group_quant"))
+def test_deepseek_v4_wo_a_example(backend):
+    r = load("deepseek_v4_wo_a").check(num_tokens=2, backend=backend, device=str(DEVICE))
+    assert r["backend"] == backend and r["row-major"] == r["column-major"] < 2**-4
+
+
+def test_examples_main_print(capsys):
+    load("qwen3_tts_attention").main()
+    load("deepseek_v4_wo_a").main()
+    out = capsys.readouterr().out
+    assert "within 1 ulp of the fp64 oracle" in out and "column-major scales" in out
