@@ -739,13 +739,15 @@ def fused_row(case_rows: dict) -> tuple[Optional[str], dict]:
     return None, {}
 
 
-def _quant_line(case_rows: dict, lead: list[str]) -> tuple[list[str], Optional[str]]:
+def _quant_line(case_rows: dict, lead: list[str]) -> tuple[list[str], str]:
     name, fr = fused_row(case_rows)
+    auto = _first(case_rows).get("auto_backend")
+    label = "none measured" if name is None else name if name == auto else f"{name} (auto picks {auto}, not measured)"
     un = case_rows.get("unfused", {})
     tf, tu = _time(fr), _time(un)
     frac = fr.get("frac_copy")
     return (lead + [_f(tf), _f(fr.get("tbps"), 3), _f(tu), _f(un.get("tbps"), 3), _ratio(tu, tf),
-                    _f(None if frac is None else 100 * frac, 0)], name)
+                    _f(None if frac is None else 100 * frac, 0)], label)
 
 
 def _time(row: dict):
@@ -788,8 +790,7 @@ def quant_seed_tables(rows: list[dict]) -> str:
         if lines:
             out.append(f"Quant group size axis, hg = ({h}, {g}), {layout} scale\n\n"
                        + _table(["S", "group"] + head, lines))
-    names = ", ".join(sorted(n for n in fused_names if n)) or "none measured"
-    return f"fused = {names} (the backend `auto` picks, among those measured)\n\n" + "\n".join(out)
+    return f"fused = {', '.join(sorted(fused_names)) or 'none measured'}\n\n" + "\n".join(out)
 
 
 def contender_tables(rows: list[dict], op: str) -> str:
