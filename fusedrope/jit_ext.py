@@ -1,0 +1,263 @@
+"""One JIT builder for the compiled kernels of every vendor: a torch extension built from the sources of one
+kernel folder (``kernels_cuda`` or ``kernels_hip``) with torch.utils.cpp_extension, registering its ops under
+one namespace (``torch.ops.fusedrope_cuda`` / ``torch.ops.fusedrope_hip``).
+
+:class:`Extension` holds what is the same for both: finding the sources in-tree or in the installed package,
+the build name that hashes the sources, toolkit versions, flags and target architectures (so a changed source
+or a different torch never loads a stale build), torch's extension directory, loading under a lock (a cached
+build loads without a compiler; one log line on stderr when a build really starts), the failure remembered
+for the process, ``build()`` for ``python -m fusedrope build`` and ``available(device)`` for the registry.
+A vendor module (fusedrope/cuda_ext.py, fusedrope/hip_ext.py) subclasses it with its target architectures,
+compiler flags and toolkit checks, and exposes the instance's methods as module functions (:func:`export`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+import types
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+
+
+class Extension:
+    """One vendor's extension. Subclasses set the attributes below and the vendor hooks at the end."""
+
+    vendor: str = ""                       # "CUDA" / "HIP", for messages
+    namespace: str = ""                    # torch.ops namespace, also the build name's prefix
+    folder: str = ""                       # kernels_cuda / kernels_hip (installed: fusedrope.<folder>)
+    kernel_suffix: str = ""                # ".cu" / ".hip": the kernel sources (and the folder's marker)
+    hashed_suffixes: tuple[str, ...] = ()  # the folder's files with these suffixes are in the build's hash
+    # Headers of sibling kernel folders that the sources include ("../kernels_cuda/x.h"): hashed too.
+    sibling_headers: tuple[tuple[str, str], ...] = ()
+    build_message: str = ""
+    device_flags: tuple[str, ...] = ()     # nvcc / hipcc flags (without target architectures)
+    cxx_flags: tuple[str, ...] = ()
+    failure_prefix: str = "build failed"   # the remembered failure reads "<prefix>: <error line>"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.loaded: Optional[str] = None   # path of the loaded library
+        self.failure: Optional[str] = None  # why loading failed in this process (not retried)
+
+    # -- vendor hooks ----------------------------------------------------------------------------------------
+    def arch_list(self) -> str:
+        """The target architectures, ``;``-separated."""
+        raise NotImplementedError
+
+    def toolkit_version(self) -> Optional[str]:
+        """torch.version.cuda / torch.version.hip (part of the build's hash)."""
+        raise NotImplementedError
+
+    def build_tag(self) -> str:
+        """The toolkit part of torch's extension subfolder (``cu130``, ``rocm62``, ``cpu``)."""
+        raise NotImplementedError
+
+    def target_flags(self, archs: str) -> list[str]:
+        """Compiler flags that select ``archs`` (none where an environment variable does it)."""
+        return []
+
+    @contextlib.contextmanager
+    def target_env(self, archs: str) -> Iterator[None]:
+        """The environment torch's build reads the target architectures from, set for the build's duration."""
+        yield
+
+    def toolkit_reason(self) -> Optional[str]:
+        """Why no build is possible on this machine (torch flavour, compiler), independent of a device."""
+        raise NotImplementedError
+
+    def device_reason(self, device: torch.device) -> Optional[str]:
+        """Why the kernels cannot run on ``device`` whatever is built; None if they can."""
+        raise NotImplementedError
+
+    # -- sources ---------------------------------------------------------------------------------------------
+    def kernel_dir(self) -> Path:
+        """The folder holding the sources: the installed package ``fusedrope.<folder>`` or
+        ``<repo>/<folder>``."""
+        here = Path(__file__).resolve().parent
+        candidates = [here / self.folder]
+        try:
+            spec = importlib.util.find_spec(f"fusedrope.{self.folder}")
+            if spec is not None and spec.submodule_search_locations:
+                candidates += [Path(p) for p in spec.submodule_search_locations]
+        except (ImportError, ValueError):
+            pass
+        candidates.append(here.parent / self.folder)
+        for c in candidates:
+            if c.is_dir() and any(c.glob(f"*{self.kernel_suffix}")):
+                return c
+        raise FileNotFoundError(f"fusedrope: {self.vendor} kernel sources not found (looked in "
+                                + ", ".join(str(c) for c in candidates) + ")")
+
+    def sources(self) -> list[Path]:
+        """Every source compiled into the extension: the kernels and the torch bindings ``*_torch.cpp``,
+        sorted."""
+        d = self.kernel_dir()
+        return sorted(d.glob(f"*{self.kernel_suffix}")) + sorted(d.glob("*_torch.cpp"))
+
+    def hashed_files(self) -> list[Path]:
+        d = self.kernel_dir()
+        files = sorted(p for p in d.iterdir() if p.suffix in self.hashed_suffixes and p.is_file())
+        for folder, pattern in self.sibling_headers:
+            files += sorted(p for p in (d.parent / folder).glob(pattern) if p.is_file())
+        return files
+
+    # -- where the build lives -------------------------------------------------------------------------------
+    def ext_name(self, archs: Optional[str] = None) -> str:
+        """``<namespace>_<hash>``: the hash covers the sources, the torch and toolkit versions, flags and
+        archs."""
+        h = hashlib.sha256()
+        for p in self.hashed_files():
+            h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+        archs = archs or self.arch_list()
+        key = f"{torch.__version__}|{self.toolkit_version()}|{archs}|{self.device_flags}|{self.cxx_flags}"
+        h.update(key.encode())
+        return f"{self.namespace}_{h.hexdigest()[:12]}"
+
+    def build_root(self) -> Path:
+        """torch's JIT extension root plus the same ``py311_cu130`` subfolder torch's own load() uses."""
+        root = os.environ.get("TORCH_EXTENSIONS_DIR")
+        if not root:
+            cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+            root = os.path.join(cache, "torch_extensions")
+        return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{self.build_tag()}"
+
+    def library_path(self, name: str) -> Path:
+        return self.build_root() / name / f"{name}.so"
+
+    # -- build and load --------------------------------------------------------------------------------------
+    def _build(self, name: str, archs: str, verbose: bool) -> Path:
+        from torch.utils import cpp_extension  # heavy: only when a build is really needed
+
+        directory = self.build_root() / name
+        directory.mkdir(parents=True, exist_ok=True)
+        with self.target_env(archs):
+            cpp_extension.load(
+                name=name,
+                sources=[str(s) for s in self.sources()],
+                extra_cflags=list(self.cxx_flags),
+                extra_cuda_cflags=[*self.device_flags, *self.target_flags(archs)],
+                extra_include_paths=[str(self.kernel_dir())],
+                build_directory=str(directory),
+                is_python_module=False,
+                with_cuda=True,
+                verbose=verbose,
+            )
+        return self.library_path(name)
+
+    def load(self, verbose: bool = False) -> str:
+        """Load the extension (building it first if no cached build matches); return the library's path.
+
+        Raises RuntimeError with the reason when it cannot. Thread-safe; a failure is remembered for the
+        process.
+        """
+        if self.loaded:
+            return self.loaded
+        with self._lock:
+            if self.loaded:
+                return self.loaded
+            if self.failure:
+                raise RuntimeError(self.failure)
+            try:
+                archs = self.arch_list()
+                name = self.ext_name(archs)
+                lib = self.library_path(name)
+                done = False
+                if lib.exists():  # a finished build of exactly these sources: load it, no toolchain needed
+                    try:
+                        torch.ops.load_library(str(lib))
+                        done = True
+                    except Exception:  # noqa: BLE001
+                        if not (lib.parent / "lock").exists():  # no other process mid-build: a real failure
+                            raise
+                if not done:
+                    if not lib.exists():
+                        print(self.build_message, file=sys.stderr, flush=True)
+                    lib = self._build(name, archs, verbose)  # waits on torch's baton if another one builds
+                self.loaded = str(lib)
+                return self.loaded
+            except Exception as e:  # noqa: BLE001 - any failure becomes the backend's reason
+                self.failure = f"{self.failure_prefix}: {short_error(e)}"
+                raise RuntimeError(self.failure) from e
+
+    def build(self, verbose: bool = False) -> str:
+        """Ahead-of-time build (``python -m fusedrope build``): compile and load the extension; return its
+        path.
+
+        Raises RuntimeError saying why it cannot.
+        """
+        reason = self.toolkit_reason()
+        if reason:
+            raise RuntimeError(f"fusedrope: cannot build the {self.vendor} kernels: {reason}")
+        return self.load(verbose=verbose)
+
+    # -- availability ----------------------------------------------------------------------------------------
+    def available(self, device: torch.device) -> Optional[str]:
+        """None when the compiled kernels can run on ``device`` (building or loading them if needed), else why
+        not."""
+        reason = self.device_reason(device)
+        if reason:
+            return reason
+        if self.loaded:
+            return None
+        if self.failure:
+            return self.failure
+        try:
+            name = self.ext_name()
+        except Exception as e:  # noqa: BLE001
+            return f"cannot name the build: {short_error(e)}"
+        if not self.library_path(name).exists():  # a cached build loads without a compiler, a new one not
+            reason = self.toolkit_reason()
+            if reason:
+                return reason
+        try:
+            self.load()
+        except RuntimeError as e:
+            return str(e)
+        return None
+
+
+def short_error(e: BaseException) -> str:
+    """The most telling line of a build error (the compiler's 'error:' line if there is one)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines:
+        if "error" in ln.lower() and not ln.startswith("ninja: build stopped"):
+            return ln[:300]
+    return (lines[0] if lines else type(e).__name__)[:300]
+
+
+@contextlib.contextmanager
+def env_set(var: str, value: str) -> Iterator[None]:
+    """``os.environ[var] = value`` for the duration, then the previous value (or none) again."""
+    old = os.environ.get(var)
+    os.environ[var] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = old
+
+
+def export(module_name: str, ext: Extension) -> None:
+    """Give the vendor module the extension's interface as module attributes: ``kernel_dir``, ``sources``,
+    ``arch_list``, ``ext_name``, ``build_root``, ``load``, ``build``, ``toolkit_reason``, ``available``, and
+    ``_loaded`` / ``_failure`` reading and writing the extension's state (gpu/ scripts set them after a build
+    of their own)."""
+    module = sys.modules[module_name]
+    for attr in ("kernel_dir", "sources", "arch_list", "ext_name", "build_root", "load", "build",
+                 "toolkit_reason", "available"):
+        setattr(module, attr, getattr(ext, attr))
+
+    class _ExtensionModule(types.ModuleType):
+        _loaded = property(lambda m: ext.loaded, lambda m, v: setattr(ext, "loaded", v))
+        _failure = property(lambda m: ext.failure, lambda m, v: setattr(ext, "failure", v))
+
+    module.__class__ = _ExtensionModule
