@@ -28,6 +28,8 @@ import pytest  # noqa: E402
 from fusedrope import benchmark as B  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if DEVICE.type == "cpu":
+    torch.set_num_threads(1)  # on a shared CPU, parallel regions wait for descheduled threads (ms per call)
 CPU_MAX_TOKENS = int(os.environ.get("FUSEDROPE_BENCH_CPU_MAX_TOKENS", "1024"))
 
 

@@ -75,7 +75,8 @@ TIMING = {
     "frac_copy": "tbps / bandwidth of a device-to-device copy measured in the same run (bytes read + written)",
 }
 CPU_TIMING = {
-    "per_call_us": "time.perf_counter around back-to-back calls on the CPU; median of reps (" + CPU_LABEL + ")",
+    "per_call_us": "time.perf_counter around back-to-back calls on the CPU, torch on one thread; median of reps ("
+                   + CPU_LABEL + ")",
     "device_us": "not measured: no GPU",
     "tbps": TIMING["tbps"],
     "frac_copy": "tbps / bandwidth of a CPU memory copy measured in the same run",
@@ -313,6 +314,11 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
 
     out: list[Contender] = []
     no_compile = None if compile else "torch.compile disabled (--no-compile)"
+    if compile and device.type == "cpu":
+        # Inductor's pool of compile workers would compete with the timed CPU code for the same cores.
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1
     if op == TTS:
         out.append(Contender("eager", op, "torch formula q*cos + rotate_half(q)*sin in bf16 (the seed's eager)",
                              _tts_maker(lambda: tts_formula), many_kernels=True))
@@ -563,7 +569,7 @@ def machine_info(device: torch.device, command: Optional[str] = None) -> dict:
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "command": command or " ".join([sys.executable, *sys.argv]),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", ""), "torch_threads": torch.get_num_threads(),
         "timing": TIMING if device.type == "cuda" else CPU_TIMING,
     }
     if device.type == "cuda":
@@ -605,7 +611,17 @@ def run(cfg: RunConfig, out_dir, device: Optional[torch.device] = None, command:
     """Measure ``cfg``'s matrix on ``device``; write ``results.json``, ``results.csv``, ``results.md`` (after
     every case, so a run cut short keeps what it measured) and the plots into ``out_dir``. Returns the results."""
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    out = Path(out_dir)
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        # One thread: on a shared CPU, parallel regions wait for a descheduled thread (tens of ms per call).
+        torch.set_num_threads(1)
+    try:
+        return _run(cfg, Path(out_dir), device, command, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg: RunConfig, out: Path, device: torch.device, command: Optional[str], log) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     results = {"meta": machine_info(device, command), "config": {k: v for k, v in vars(cfg).items()},
