@@ -29,6 +29,16 @@ QWEN3_TTS_ROPE_THETA = 1e6
 # --------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TtsCase:
+    """One qwen3_tts_rope benchmark/test case of the seed matrix.
+
+    Attributes
+    ----------
+    name : str
+        The seed's shape name (``"qwen3_tts"``, ...); ``id`` adds the batch (``"qwen3_tts-B8"``).
+    batch, seq_len, num_q_heads, num_kv_heads, head_dim : int
+        ``B, S, Hq, Hkv, D``.
+    """
+
     name: str
     batch: int
     seq_len: int
@@ -65,7 +75,22 @@ TTS_CASES = tuple(TtsCase(n, b, s, hq, hkv) for n, (s, hq, hkv) in TTS_SHAPES.it
 
 def qwen3_tts_cos_sin(positions: torch.Tensor, head_dim: int = 128, theta: float = QWEN3_TTS_ROPE_THETA,
                       dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin as the model builds them: ``emb = cat(freqs, freqs)`` in fp32, then cast. ``positions: [B, S]``."""
+    """cos/sin as the Qwen3-TTS model builds them: ``emb = cat(freqs, freqs)`` in fp32, then cast.
+
+    Parameters
+    ----------
+    positions : torch.Tensor
+        ``[B, S]`` integer positions (each sequence may start at its own offset).
+    head_dim : int, default 128
+    theta : float, default 1e6
+        rope_theta of the model.
+    dtype : torch.dtype, default torch.bfloat16
+
+    Returns
+    -------
+    (cos, sin) : tuple of torch.Tensor
+        ``[B, S, head_dim]`` each, on ``positions``' device.
+    """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
     freqs = positions.to(torch.float32)[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -74,15 +99,26 @@ def qwen3_tts_cos_sin(positions: torch.Tensor, head_dim: int = 128, theta: float
 
 def make_tts_inputs(case: TtsCase, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0,
                     layout: str = "projection", cos_batch: int | None = None, random_cos_sin: bool = False):
-    """Inputs ``(q, k, cos, sin)`` for a case.
+    """Inputs ``(q, k, cos, sin)`` for a :class:`TtsCase`, from a seeded generator.
 
-    layout:
+    Parameters
+    ----------
+    case : TtsCase
+    dtype : torch.dtype, default torch.bfloat16
+    device : str or torch.device, default "cpu"
+    seed : int, default 0
+    layout : {"projection", "contiguous"}, default "projection"
         ``"projection"``: q/k are ``proj.view(B, S, H, D).transpose(1, 2)`` of one packed ``[B, S, Hq+Hkv, D]``
         buffer (non-contiguous, the common engine layout); ``"contiguous"``: plain ``[B, H, S, D]`` tensors.
-    cos_batch:
+    cos_batch : int, optional
         1 to broadcast cos/sin over the batch; default ``case.batch``.
-    random_cos_sin:
+    random_cos_sin : bool, default False
         Independent random cos/sin (the two halves differ), to catch kernels that assume ``cos[i] == cos[i+h]``.
+
+    Returns
+    -------
+    (q, k, cos, sin) : tuple of torch.Tensor
+        ``[B, Hq, S, D]``, ``[B, Hkv, S, D]``, ``[cos_batch, S, D]`` twice.
     """
     g = torch.Generator().manual_seed(seed)
     B, S, HQ, HKV, D = case.batch, case.seq_len, case.num_q_heads, case.num_kv_heads, case.head_dim
@@ -121,9 +157,18 @@ def _ordered(x: torch.Tensor) -> torch.Tensor:
 def ulp_diff(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """Elementwise distance in ulps of ``actual.dtype`` between ``actual`` and ``expected``.
 
-    ``expected`` (e.g. a float64 oracle) is rounded to ``actual.dtype`` first (RNE), so 0 means
-    "correctly rounded" and 1 means "one representable value away". Two NaNs are 0 apart; NaN against a
-    number is a huge distance.
+    Parameters
+    ----------
+    actual : torch.Tensor
+        A floating tensor (bf16, fp16, fp32, fp8, ...).
+    expected : torch.Tensor
+        Broadcastable to ``actual``; e.g. a float64 oracle. It is rounded to ``actual.dtype`` first (RNE), so 0
+        means "correctly rounded" and 1 means "one representable value away".
+
+    Returns
+    -------
+    torch.Tensor
+        int64 distances. Two NaNs are 0 apart; NaN against a number is ``2**40``.
     """
     if expected.dtype != actual.dtype:
         expected = expected.to(actual.dtype)
@@ -135,7 +180,21 @@ def ulp_diff(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
 
 
 def assert_ulp_close(actual: torch.Tensor, expected: torch.Tensor, max_ulp: int = 1, what: str = "") -> None:
-    """Fail with the worst element's index and values unless every element is within ``max_ulp``."""
+    """Fail with the worst element's index and values unless every element is within ``max_ulp``.
+
+    Parameters
+    ----------
+    actual, expected : torch.Tensor
+        Same shape; ``expected`` may be of higher precision (see :func:`ulp_diff`).
+    max_ulp : int, default 1
+    what : str, default ""
+        Prefix of the failure message.
+
+    Raises
+    ------
+    AssertionError
+        Saying how many elements are off, and the worst one.
+    """
     assert actual.shape == expected.shape, f"{what} shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     if actual.numel() == 0:
         return
@@ -150,9 +209,19 @@ def assert_ulp_close(actual: torch.Tensor, expected: torch.Tensor, max_ulp: int 
 
 
 def poison_like(t: torch.Tensor, byte: int | None = None) -> torch.Tensor:
-    """An uninitialised-looking tensor with ``t``'s shape, strides and dtype, every byte of its storage set
-    to ``byte`` (default: a NaN pattern: 0xFF, or 0x80 for the fnuz fp8 types), so that any element a kernel
-    forgets to write fails a comparison."""
+    """An uninitialised-looking tensor with ``t``'s shape, strides and dtype, so that any element a kernel
+    forgets to write fails a comparison.
+
+    Parameters
+    ----------
+    t : torch.Tensor
+    byte : int, optional
+        The value of every byte of its storage; default a NaN pattern: 0xFF, or 0x80 for the fnuz fp8 types.
+
+    Returns
+    -------
+    torch.Tensor
+    """
     if byte is None:
         byte = 0x80 if "fnuz" in str(t.dtype) else 0xFF
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
@@ -166,6 +235,10 @@ def poison_like(t: torch.Tensor, byte: int | None = None) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class QuantCase:
+    """One inverse_rope_group_quant benchmark/test case: ``o [num_tokens, num_heads, head_dim]``, ``num_groups``
+    groups, the last ``rope_dim`` dims of each head rotated, one scale per ``quant_group_size`` elements.
+    ``id`` reads ``"S8-H16-G2-D512-R64-g128"``."""
+
     num_tokens: int
     num_heads: int
     num_groups: int
@@ -194,8 +267,21 @@ QUANT_GROUP_SIZE_CASES = tuple(QuantCase(s, 16, 2, quant_group_size=gs) for s in
 
 
 def deepseek_rope_cache(max_pos: int, rope_dim: int = 64, theta: float = 10000.0, dtype=torch.float32):
-    """``(cos_cache, sin_cache)``, each ``[max_pos, rope_dim/2]``, as strided views of one combined
-    ``[max_pos, rope_dim]`` cos|sin cache (how engines keep it)."""
+    """``(cos_cache, sin_cache)`` as strided views of one combined ``[max_pos, rope_dim]`` cos|sin cache (how
+    engines keep it).
+
+    Parameters
+    ----------
+    max_pos : int
+    rope_dim : int, default 64
+    theta : float, default 10000.0
+    dtype : torch.dtype, default torch.float32
+
+    Returns
+    -------
+    (cos_cache, sin_cache) : tuple of torch.Tensor
+        ``[max_pos, rope_dim/2]`` each, row stride ``rope_dim``.
+    """
     inv_freq = 1.0 / theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
     freqs = torch.arange(max_pos, dtype=torch.float32)[:, None] * inv_freq
     cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
@@ -204,8 +290,26 @@ def deepseek_rope_cache(max_pos: int, rope_dim: int = 64, theta: float = 10000.0
 
 def make_quant_inputs(case: QuantCase, dtype=torch.bfloat16, cache_dtype=torch.float32, device="cpu",
                       seed: int = 0, max_pos: int = 4096, positions_dtype=torch.int64):
-    """``(o, positions, cos_cache, sin_cache)``: o with magnitudes that vary by token and by head over ~12
-    binades (so the scales differ block to block), random positions, a DeepSeek-style strided cache."""
+    """``(o, positions, cos_cache, sin_cache)`` for a :class:`QuantCase`, from a seeded generator.
+
+    ``o`` has magnitudes that vary by token and by head over ~12 binades (so the scales differ block to block);
+    positions are random in ``[0, max_pos)``; the cache comes from :func:`deepseek_rope_cache`.
+
+    Parameters
+    ----------
+    case : QuantCase
+    dtype : torch.dtype, default torch.bfloat16
+        ``o``'s dtype.
+    cache_dtype : torch.dtype, default torch.float32
+    device : str or torch.device, default "cpu"
+    seed : int, default 0
+    max_pos : int, default 4096
+    positions_dtype : torch.dtype, default torch.int64
+
+    Returns
+    -------
+    (o, positions, cos_cache, sin_cache) : tuple of torch.Tensor
+    """
     g = torch.Generator().manual_seed(seed)
     S, H, D = case.num_tokens, case.num_heads, case.head_dim
     mag = torch.exp2(torch.randint(-6, 7, (S, H, 1), generator=g).float())
@@ -216,15 +320,36 @@ def make_quant_inputs(case: QuantCase, dtype=torch.bfloat16, cache_dtype=torch.f
 
 
 def rope_blocks(case: QuantCase) -> torch.Tensor:
-    """``[G, Ks]`` bool: which quant blocks of a token row hold rope dims."""
+    """Which quant blocks of a token row hold rope dims.
+
+    Parameters
+    ----------
+    case : QuantCase
+
+    Returns
+    -------
+    torch.Tensor
+        ``[G, Ks]`` bool.
+    """
     col = torch.arange(case.num_heads * case.head_dim)
     is_rope = (col % case.head_dim) >= case.head_dim - case.rope_dim
     return is_rope.reshape(case.num_groups, -1, case.quant_group_size).any(-1)
 
 
 def scale_bytes(x_scale: torch.Tensor) -> torch.Tensor:
-    """The e8m0 bytes ``[S, G, Ks]`` of a scale tensor in any of the op's scale formats (fp32 scales are
-    2^(byte-127); packed int32 words hold four bytes, block 4j+i in bits 8i..8i+7)."""
+    """The e8m0 bytes ``[S, G, Ks]`` of a scale tensor in any of the op's scale formats.
+
+    Parameters
+    ----------
+    x_scale : torch.Tensor
+        ``float8_e8m0fnu`` or ``uint8`` (the bytes), ``float32`` (2^(byte-127), NaN for 0xFF) or ``int32``
+        (packed: block ``4j+i`` in bits ``8i .. 8i+7`` of word ``j``); either layout.
+
+    Returns
+    -------
+    torch.Tensor
+        uint8, contiguous.
+    """
     if x_scale.dtype == torch.int32:
         words = x_scale.to(torch.int64) & 0xFFFFFFFF
         shifts = torch.arange(4, device=x_scale.device) * 8
@@ -236,8 +361,25 @@ def scale_bytes(x_scale: torch.Tensor) -> torch.Tensor:
 
 
 def assert_quant_close(x_fp8, x_scale, ref_fp8, ref_scale, rope_block_mask: torch.Tensor, what: str = "") -> None:
-    """SPEC's accuracy contract: scale bytes bit-exact; fp8 within 1 ulp, and bit-exact in blocks with no
-    rope dims (``rope_block_mask [G, Ks]``)."""
+    """The accuracy contract of ``inverse_rope_group_quant``: scale bytes bit-exact; fp8 within 1 ulp, and
+    bit-exact in blocks with no rope dims.
+
+    Parameters
+    ----------
+    x_fp8, x_scale : torch.Tensor
+        The outputs to check (any scale format and layout).
+    ref_fp8, ref_scale : torch.Tensor
+        The reference outputs, e.g. ``backend="reference"``.
+    rope_block_mask : torch.Tensor
+        ``[G, Ks]`` bool, from :func:`rope_blocks`.
+    what : str, default ""
+        Prefix of the failure message.
+
+    Raises
+    ------
+    AssertionError
+        Naming the first differing block or how many elements are off.
+    """
     got_b, ref_b = scale_bytes(x_scale), scale_bytes(ref_scale)
     if not torch.equal(got_b, ref_b):
         idx = tuple(int(i) for i in (got_b != ref_b).nonzero()[0])
