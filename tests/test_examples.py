@@ -1,14 +1,17 @@
-"""The integration examples in examples/ run and hold their own checks (small sizes; on CPU the Triton kernels
-run in the interpreter)."""
+"""The integration examples in examples/ and the ```python blocks of docs/*.md run and hold their own checks
+(small sizes; on CPU the Triton kernels run in the interpreter). ```py blocks in the docs need a GPU: not run."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 
 from conftest import DEVICE, backends_here
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 
 
 def load(name):
@@ -36,3 +39,9 @@ def test_examples_main_print(capsys):
     load("deepseek_v4_wo_a").main()
     out = capsys.readouterr().out
     assert "within 1 ulp of the fp64 oracle" in out and "column-major scales" in out
+
+
+@pytest.mark.parametrize("page", [p for p in DOCS if "```python" in p.read_text()], ids=lambda p: p.name)
+def test_docs_python_blocks_run(page):
+    for code in re.findall(r"```python\n(.*?)```", page.read_text(), re.S):
+        exec(compile(code, str(page), "exec"), {})
