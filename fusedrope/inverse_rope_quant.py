@@ -30,8 +30,30 @@ ENV_CHECK_POSITIONS = "FUSEDROPE_CHECK_POSITIONS"
 
 def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_groups: int,
                         quant_group_size: int = 128, scale_dtype: Optional[torch.dtype] = None) -> tuple[tuple, tuple]:
-    """``(x_fp8 shape, x_scale shape)`` = ``([S, G, Dg], [S, G, Ks])`` with ``Dg = H*head_dim/G`` and
-    ``Ks = Dg/quant_group_size``; for ``scale_dtype=torch.int32`` (packed UE8M0) the last dim is ``Ks/4``."""
+    """The shapes of the op's two outputs, for callers who allocate them (e.g. before CUDA-graph capture).
+
+    Parameters
+    ----------
+    num_tokens, num_heads, head_dim : int
+        ``S, H, head_dim`` of ``o``.
+    num_groups : int
+        ``G``; ``Dg = H * head_dim / G``.
+    quant_group_size : int, default 128
+        ``Ks = Dg / quant_group_size`` scales per group.
+    scale_dtype : torch.dtype, optional
+        ``torch.int32`` (packed UE8M0) packs four scales per element: the last dim is then ``Ks/4``.
+
+    Returns
+    -------
+    (x_fp8 shape, x_scale shape) : tuple of tuple
+        ``([S, G, Dg], [S, G, Ks])``.
+
+    Examples
+    --------
+    >>> import fusedrope
+    >>> fusedrope.quant_output_shapes(8, 16, 512, 2)
+    ((8, 2, 4096), (8, 2, 32))
+    """
     dg = num_heads * head_dim // num_groups
     ks = dg // quant_group_size
     return (num_tokens, num_groups, dg), (num_tokens, num_groups, ks // 4 if scale_dtype == PACKED_UE8M0 else ks)
@@ -54,9 +76,33 @@ def empty_quant_outputs(o: torch.Tensor, num_groups: int, quant_group_size: int 
                         scale_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate ``(x_fp8, x_scale)`` laid out as the op writes them, e.g. once before CUDA-graph capture.
 
-    ``scale_dtype``: ``torch.float8_e8m0fnu`` (default), ``torch.uint8`` (the same bytes),
-    ``torch.float32`` (the same powers of two as fp32, what SM90 DeepGEMM-style GEMMs read) or ``torch.int32``
-    (DeepGEMM's packed UE8M0: byte ``i`` of element ``[s, g, j]`` is the scale of block ``4j+i``).
+    Parameters
+    ----------
+    o : torch.Tensor
+        The ``[S, H, head_dim]`` input the buffers are for (its shape and device are used).
+    num_groups : int
+    quant_group_size : int, default 128
+    transpose_scale : bool, default False
+        True: the column-major scale layout (storage ``[G, Ks, S]``, seen as ``[S, G, Ks]``).
+    fp8_dtype : torch.dtype, optional
+        Default ``torch.float8_e4m3fn``.
+    scale_dtype : torch.dtype, optional
+        ``torch.float8_e8m0fnu`` (default), ``torch.uint8`` (the same bytes), ``torch.float32`` (the same powers
+        of two as fp32, what SM90 DeepGEMM-style GEMMs read) or ``torch.int32`` (DeepGEMM's packed UE8M0: byte
+        ``i`` of element ``[s, g, j]`` is the scale of block ``4j+i``).
+
+    Returns
+    -------
+    (x_fp8, x_scale) : tuple of torch.Tensor
+        Uninitialised, with the shapes of :func:`quant_output_shapes` and the strides the op checks.
+
+    Examples
+    --------
+    >>> import torch, fusedrope
+    >>> o = torch.zeros(4, 16, 512, dtype=torch.bfloat16)
+    >>> x, s = fusedrope.empty_quant_outputs(o, 2, transpose_scale=True)
+    >>> x.shape, s.shape, s.stride()
+    (torch.Size([4, 2, 4096]), torch.Size([4, 2, 32]), (1, 128, 4))
     """
     S, H, D = o.shape
     scale_dtype = scale_dtype or torch.float8_e8m0fnu
