@@ -307,7 +307,22 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
     ``LigerRopeFunction`` (in place on its own contiguous copy; reads only the first half of cos/sin).
     Op 2: eager torch formula, its ``torch.compile``, each registered backend, the unfused two-kernel baseline
     (``fusedrope.baseline``; rotates ``o`` in place, which changes no timing).
-    ``interpreter=True`` times Triton in its CPU interpreter too (otherwise skipped on a CPU).
+
+    Parameters
+    ----------
+    op : {"qwen3_tts_rope", "inverse_rope_group_quant"}
+    device : torch.device
+        Where they will run; availability reasons are asked for this device.
+    compile : bool, default True
+        False: the ``compile`` contender carries the reason "torch.compile disabled (--no-compile)".
+    interpreter : bool, default False
+        On a CPU, time Triton (and the Triton-based baseline) in its interpreter instead of skipping them.
+    only : iterable of str, optional
+        Keep only these names.
+
+    Returns
+    -------
+    list of Contender
     """
     from . import inverse_rope_group_quant, qwen3_tts_rope
     from .baseline import unfused_inverse_rope_group_quant
@@ -392,8 +407,26 @@ def calls_per_sample(call: Callable[[int], object], n: int, device: torch.device
 
 def time_per_call_us(call: Callable[[int], object], n: int, device: torch.device, reps: int = 5,
                      warmup: int = 2) -> float:
-    """(a) Median over ``reps`` of (time for ``call(0) .. call(n-1)`` back to back) / n, in us: CUDA events on a
-    GPU, the wall clock on a CPU. ``warmup`` calls first (compilation, autotuning, first-use builds)."""
+    """(a) Per-call time of back-to-back calls, host overhead included (the seeds' method).
+
+    Parameters
+    ----------
+    call : callable
+        ``call(i)`` runs the contender on input set ``i mod n``.
+    n : int
+        Calls per sample (the number of input sets); on a CPU a multiple of it (:func:`calls_per_sample`).
+    device : torch.device
+        CUDA events on a GPU, ``time.perf_counter`` on a CPU.
+    reps : int, default 5
+        Samples; the median is returned.
+    warmup : int, default 2
+        Untimed calls first (compilation, autotuning, first-use builds).
+
+    Returns
+    -------
+    float
+        Microseconds per call.
+    """
     for i in range(warmup):
         call(i)
     synchronize()
@@ -417,8 +450,22 @@ def time_per_call_us(call: Callable[[int], object], n: int, device: torch.device
 
 
 def time_graph_us(call: Callable[[int], object], n: int, reps: int = 5) -> float:
-    """(b) Device time per call in us: ``call(0) .. call(n-1)`` captured in one CUDA graph, replayed ``reps``
-    times (after one untimed replay); median replay time / n. GPU only."""
+    """(b) Device time per call from CUDA-graph replay. GPU only.
+
+    Parameters
+    ----------
+    call : callable
+        ``call(i)`` runs the contender on input set ``i mod len(sets)``; it must be capturable.
+    n : int
+        Calls captured in the graph (after warm-up calls on a side stream).
+    reps : int, default 5
+        Timed replays (after one untimed); the median is returned.
+
+    Returns
+    -------
+    float
+        Microseconds per call: median replay time / ``n``.
+    """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up on a side stream, as capture requires
@@ -445,8 +492,21 @@ def time_graph_us(call: Callable[[int], object], n: int, reps: int = 5) -> float
 
 
 def copy_roofline(device: torch.device, nbytes: Optional[int] = None, reps: int = 5) -> dict:
-    """Bandwidth of a device-to-device copy (bytes read + written), the roofline of this run. On a GPU 1 GiB
-    each way, device time from graph replay; on a CPU 64 MiB, wall clock."""
+    """Bandwidth of a device-to-device copy, the roofline of this run.
+
+    Parameters
+    ----------
+    device : torch.device
+    nbytes : int, optional
+        Bytes copied each way; default 1 GiB on a GPU (device time from graph replay), 64 MiB on a CPU (wall
+        clock).
+    reps : int, default 5
+
+    Returns
+    -------
+    dict
+        ``bytes_each_way``, ``us`` per copy, ``tbps`` (bytes read + written per second / 1e12), ``timing``.
+    """
     gpu = device.type == "cuda"
     nbytes = nbytes or (2**30 if gpu else 64 * 2**20)
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()  # not zeros: METHOD.md
@@ -473,9 +533,32 @@ def auto_backend(op: str, case, sets: list) -> Optional[str]:
 def measure(op: str, case, contender_list: list[Contender], device: torch.device, *, reps: int = 5,
             copy_tbps: Optional[float] = None, graph: bool = True, transpose_scale: bool = False,
             sets: Optional[list] = None, log: Callable[[str], None] = lambda s: None) -> list[dict]:
-    """Time every contender on one case; one result row (a dict) per contender, ``status`` "ok", "skipped"
-    (``reason`` says why) or "error" (``reason`` holds the exception). ``transpose_scale``: op 2's
-    column-major scale layout."""
+    """Time every contender on one case.
+
+    Parameters
+    ----------
+    op : str
+    case : TtsCase or QuantCase
+    contender_list : list of Contender
+    device : torch.device
+    reps : int, default 5
+    copy_tbps : float, optional
+        The copy roofline of this run, for ``frac_copy``.
+    graph : bool, default True
+        Also measure device time by CUDA-graph replay (GPU only).
+    transpose_scale : bool, default False
+        Op 2 with the column-major scale layout.
+    sets : list, optional
+        Input sets (default :func:`make_sets`).
+    log : callable, optional
+        Receives one line per measurement.
+
+    Returns
+    -------
+    list of dict
+        One row per contender: the case's fields, ``contender``, ``status`` ("ok", "skipped" or "error"),
+        ``reason``, ``per_call_us``, ``device_us`` (GPU), ``tbps``, ``frac_copy``, ``n_sets``, ``auto_backend``.
+    """
     sets = sets if sets is not None else make_sets(op, case, device, transpose_scale=transpose_scale)
     n = len(sets)
     set_bytes = case_fields(op, case)["bytes_moved"]
@@ -608,8 +691,26 @@ class RunConfig:
 
 def run(cfg: RunConfig, out_dir, device: Optional[torch.device] = None, command: Optional[str] = None,
         log: Callable[[str], None] = print) -> dict:
-    """Measure ``cfg``'s matrix on ``device``; write ``results.json``, ``results.csv``, ``results.md`` (after
-    every case, so a run cut short keeps what it measured) and the plots into ``out_dir``. Returns the results."""
+    """Measure a whole matrix and write the result files.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Ops, matrix, contenders, timing options.
+    out_dir : str or Path
+        Receives ``results.json``, ``results.csv``, ``results.md`` (rewritten after every case, so a run cut
+        short keeps what it measured) and the PNG plots.
+    device : torch.device, optional
+        Default: the GPU if torch sees one, else the CPU (then torch runs on one thread for the run).
+    command : str, optional
+        Recorded as the command that made the results (default ``sys.argv``).
+    log : callable, default print
+
+    Returns
+    -------
+    dict
+        ``meta`` (provenance), ``config``, ``contenders``, ``copy``, ``rows``, ``files``.
+    """
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     threads = torch.get_num_threads()
     if device.type == "cpu":
