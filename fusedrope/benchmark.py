@@ -8,8 +8,8 @@ Timing on a GPU (both per call, in microseconds, median over ``reps`` samples):
 * ``device_us`` (b): ``n`` calls captured in one CUDA graph and replayed: device time with the launch gaps of
   a graph replay instead of Python's.
 
-Each call takes the next of ``n`` input sets that together hold at least 3x the L2 (60 MB on an H200), so
-bandwidth numbers are not L2 hits. A device-to-device copy measured in the same run is the roofline (bytes read
+Each call takes the next of ``n`` input sets whose inputs together hold at least 3x the L2 (60 MB on an H200),
+so bandwidth numbers are not L2 hits. A device-to-device copy measured in the same run is the roofline (bytes read
 plus written); ``tbps`` = the case's ``bytes_moved()`` / time, ``frac_copy`` = ``tbps`` / copy TB/s.
 
 On a CPU-only machine the same code runs on tiny sizes with the wall clock, and every output says
@@ -127,8 +127,15 @@ def l2_bytes(device: torch.device) -> int:
     return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or DEFAULT_L2_BYTES)
 
 
+def input_bytes(op: str, case) -> int:
+    """Bytes of one input set (outputs not counted): q, k, cos, sin; or o and its positions."""
+    if op == TTS:
+        return (case.rows + 2 * case.batch * case.seq_len) * case.head_dim * 2
+    return case.num_tokens * (case.num_heads * case.head_dim * 2 + 8)
+
+
 def num_sets(set_bytes: int, device: torch.device, max_sets: int = MAX_SETS) -> int:
-    """Enough input sets to hold ``ROTATE_L2_FACTOR`` x the L2 (at least 2); 2 on a CPU."""
+    """Enough input sets of ``set_bytes`` to hold ``ROTATE_L2_FACTOR`` x the L2 (at least 2); 2 on a CPU."""
     if device.type != "cuda":
         return 2
     return max(2, min(max_sets, math.ceil(ROTATE_L2_FACTOR * l2_bytes(device) / max(set_bytes, 1))))
@@ -175,7 +182,7 @@ def quant_sets(case: QuantCase, n: int, device: torch.device, transpose_scale: b
 def make_sets(op: str, case, device: torch.device, n: Optional[int] = None, transpose_scale: bool = False) -> list:
     """Rotating input sets for ``case`` (``n`` defaults to :func:`num_sets` of the case's bytes)."""
     if n is None:
-        n = num_sets(case_fields(op, case)["bytes_moved"], device)
+        n = num_sets(input_bytes(op, case), device)
     return tts_sets(case, n, device) if op == TTS else quant_sets(case, n, device, transpose_scale)
 
 
@@ -561,9 +568,11 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
     """
     sets = sets if sets is not None else make_sets(op, case, device, transpose_scale=transpose_scale)
     n = len(sets)
-    set_bytes = case_fields(op, case)["bytes_moved"]
+    moved, set_bytes = case_fields(op, case)["bytes_moved"], input_bytes(op, case)
     base = {"op": op, **case_fields(op, case), "n_sets": n, "rotated_mb": round(n * set_bytes / 2**20, 2),
             "auto_backend": auto_backend(op, case, sets), "device": device.type}
+    if device.type == "cuda":  # below 2, small cases (capped at MAX_SETS sets) partly hit the L2
+        base["rotated_over_l2"] = round(n * set_bytes / l2_bytes(device), 2)
     if op == QUANT:
         base["transpose_scale"] = bool(sets[0][6])
     rows = []
@@ -593,7 +602,7 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
                 _recover(device)
         t = row.get("device_us") or row["per_call_us"]
         row["tbps_basis"] = "device_us" if row.get("device_us") else "per_call_us"
-        row["tbps"] = _sig(set_bytes / (t * 1e-6) / 1e12)
+        row["tbps"] = _sig(moved / (t * 1e-6) / 1e12)
         if copy_tbps:
             row["frac_copy"] = _sig(row["tbps"] / copy_tbps)
         log(f"  {case.id:<28} {c.name:<10} per call {row['per_call_us']:>10.2f} us"
@@ -762,7 +771,7 @@ def _run(cfg: RunConfig, out: Path, device: torch.device, command: Optional[str]
 # result files
 # ------------------------------------------------------------------------------------------------------------
 CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "tbps", "frac_copy", "tbps_basis",
-             "graph_calls", "graph_l2_resident", "n_sets", "rotated_mb", "bytes_moved", "auto_backend", "device"]
+             "graph_calls", "graph_l2_resident", "n_sets", "rotated_mb", "rotated_over_l2", "bytes_moved", "auto_backend", "device"]
 
 
 def write_json(results: dict, path) -> Path:
