@@ -1,18 +1,18 @@
 """Shared machinery of the pytest-benchmark suites (``pytest bench/ --benchmark-only``).
 
-Every test times one contender on one seed case; ``benchmark.group`` is the case, so pytest-benchmark prints the
-contenders of a case side by side. What is timed and how comes from ``fusedrope.benchmark``:
+Every test times one contender on one seed case; ``benchmark.group`` is the case, so pytest-benchmark prints
+the contenders of a case side by side. What is timed and how comes from ``fusedrope.benchmark``:
 
-* the stats pytest-benchmark prints are per call over back-to-back calls rotating among input sets (inputs >= 3x
-  the L2 on a GPU), with a timer that synchronises the GPU before reading the clock, so a round ends when the device
-  work ends (host overhead included: the seeds' method);
-* ``extra_info`` (in ``--benchmark-json``) adds the device time per call from CUDA-graph replay (``device_us``),
-  ``tbps`` (from device time on a GPU, per-call time on a CPU) and ``frac_copy`` against a device-to-device copy
-  measured once per session.
+* the stats pytest-benchmark prints are per call over back-to-back calls rotating among input sets (inputs >=
+  3x the L2 on a GPU), with a timer that synchronises the GPU before reading the clock, so a round ends when
+  the device work ends (host overhead included: the seeds' method);
+* ``extra_info`` (in ``--benchmark-json``) adds the device time per call from CUDA-graph replay
+  (``device_us``), ``tbps`` (from device time on a GPU, per-call time on a CPU) and ``frac_copy`` against a
+  device-to-device copy measured once per session.
 
-A contender that cannot run here is skipped with the reason (no GPU, backend unavailable, liger_kernel missing,
-Triton only in its CPU interpreter). On a CPU, op-2 cases above ``FUSEDROPE_BENCH_CPU_MAX_TOKENS`` (default 1024)
-tokens are skipped too.
+A contender that cannot run here is skipped with the reason (no GPU, backend unavailable, liger_kernel
+missing, Triton only in its CPU interpreter). On a CPU, op-2 cases above ``FUSEDROPE_BENCH_CPU_MAX_TOKENS``
+(default 1024) tokens are skipped too.
 """
 
 import itertools

@@ -1,14 +1,15 @@
 """DeepSeek-V4 attention output -> wo_a FP8 input with ``fusedrope.inverse_rope_group_quant``.
 
-After attention, DeepSeek-V4 rotates the rope tail of every head back (``apply_rotary_emb(o[..., -64:], freqs_cis,
-inverse=True)``, i.e. multiplication by the complex conjugate) and feeds ``o`` to wo_a, an FP8 GEMM applied per
-head group. The unfused path writes the rotated ``o`` back in bf16 and quantises it in a second kernel; the fused
-op reads ``o`` once and writes the GEMM's inputs: ``x_fp8 [S, G, Dg]`` (e4m3) and ``x_scale [S, G, Dg / 128]``
-(power-of-two e8m0 scales), row-major or column-major (``transpose_scale=True``, what a preshuffled-B blockscale
-GEMM reads).
+After attention, DeepSeek-V4 rotates the rope tail of every head back (``apply_rotary_emb(o[..., -64:],
+freqs_cis, inverse=True)``, i.e. multiplication by the complex conjugate) and feeds ``o`` to wo_a, an FP8 GEMM
+applied per head group. The unfused path writes the rotated ``o`` back in bf16 and quantises it in a second
+kernel; the fused op reads ``o`` once and writes the GEMM's inputs: ``x_fp8 [S, G, Dg]`` (e4m3) and ``x_scale
+[S, G, Dg / 128]`` (power-of-two e8m0 scales), row-major or column-major (``transpose_scale=True``, what a
+preshuffled-B blockscale GEMM reads).
 
 ``wo_a_fp8_gemm`` below is a stand-in for that GEMM (dequantise, then a grouped matmul in fp32); it reads the
-scales through their strides, so both layouts work unchanged. ``check`` compares it with the unfused bf16 path.
+scales through their strides, so both layouts work unchanged. ``check`` compares it with the unfused bf16
+path.
 
 Run: ``python examples/deepseek_v4_wo_a.py`` (CPU works: Triton then runs in its interpreter).
 """
@@ -68,7 +69,8 @@ def check(num_tokens=4, num_heads=16, num_groups=2, rank=64, backend="auto", see
     S, H, G = num_tokens, num_heads, num_groups
     o = torch.randn(S, H, HEAD_DIM, generator=g).to(torch.bfloat16).to(device)  # the attention output
     positions = torch.randint(0, 4096, (S,), generator=g).to(device)
-    cos_cache, sin_cache = (t.to(device) for t in deepseek_rope_cache(4096, ROPE_DIM))  # strided views of one cache
+    # cos/sin: strided views of one [max_pos, rope_dim] cache, as engines keep it
+    cos_cache, sin_cache = (t.to(device) for t in deepseek_rope_cache(4096, ROPE_DIM))
     weight = (torch.randn(G, rank, H * HEAD_DIM // G, generator=g) * 0.02).to(torch.bfloat16).to(device)
 
     rotated = inverse_rope_bf16(o, positions, cos_cache, sin_cache)
@@ -78,16 +80,17 @@ def check(num_tokens=4, num_heads=16, num_groups=2, rank=64, backend="auto", see
         # Preallocated outputs, as a CUDA-graph capture needs them; quant_output_shapes gives the same shapes.
         x_fp8, x_scale = fusedrope.empty_quant_outputs(o, G, QUANT_GROUP, transpose_scale)
         assert (tuple(x_fp8.shape), tuple(x_scale.shape)) == fusedrope.quant_output_shapes(S, H, HEAD_DIM, G)
-        fusedrope.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, G, QUANT_GROUP, transpose_scale,
-                                           x_fp8, x_scale, backend=backend)
-        # Every element within half an fp8 step of the bf16 activations (scales are powers of two >= amax/448).
+        fusedrope.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, G, QUANT_GROUP,
+                                           transpose_scale, x_fp8, x_scale, backend=backend)
+        # Every element within half an fp8 step of the bf16 activations (scales: powers of two >= amax/448).
         v = rotated.reshape(S, G, -1).float()
         scale = x_scale.float().repeat_interleave(QUANT_GROUP, dim=-1)
-        bound = torch.maximum(FP8_UNIT_ROUNDOFF * v.abs(), FP8_SUBNORMAL_HALF_STEP * scale) + 2.0**-8 * v.abs()
+        half_step = torch.maximum(FP8_UNIT_ROUNDOFF * v.abs(), FP8_SUBNORMAL_HALF_STEP * scale)
+        bound = half_step + 2.0**-8 * v.abs()
         assert bool(((dequantize(x_fp8, x_scale) - v).abs() <= bound).all())  # (+ bf16 rounding of `rotated`)
         y = wo_a_fp8_gemm(x_fp8, x_scale, weight)
         rel = float((y - y_ref).norm() / y_ref.norm())
-        assert rel < GEMM_REL_TOL, f"FP8 wo_a differs from the bf16 path by {rel:.3e} (relative), expected < 2^-4"
+        assert rel < GEMM_REL_TOL, f"FP8 wo_a differs from the bf16 path by {rel:.3e}, expected < 2^-4"
         if first is None:
             first = (x_fp8, x_scale)
         else:  # the two layouts hold the same bytes, only laid out differently

@@ -1,9 +1,9 @@
-"""Qwen3-TTS code-predictor attention with HF's ``apply_rotary_pos_emb`` replaced by ``fusedrope.qwen3_tts_rope``.
+"""Qwen3-TTS code-predictor attention, HF's ``apply_rotary_pos_emb`` replaced by ``fusedrope.qwen3_tts_rope``.
 
-The block is written the way HF's Qwen3 attention is: q/k/v projections, per-head RMSNorm on q and k (``q_norm``,
-``k_norm``), then rotary embedding on the ``[B, H, S, D]`` views, grouped-query attention, ``o_proj``. The code
-predictor's attention has 16 query heads, 8 KV heads, head_dim 128 and rope_theta 1e6; ``hidden_size`` is a free
-parameter here. Two ways to use fusedrope in such a model:
+The block is written the way HF's Qwen3 attention is: q/k/v projections, per-head RMSNorm on q and k
+(``q_norm``, ``k_norm``), then rotary embedding on the ``[B, H, S, D]`` views, grouped-query attention,
+``o_proj``. The code predictor's attention has 16 query heads, 8 KV heads, head_dim 128 and rope_theta 1e6;
+``hidden_size`` is a free parameter here. Two ways to use fusedrope in such a model:
 
 * pass ``rope=fused_apply_rotary_pos_emb`` (or assign it over the modeling file's module-level
   ``apply_rotary_pos_emb``): it has HF's signature and returns new tensors, one launch for q and k;
@@ -44,16 +44,17 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
 
 
-# -- the replacement ------------------------------------------------------------------------------------------
+# -- the replacement --------------------------------------------------------------------------------------
 def fused_apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, *, backend="auto"):
     """HF's ``apply_rotary_pos_emb`` signature on ``fusedrope.qwen3_tts_rope``: q ``[B, Hq, S, D]``, k
     ``[B, Hkv, S, D]``, cos/sin ``[B or 1, S, D]``. One launch for both; fp32 math rounded once."""
     if unsqueeze_dim != 1:
-        raise ValueError(f"fused_apply_rotary_pos_emb: unsqueeze_dim must be 1 ([B, H, S, D] q/k), got {unsqueeze_dim}")
+        raise ValueError("fused_apply_rotary_pos_emb: unsqueeze_dim must be 1 ([B, H, S, D] q/k), "
+                         f"got {unsqueeze_dim}")
     return fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend)
 
 
-# -- the attention block ----------------------------------------------------------------------------------------
+# -- the attention block ----------------------------------------------------------------------------------
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps=1e-6):
         super().__init__()
@@ -111,7 +112,7 @@ class CodePredictorAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(*hidden_states.shape[:-1], -1))
 
 
-# -- the check --------------------------------------------------------------------------------------------------
+# -- the check --------------------------------------------------------------------------------------------
 def hf_rounding_bound(x, cos, sin):
     """HF's bf16 formula rounds both products and the sum, fusedrope rounds once: per element they differ by
     at most ``3 u (|x cos| + |rotate_half(x) sin|)``, u = 2^-8 the bf16 unit roundoff."""

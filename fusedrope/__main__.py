@@ -208,13 +208,15 @@ def main(argv=None) -> int:
     rep.add_argument("--no-timing", action="store_true", help="skip the timing table")
     b = sub.add_parser("build", help="build the compiled CUDA/HIP kernels ahead of time")
     b.add_argument("--verbose", action="store_true")
-    be = sub.add_parser("bench", help="benchmark both ops against every contender (the seed tables, files, plots)")
+    be = sub.add_parser("bench", help="benchmark both ops against every contender: seed tables, files, plots")
     be.add_argument("--op", default="all", choices=("all",) + OPS)
     be.add_argument("--quick", action="store_true", help="a short matrix (tiny sizes on a CPU-only machine)")
     be.add_argument("--full", action="store_true", help="run the seed matrix even on a CPU-only machine")
     be.add_argument("--out", help="output folder (default bench/results/<gpu or cpu>-<matrix>-<commit>)")
-    be.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="PNG plots (matplotlib)")
-    be.add_argument("--reps", type=int, default=0, help="timing samples per measurement (default 5 GPU, 3 CPU)")
+    be.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
+                    help="PNG plots (matplotlib)")
+    be.add_argument("--reps", type=int, default=0,
+                    help="timing samples per measurement (default 5 GPU, 3 CPU)")
     be.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
     be.add_argument("--no-graph", action="store_true", help="skip CUDA-graph device timing")
     be.add_argument("--interpreter", action="store_true", help="on a CPU, time Triton in its interpreter too")

@@ -9,8 +9,8 @@ Timing on a GPU (both per call, in microseconds, median over ``reps`` samples):
   a graph replay instead of Python's.
 
 Each call takes the next of ``n`` input sets whose inputs together hold at least 3x the L2 (60 MB on an H200),
-so bandwidth numbers are not L2 hits. A device-to-device copy measured in the same run is the roofline (bytes read
-plus written); ``tbps`` = the case's ``bytes_moved()`` / time, ``frac_copy`` = ``tbps`` / copy TB/s.
+so bandwidth numbers are not L2 hits. A device-to-device copy measured in the same run is the roofline (bytes
+read plus written); ``tbps`` = the case's ``bytes_moved()`` / time, ``frac_copy`` = ``tbps`` / copy TB/s.
 
 On a CPU-only machine the same code runs on tiny sizes with the wall clock, and every output says
 "CPU, not representative".
@@ -65,18 +65,22 @@ MAX_SETS = 4800
 GRAPH_CAP_MANY_KERNELS = 400  # eager / compile / reference launch many kernels per call: capture fewer calls
 QUANT_MAX_POS = 4096
 QUANT_CACHE_DTYPE = torch.float32
-FAST_BACKENDS = ("cuda", "hip", "triton", "reference")  # the "fused" column of op 2: auto's pick, else this order
+# Op 2's "fused" column: the backend auto picks, else the first measured in this order.
+FAST_BACKENDS = ("cuda", "hip", "triton", "reference")
 
 TIMING = {
     "per_call_us": "(a) CUDA events around n back-to-back calls over n rotating input sets, host overhead "
                    "included (the seeds' method); median of reps",
-    "device_us": "(b) device time per call: n calls captured in one CUDA graph, replayed; median of reps, / n",
-    "tbps": "case.bytes_moved() (bytes read + written) / time; time = device_us where measured, else per_call_us",
-    "frac_copy": "tbps / bandwidth of a device-to-device copy measured in the same run (bytes read + written)",
+    "device_us": "(b) device time per call: n calls captured in one CUDA graph, replayed; median of reps, "
+                 "/ n",
+    "tbps": "case.bytes_moved() (bytes read + written) / time; time = device_us where measured, else "
+            "per_call_us",
+    "frac_copy": "tbps / bandwidth of a device-to-device copy measured in the same run (bytes read + "
+                 "written)",
 }
 CPU_TIMING = {
-    "per_call_us": "time.perf_counter around back-to-back calls on the CPU, torch on one thread; median of reps ("
-                   + CPU_LABEL + ")",
+    "per_call_us": ("time.perf_counter around back-to-back calls on the CPU, torch on one thread; median of "
+                    "reps (" + CPU_LABEL + ")"),
     "device_us": "not measured: no GPU",
     "tbps": TIMING["tbps"],
     "frac_copy": "tbps / bandwidth of a CPU memory copy measured in the same run",
@@ -147,8 +151,8 @@ def native_fp8_dtype(device: torch.device) -> torch.dtype:
 
 
 def tts_sets(case: TtsCase, n: int, device: torch.device, dtype=torch.bfloat16, seed: int = 0) -> list:
-    """``n`` input sets ``(q, k, cos, sin)``: q/k views of one ``[B, S, Hq+Hkv, D]`` projection each (the engine
-    layout), cos/sin as Qwen3-TTS builds them, each sequence at its own position."""
+    """``n`` input sets ``(q, k, cos, sin)``: q/k views of one ``[B, S, Hq+Hkv, D]`` projection each (the
+    engine layout), cos/sin as Qwen3-TTS builds them, each sequence at its own position."""
     B, S, HQ, HKV, D = case.batch, case.seq_len, case.num_q_heads, case.num_kv_heads, case.head_dim
     g = torch.Generator(device=device).manual_seed(seed)
     proj = torch.randn(n, B, S, HQ + HKV, D, device=device, generator=g).to(dtype)
@@ -169,7 +173,8 @@ def quant_sets(case: QuantCase, n: int, device: torch.device, transpose_scale: b
     mag = torch.exp2(torch.randint(-6, 7, (n, S, H, 1), device=device, generator=g).float())
     o = (torch.randn(n, S, H, D, device=device, generator=g) * mag).to(torch.bfloat16)
     pos = torch.randint(0, QUANT_MAX_POS, (n, S), device=device, generator=g)
-    cos, sin = (t.to(device) for t in deepseek_rope_cache(QUANT_MAX_POS, case.rope_dim, dtype=QUANT_CACHE_DTYPE))
+    cache = deepseek_rope_cache(QUANT_MAX_POS, case.rope_dim, dtype=QUANT_CACHE_DTYPE)
+    cos, sin = (t.to(device) for t in cache)
     fp_shape, (_, _, Ks) = quant_output_shapes(S, H, D, G, q)
     x = torch.empty((n, *fp_shape), dtype=fp8_dtype or native_fp8_dtype(device), device=device)
     if transpose_scale:  # storage [G, Ks, S] per set, seen as [S, G, Ks]
@@ -179,7 +184,8 @@ def quant_sets(case: QuantCase, n: int, device: torch.device, transpose_scale: b
     return [(o[i], pos[i], cos, sin, x[i], sc[i], transpose_scale) for i in range(n)]
 
 
-def make_sets(op: str, case, device: torch.device, n: Optional[int] = None, transpose_scale: bool = False) -> list:
+def make_sets(op: str, case, device: torch.device, n: Optional[int] = None,
+              transpose_scale: bool = False) -> list:
     """Rotating input sets for ``case`` (``n`` defaults to :func:`num_sets` of the case's bytes)."""
     if n is None:
         n = num_sets(input_bytes(op, case), device)
@@ -230,9 +236,9 @@ def compiled(fn: Callable) -> Callable:
 
 @dataclass
 class Contender:
-    """One thing to time. ``make(case, sets)`` returns ``call(i)``, which runs it on input set ``i % len(sets)``.
-    ``reason`` says why it cannot run on this machine (None: it can); ``backend`` names a fusedrope backend,
-    whose per-case support :meth:`case_reason` asks the registry about."""
+    """One thing to time. ``make(case, sets)`` returns ``call(i)``, which runs it on input set
+    ``i % len(sets)``. ``reason`` says why it cannot run on this machine (None: it can); ``backend`` names a
+    fusedrope backend, whose per-case support :meth:`case_reason` asks the registry about."""
 
     name: str
     op: str
@@ -310,8 +316,8 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
                only: Optional[Iterable[str]] = None) -> list[Contender]:
     """Every contender of ``op`` in table order, each with the reason it cannot run here (or None).
 
-    Op 1: eager torch formula, its ``torch.compile``, each registered fusedrope backend (``backend=``), Liger's
-    ``LigerRopeFunction`` (in place on its own contiguous copy; reads only the first half of cos/sin).
+    Op 1: eager torch formula, its ``torch.compile``, each registered fusedrope backend (``backend=``),
+    Liger's ``LigerRopeFunction`` (in place on its own contiguous copy; reads only the first half of cos/sin).
     Op 2: eager torch formula, its ``torch.compile``, each registered backend, the unfused two-kernel baseline
     (``fusedrope.baseline``; rotates ``o`` in place, which changes no timing).
 
@@ -342,7 +348,8 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
 
         inductor_config.compile_threads = 1
     if op == TTS:
-        out.append(Contender("eager", op, "torch formula q*cos + rotate_half(q)*sin in bf16 (the seed's eager)",
+        out.append(Contender("eager", op,
+                             "torch formula q*cos + rotate_half(q)*sin in bf16 (the seed's eager)",
                              _tts_maker(lambda: tts_formula), many_kernels=True))
         out.append(Contender("compile", op, "torch.compile of that formula (default options)",
                              _tts_maker(lambda: compiled(tts_formula)), reason=no_compile, many_kernels=True))
@@ -353,11 +360,14 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
                                  reason=_backend_reason(op, b, device, interpreter), backend=b,
                                  many_kernels=b == "reference"))
         fn, info = _liger()
-        reason = info if fn is None else (None if device.type == "cuda" else "liger_kernel's Triton kernel needs a GPU")
-        out.append(Contender("liger", op, f"liger_kernel.ops.rope.LigerRopeFunction.apply (liger-kernel {info})",
+        reason = info if fn is None else (
+            None if device.type == "cuda" else "liger_kernel's Triton kernel needs a GPU")
+        out.append(Contender("liger", op,
+                             f"liger_kernel.ops.rope.LigerRopeFunction.apply (liger-kernel {info})",
                              _tts_maker(lambda: fn), reason=reason))
     elif op == QUANT:
-        out.append(Contender("eager", op, "fusedrope.reference's torch steps (inverse RoPE, then group quant)",
+        out.append(Contender("eager", op,
+                             "fusedrope.reference's torch steps (inverse RoPE, then group quant)",
                              _quant_formula_maker(lambda: quant_formula), many_kernels=True))
         out.append(Contender("compile", op, "torch.compile of that formula (default options)",
                              _quant_formula_maker(lambda: compiled(quant_formula)), reason=no_compile,
@@ -564,7 +574,8 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
     -------
     list of dict
         One row per contender: the case's fields, ``contender``, ``status`` ("ok", "skipped" or "error"),
-        ``reason``, ``per_call_us``, ``device_us`` (GPU), ``tbps``, ``frac_copy``, ``n_sets``, ``auto_backend``.
+        ``reason``, ``per_call_us``, ``device_us`` (GPU), ``tbps``, ``frac_copy``, ``n_sets``,
+        ``auto_backend``.
     """
     sets = sets if sets is not None else make_sets(op, case, device, transpose_scale=transpose_scale)
     n = len(sets)
@@ -632,7 +643,8 @@ def _recover(device: torch.device) -> None:
 def _git(*args: str) -> str:
     root = Path(__file__).resolve().parents[1]
     try:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        return done.stdout.strip()
     except Exception:  # noqa: BLE001
         return ""
 
@@ -671,7 +683,8 @@ def machine_info(device: torch.device, command: Optional[str] = None) -> dict:
         smi = ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"]
         if not torch.version.hip:
             try:
-                info["driver_clocks"] = subprocess.run(smi, capture_output=True, text=True, timeout=15).stdout.strip()
+                done = subprocess.run(smi, capture_output=True, text=True, timeout=15)
+                info["driver_clocks"] = done.stdout.strip()
             except Exception:  # noqa: BLE001
                 pass
     else:
@@ -741,20 +754,23 @@ def _run(cfg: RunConfig, out: Path, device: torch.device, command: Optional[str]
     copy_tbps = results["copy"]["tbps"]
     log(f"  {copy_tbps:.3f} TB/s (bytes read + written)")
     for op in cfg.ops:
-        cl = contenders(op, device, compile=cfg.compile, interpreter=cfg.interpreter, only=cfg.only_contenders)
+        cl = contenders(op, device, compile=cfg.compile, interpreter=cfg.interpreter,
+                        only=cfg.only_contenders)
         results["contenders"][op] = [{"name": c.name, "what": c.what, "unavailable": c.reason} for c in cl]
-        cases = (cfg.cases or {}).get(op) or (seed_cases(op) if cfg.matrix == "seed" else quick_cases(op, device))
+        cases = (cfg.cases or {}).get(op) or (
+            seed_cases(op) if cfg.matrix == "seed" else quick_cases(op, device))
         if cfg.only_cases:
             cases = [c for c in cases if c.id in cfg.only_cases]
         log(f"== {op}: {len(cases)} cases x {len(cl)} contenders"
             + "".join(f"\n  skip {c.name}: {c.reason}" for c in cl if c.reason))
         for case in cases:
             if cfg.budget_s is not None and time.time() - t0 > cfg.budget_s:
-                results["rows"] += [{"op": op, **case_fields(op, case), "contender": c.name, "status": "skipped",
-                                     "reason": f"time budget ({cfg.budget_s:.0f} s) ran out"} for c in cl]
+                why = f"time budget ({cfg.budget_s:.0f} s) ran out"
+                results["rows"] += [{"op": op, **case_fields(op, case), "contender": c.name,
+                                     "status": "skipped", "reason": why} for c in cl]
                 continue
-            results["rows"] += measure(op, case, cl, device, reps=cfg.reps, copy_tbps=copy_tbps, graph=cfg.graph,
-                                       transpose_scale=cfg.transpose_scale, log=log)
+            results["rows"] += measure(op, case, cl, device, reps=cfg.reps, copy_tbps=copy_tbps,
+                                       graph=cfg.graph, transpose_scale=cfg.transpose_scale, log=log)
             write_results(results, out)
     results["meta"]["seconds"] = round(time.time() - t0, 1)
     files = write_results(results, out)
@@ -770,8 +786,9 @@ def _run(cfg: RunConfig, out: Path, device: torch.device, command: Optional[str]
 # ------------------------------------------------------------------------------------------------------------
 # result files
 # ------------------------------------------------------------------------------------------------------------
-CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "tbps", "frac_copy", "tbps_basis",
-             "graph_calls", "graph_l2_resident", "n_sets", "rotated_mb", "rotated_over_l2", "bytes_moved", "auto_backend", "device"]
+CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "tbps", "frac_copy",
+             "tbps_basis", "graph_calls", "graph_l2_resident", "n_sets", "rotated_mb", "rotated_over_l2",
+             "bytes_moved", "auto_backend", "device"]
 
 
 def write_json(results: dict, path) -> Path:
@@ -841,8 +858,8 @@ def _first(case_rows: dict) -> dict:
 def tts_seed_table(rows: list[dict]) -> str:
     """Op 1 in the seed's columns (per-call us, CUDA events around back-to-back calls), with the cuda kernel's
     TB/s and fraction of the copy roofline added."""
-    header = ["shape", "batch", "rows", "eager us", "torch.compile us", "triton us", "cuda us", "compile / cuda",
-              "triton / cuda", "cuda TB/s", "% copy"]
+    header = ["shape", "batch", "rows", "eager us", "torch.compile us", "triton us", "cuda us",
+              "compile / cuda", "triton / cuda", "cuda TB/s", "% copy"]
     lines = []
     meta = {r["case"]: r for r in rows if r.get("op") == TTS}
     for cid, cr in _by_case(rows, TTS).items():
@@ -850,14 +867,15 @@ def tts_seed_table(rows: list[dict]) -> str:
         t = {k: cr.get(k, {}).get("per_call_us") for k in ("eager", "compile", "triton", "cuda")}
         frac = cr.get("cuda", {}).get("frac_copy")
         lines.append([m["shape"], str(m["batch"]), str(m["rows"]), _f(t["eager"]), _f(t["compile"]),
-                      _f(t["triton"]), _f(t["cuda"]), _ratio(t["compile"], t["cuda"]), _ratio(t["triton"], t["cuda"]),
-                      _f(cr.get("cuda", {}).get("tbps"), 3), _f(None if frac is None else 100 * frac, 0)])
+                      _f(t["triton"]), _f(t["cuda"]), _ratio(t["compile"], t["cuda"]),
+                      _ratio(t["triton"], t["cuda"]), _f(cr.get("cuda", {}).get("tbps"), 3),
+                      _f(None if frac is None else 100 * frac, 0)])
     return _table(header, lines)
 
 
 def fused_row(case_rows: dict) -> tuple[Optional[str], dict]:
-    """Op 2's "fused" contender of one case: the backend auto picks if it was measured, else the first measured
-    one in :data:`FAST_BACKENDS` order."""
+    """Op 2's "fused" contender of one case: the backend auto picks if it was measured, else the first
+    measured one in :data:`FAST_BACKENDS` order."""
     auto = _first(case_rows).get("auto_backend")
     for name in ([auto] if auto else []) + list(FAST_BACKENDS):
         if name in case_rows:
@@ -868,7 +886,8 @@ def fused_row(case_rows: dict) -> tuple[Optional[str], dict]:
 def _quant_line(case_rows: dict, lead: list[str]) -> tuple[list[str], str]:
     name, fr = fused_row(case_rows)
     auto = _first(case_rows).get("auto_backend")
-    label = "none measured" if name is None else name if name == auto else f"{name} (auto picks {auto}, not measured)"
+    label = ("none measured" if name is None else name if name == auto
+             else f"{name} (auto picks {auto}, not measured)")
     un = case_rows.get("unfused", {})
     tf, tu = _time(fr), _time(un)
     frac = fr.get("frac_copy")
@@ -899,8 +918,8 @@ def quant_seed_tables(rows: list[dict]) -> str:
             line, name = _quant_line(by_case.get(cid, {}), [str(meta[cid]["num_tokens"])])
             lines.append(line)
             fused_names.add(name)
-        out.append(f"hg = (n_local_heads, n_local_groups) = ({h}, {g}), quant_group_size 128, {layout} scale\n\n"
-                   + _table(["S"] + head, lines))
+        out.append(f"hg = (n_local_heads, n_local_groups) = ({h}, {g}), quant_group_size 128, {layout} "
+                   "scale\n\n" + _table(["S"] + head, lines))
     # the group-size axis: token counts of one (H, G) measured at more than one group size
     for h, g in hgs:
         gs: dict = {}
@@ -929,7 +948,8 @@ def contender_tables(rows: list[dict], op: str) -> str:
             skipped.setdefault(r["contender"], r.get("reason", ""))
     ran = [n for n in names if any(n in cr for cr in by_case.values())]
     out = []
-    for key, title, nd, scale in (("per_call_us", "per call, us", 2, 1), ("device_us", "device time, us", 2, 1),
+    for key, title, nd, scale in (("per_call_us", "per call, us", 2, 1),
+                                  ("device_us", "device time, us", 2, 1),
                                   ("tbps", "TB/s", 3, 1), ("frac_copy", "% of copy", 0, 100)):
         if not any(key in r for cr in by_case.values() for r in cr.values()):
             continue
@@ -946,12 +966,14 @@ def markdown(results: dict) -> str:
     """All tables of a run, with the machine, commit, command and timing method above them."""
     m, rows, cp = results["meta"], results["rows"], results.get("copy", {})
     gpu = m.get("gpu")
+    on_gpu = f"; GPU {gpu} ({m.get('gpu_arch')}, L2 {m.get('l2_bytes', 0) / 2**20:.0f} MiB)" if gpu else ""
+    dirty = " (working tree had uncommitted changes)" if m["git_dirty"] else ""
     lines = [f"# fusedrope benchmark: {gpu or CPU_LABEL}", "",
-             f"- machine: {m['hostname']} ({m['platform']}, {m['cpu_count']} CPUs)"
-             + (f"; GPU {gpu} ({m.get('gpu_arch')}, L2 {m.get('l2_bytes', 0) / 2**20:.0f} MiB)" if gpu else ""),
+             f"- machine: {m['hostname']} ({m['platform']}, {m['cpu_count']} CPUs){on_gpu}",
              (f"- versions: fusedrope {m['fusedrope']}, torch {m['torch']} (CUDA {m['torch_cuda']}, HIP "
-              f"{m['torch_hip']}), triton {m['triton']}, liger-kernel {m['liger_kernel']}, python {m['python']}"),
-             f"- commit: {m['git_commit']}{' (working tree had uncommitted changes)' if m['git_dirty'] else ''}",
+              f"{m['torch_hip']}), triton {m['triton']}, liger-kernel {m['liger_kernel']}, "
+              f"python {m['python']}"),
+             f"- commit: {m['git_commit']}{dirty}",
              f"- command: `{m['command']}`", f"- time: {m['time_utc']}",
              f"- copy roofline: {cp.get('tbps', 0):.3f} TB/s ({cp.get('timing', '')})", ""]
     lines += [f"- {k}: {v}" for k, v in m["timing"].items()]
@@ -961,8 +983,8 @@ def markdown(results: dict) -> str:
     text = "\n".join(lines) + "\n"
     if any(r.get("op") == TTS for r in rows):
         basis = "device time" if gpu else "per-call time"
-        text += ("\n## qwen3_tts_rope (seed columns: per call, host overhead included; TB/s and % copy of the cuda "
-                 f"kernel from {basis})\n\n" + tts_seed_table(rows))
+        text += ("\n## qwen3_tts_rope (seed columns: per call, host overhead included; TB/s and % copy of "
+                 f"the cuda kernel from {basis})\n\n" + tts_seed_table(rows))
         text += "\n### every contender\n\n" + contender_tables(rows, TTS)
     if any(r.get("op") == QUANT for r in rows):
         text += ("\n## inverse_rope_group_quant (seed columns; times are " +
@@ -990,7 +1012,8 @@ def plot(results: dict, out_dir) -> list[Path]:
     hgs = dict.fromkeys((r["num_heads"], r["num_groups"]) for r in rows if r.get("op") == QUANT)
     for h, g in hgs:
         series.append((QUANT, f"inverse_rope_group_quant_H{h}_G{g}",
-                       lambda r, h=h, g=g: (r["num_heads"], r["num_groups"]) == (h, g) and r["quant_group_size"] == 128))
+                       lambda r, h=h, g=g: (r["num_heads"], r["num_groups"]) == (h, g)
+                       and r["quant_group_size"] == 128))
     files = []
     for op, name, keep in series:
         ok = [r for r in rows if r.get("op") == op and r.get("status") == "ok" and keep(r)]
@@ -998,15 +1021,16 @@ def plot(results: dict, out_dir) -> list[Path]:
             continue
         fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 4.8))
         for contender in dict.fromkeys(r["contender"] for r in ok):
-            pts = sorted((r["bytes_moved"] / 1e6, _time(r), r["tbps"]) for r in ok if r["contender"] == contender)
+            pts = sorted((r["bytes_moved"] / 1e6, _time(r), r["tbps"])
+                         for r in ok if r["contender"] == contender)
             x = [p[0] for p in pts]
             ax_t.plot(x, [p[1] for p in pts], marker="o", label=contender)
             ax_b.plot(x, [p[2] for p in pts], marker="o", label=contender)
         if copy_tbps:
             ax_b.axhline(copy_tbps, color="gray", linestyle="--", label=f"copy {copy_tbps:.2f} TB/s")
         basis = "device time (CUDA-graph replay)" if m.get("gpu") else "per call, wall clock"
-        ax_t.set(xscale="log", yscale="log", xlabel="bytes moved per call (MB)", ylabel=f"us per call, {basis}",
-                 title=f"{name}: time")
+        ax_t.set(xscale="log", yscale="log", xlabel="bytes moved per call (MB)",
+                 ylabel=f"us per call, {basis}", title=f"{name}: time")
         ax_b.set(xscale="log", xlabel="bytes moved per call (MB)", ylabel="TB/s (bytes read + written)",
                  title=f"{name}: bandwidth")
         for ax in (ax_t, ax_b):
@@ -1024,16 +1048,17 @@ def plot(results: dict, out_dir) -> list[Path]:
 # ------------------------------------------------------------------------------------------------------------
 # the CLI: python -m fusedrope bench
 # ------------------------------------------------------------------------------------------------------------
-CPU_REFUSAL = ("No GPU here: running the quick CPU matrix (tiny sizes) instead of the seed matrix. On a CPU the "
-               "seed sizes take minutes per case, Triton runs only in its interpreter, and wall-clock CPU timings "
-               "say nothing about GPU kernels. Pass --full to run the seed matrix anyway.")
+CPU_REFUSAL = ("No GPU here: running the quick CPU matrix (tiny sizes) instead of the seed matrix. On a CPU "
+               "the seed sizes take minutes per case, Triton runs only in its interpreter, and wall-clock "
+               "CPU timings say nothing about GPU kernels. Pass --full to run the seed matrix anyway.")
 
 
 def default_out_dir(device: torch.device, matrix: str) -> Path:
     """``bench/results/<gpu or cpu>-<matrix>-<commit>``."""
     where = "cpu"
     if device.type == "cuda":
-        where = "".join(ch if ch.isalnum() else "-" for ch in torch.cuda.get_device_name(device).lower()).strip("-")
+        name = torch.cuda.get_device_name(device).lower()
+        where = "".join(ch if ch.isalnum() else "-" for ch in name).strip("-")
     return Path("bench") / "results" / f"{where}-{matrix}-{(_git('rev-parse', '--short', 'HEAD') or 'nogit')}"
 
 
@@ -1047,9 +1072,9 @@ def cli(args, command: str) -> int:
     split = lambda s: tuple(x for x in s.split(",") if x) or None  # noqa: E731
     cfg = RunConfig(ops=OPS if args.op == "all" else (args.op,), matrix=matrix,
                     reps=args.reps or (5 if device.type == "cuda" else 3), compile=not args.no_compile,
-                    graph=not args.no_graph, interpreter=args.interpreter, transpose_scale=args.transpose_scale,
-                    only_contenders=split(args.contenders), only_cases=split(args.cases), budget_s=args.budget_s,
-                    plots=args.plots)
+                    graph=not args.no_graph, interpreter=args.interpreter,
+                    transpose_scale=args.transpose_scale, only_contenders=split(args.contenders),
+                    only_cases=split(args.cases), budget_s=args.budget_s, plots=args.plots)
     out = Path(args.out) if args.out else default_out_dir(device, matrix)
     results = run(cfg, out, device, command)
     print()

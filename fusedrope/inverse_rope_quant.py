@@ -87,9 +87,9 @@ def empty_quant_outputs(o: torch.Tensor, num_groups: int, quant_group_size: int 
     fp8_dtype : torch.dtype, optional
         Default ``torch.float8_e4m3fn``.
     scale_dtype : torch.dtype, optional
-        ``torch.float8_e8m0fnu`` (default), ``torch.uint8`` (the same bytes), ``torch.float32`` (the same powers
-        of two as fp32, what SM90 DeepGEMM-style GEMMs read) or ``torch.int32`` (DeepGEMM's packed UE8M0: byte
-        ``i`` of element ``[s, g, j]`` is the scale of block ``4j+i``).
+        ``torch.float8_e8m0fnu`` (default), ``torch.uint8`` (the same bytes), ``torch.float32`` (the same
+        powers of two as fp32, what SM90 DeepGEMM-style GEMMs read) or ``torch.int32`` (DeepGEMM's packed
+        UE8M0: byte ``i`` of element ``[s, g, j]`` is the scale of block ``4j+i``).
 
     Returns
     -------

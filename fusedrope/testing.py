@@ -162,8 +162,8 @@ def ulp_diff(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     actual : torch.Tensor
         A floating tensor (bf16, fp16, fp32, fp8, ...).
     expected : torch.Tensor
-        Broadcastable to ``actual``; e.g. a float64 oracle. It is rounded to ``actual.dtype`` first (RNE), so 0
-        means "correctly rounded" and 1 means "one representable value away".
+        Broadcastable to ``actual``; e.g. a float64 oracle. It is rounded to ``actual.dtype`` first (RNE),
+        so 0 means "correctly rounded" and 1 means "one representable value away".
 
     Returns
     -------
@@ -235,9 +235,9 @@ def poison_like(t: torch.Tensor, byte: int | None = None) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class QuantCase:
-    """One inverse_rope_group_quant benchmark/test case: ``o [num_tokens, num_heads, head_dim]``, ``num_groups``
-    groups, the last ``rope_dim`` dims of each head rotated, one scale per ``quant_group_size`` elements.
-    ``id`` reads ``"S8-H16-G2-D512-R64-g128"``."""
+    """One inverse_rope_group_quant benchmark/test case: ``o [num_tokens, num_heads, head_dim]``,
+    ``num_groups`` groups, the last ``rope_dim`` dims of each head rotated, one scale per ``quant_group_size``
+    elements. ``id`` reads ``"S8-H16-G2-D512-R64-g128"``."""
 
     num_tokens: int
     num_heads: int
@@ -292,8 +292,8 @@ def make_quant_inputs(case: QuantCase, dtype=torch.bfloat16, cache_dtype=torch.f
                       seed: int = 0, max_pos: int = 4096, positions_dtype=torch.int64):
     """``(o, positions, cos_cache, sin_cache)`` for a :class:`QuantCase`, from a seeded generator.
 
-    ``o`` has magnitudes that vary by token and by head over ~12 binades (so the scales differ block to block);
-    positions are random in ``[0, max_pos)``; the cache comes from :func:`deepseek_rope_cache`.
+    ``o`` has magnitudes that vary by token and by head over ~12 binades (so the scales differ block to
+    block); positions are random in ``[0, max_pos)``; the cache comes from :func:`deepseek_rope_cache`.
 
     Parameters
     ----------

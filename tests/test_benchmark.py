@@ -21,12 +21,13 @@ from conftest import DEVICE
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
-TTS_SEED_COLUMNS = "| shape | batch | rows | eager us | torch.compile us | triton us | cuda us | compile / cuda | " \
-                   "triton / cuda | cuda TB/s | % copy |"
+TTS_SEED_COLUMNS = ("| shape | batch | rows | eager us | torch.compile us | triton us | cuda us | "
+                    "compile / cuda | triton / cuda | cuda TB/s | % copy |")
 QUANT_SEED_COLUMNS = "| S | fused us | fused TB/s | unfused us | unfused TB/s | speedup | % copy |"
 GROUP_COLUMNS = "| S | group | fused us | fused TB/s | unfused us | unfused TB/s | speedup | % copy |"
 
-pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="CPU end-to-end checks; on a GPU run the CLI itself")
+pytestmark = pytest.mark.skipif(DEVICE.type != "cpu",
+                                reason="CPU end-to-end checks; on a GPU run the CLI itself")
 
 
 def test_cli_bench_on_cpu_writes_every_file(tmp_path, capsys):
@@ -40,7 +41,8 @@ def test_cli_bench_on_cpu_writes_every_file(tmp_path, capsys):
 
     results = json.loads((out / "results.json").read_text())
     meta = results["meta"]
-    for key in ("hostname", "gpu", "torch", "triton", "torch_cuda", "torch_hip", "git_commit", "command", "timing"):
+    for key in ("hostname", "gpu", "torch", "triton", "torch_cuda", "torch_hip", "git_commit", "command",
+                "timing"):
         assert key in meta
     assert meta["gpu"] is None and meta["label"] == B.CPU_LABEL
     assert "-m fusedrope bench" in meta["command"] and "--interpreter" in meta["command"]
@@ -57,7 +59,8 @@ def test_cli_bench_on_cpu_writes_every_file(tmp_path, capsys):
         assert row["status"] == "ok" and float(row["tbps"]) > 0, row
     skipped = got[("qwen3_tts_rope", "small_tts-B1", "cuda")]
     assert skipped["status"] == "skipped" and "CUDA device" in skipped["reason"]
-    assert got[("qwen3_tts_rope", "small_tts-B1", "compile")]["reason"] == "torch.compile disabled (--no-compile)"
+    compile_row = got[("qwen3_tts_rope", "small_tts-B1", "compile")]
+    assert compile_row["reason"] == "torch.compile disabled (--no-compile)"
 
     md = (out / "results.md").read_text()
     assert TTS_SEED_COLUMNS in md and QUANT_SEED_COLUMNS in md and B.CPU_LABEL in md
@@ -86,11 +89,12 @@ def _row(contender, **kw):
 
 
 def test_tts_seed_table_ratios_and_columns():
-    rows = [_row("eager", per_call_us=66.45), _row("compile", per_call_us=32.66), _row("triton", per_call_us=23.05),
-            _row("cuda", per_call_us=6.83, tbps=0.0288, frac_copy=0.0067)]
+    rows = [_row("eager", per_call_us=66.45), _row("compile", per_call_us=32.66),
+            _row("triton", per_call_us=23.05), _row("cuda", per_call_us=6.83, tbps=0.0288, frac_copy=0.0067)]
     table = B.tts_seed_table(rows)
     assert table.splitlines()[0] == TTS_SEED_COLUMNS
-    assert table.splitlines()[2] == "| qwen3_tts | 1 | 384 | 66.45 | 32.66 | 23.05 | 6.83 | 4.78x | 3.37x | 0.029 | 1 |"
+    want = "| qwen3_tts | 1 | 384 | 66.45 | 32.66 | 23.05 | 6.83 | 4.78x | 3.37x | 0.029 | 1 |"
+    assert table.splitlines()[2] == want
 
 
 def test_quant_fused_column_prefers_autos_pick():
@@ -162,8 +166,8 @@ def test_docstring_examples():
 def test_pytest_benchmark_suite_runs_and_skips_with_reasons():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "bench/test_bench_tts_rope.py", "bench/test_bench_inverse_rope_quant.py",
-         "--benchmark-only", "-q", "-rs", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "bench/test_bench_tts_rope.py",
+         "bench/test_bench_inverse_rope_quant.py", "--benchmark-only", "-q", "-rs", "-p", "no:cacheprovider",
          "-k", "(small_tts-B1 or S1-H8-G1) and not compile"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr

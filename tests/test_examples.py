@@ -1,5 +1,6 @@
 """The integration examples in examples/ and the ```python blocks of docs/*.md run and hold their own checks
-(small sizes; on CPU the Triton kernels run in the interpreter). ```py blocks in the docs need a GPU: not run."""
+(small sizes; on CPU the Triton kernels run in the interpreter). ```py blocks in the docs need a GPU: not
+run."""
 
 import importlib.util
 import re
