@@ -19,7 +19,7 @@ demo: $(STAMP)  ## the main job: backends, selection, self-check, timing
 test: $(STAMP)  ## the whole CPU test suite (Triton kernels in the interpreter)
 	$(PY) -m pytest -q
 
-bench: $(STAMP)  ## host-overhead benchmark (GPU benchmarks: see gpu/)
+bench: $(STAMP)  ## pytest-benchmark suites: both ops' backends side by side, and the host overhead
 	$(PY) -m pytest bench/ --benchmark-only -q
 
 aot: $(STAMP)  ## ahead-of-time Triton compiles for sm_90 / gfx942 / gfx950, with access-width counts
