@@ -4,10 +4,12 @@
 * Built on first use (JIT, torch.utils.cpp_extension on a ROCm build of torch, with ROCm's hipcc) or ahead of
   time with ``build()``; one log line on stderr when a build starts.
 * Cached in torch's extension directory (``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``) under a
-  name that hashes the sources, the torch and HIP versions, the flags and the target architectures, so a
-  changed source or torch never loads a stale build, and a finished build loads without a compiler.
+  name that hashes the sources (with the plain-C++ ``kernels_cuda/*.h`` headers they include), the torch and
+  HIP versions, the flags and the target architectures, so a changed source or torch never loads a stale
+  build, and a finished build loads without a compiler.
 * Sources are found in-tree (``<repo>/kernels_hip``) and installed (the wheel ships them as the package
-  ``fusedrope.kernels_hip``).
+  ``fusedrope.kernels_hip``, beside ``fusedrope.kernels_cuda`` whose shared headers the HIP sources include as
+  ``"../kernels_cuda/<name>.h"``).
 * Targets: ``$PYTORCH_ROCM_ARCH`` (e.g. ``"gfx942"`` or ``"gfx942;gfx950"``) if set, else the visible GPUs;
   only gfx942 and gfx950 are compiled (the kernels use their fp8 instructions).
 
@@ -40,6 +42,7 @@ class HipExtension(jit_ext.Extension):
     folder = "kernels_hip"
     kernel_suffix = ".hip"
     hashed_suffixes = (".hip", ".h", ".hpp", ".cpp")
+    sibling_headers = (("kernels_cuda", "*.h"),)  # the plain-C++ headers shared with the CUDA kernels
     build_message = BUILD_MESSAGE
     device_flags = HIPCC_FLAGS
     cxx_flags = CXX_FLAGS

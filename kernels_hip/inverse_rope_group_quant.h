@@ -2,6 +2,9 @@
 //
 // Framework-free: raw pointers, element strides and a hipStream_t. The torch binding lives in
 // inverse_rope_group_quant_torch.cpp; fusedrope/hip_ext.py builds both with torch.utils.cpp_extension.
+// Parameters (fusedrope::irgq::Params), status codes, kernel arguments and the scalar math (e8m0 byte, exact
+// software fp8 RNE, token division) are the plain-C++ header the CUDA kernel shares,
+// ../kernels_cuda/inverse_rope_group_quant_common.h (tested on the CPU with g++ against the reference).
 //
 // Contract (identical to fusedrope.reference.inverse_rope_group_quant, see SPEC.md "Op 2"):
 //   o          [S, H, 512] bf16 or fp16, contiguous
@@ -13,11 +16,11 @@
 //              s * scale_stride_s + (g * Ks + k) * scale_stride_b (elements of the scale type), which covers the
 //              row-major layout (G*Ks, Ks, 1) and the column-major view (1, Ks*S, S); the scale type is the e8m0
 //              byte (float8_e8m0fnu or uint8) or float32 holding 2^(byte - 127).
-// Only head_dim 512 with rope_dim 64 is compiled; other shapes return kIrgqUnsupportedShape (the Python side
-// sends those to Triton before they get here).
+// Only head_dim 512 with rope_dim 64 is compiled; other shapes return kUnsupportedShape (the Python side sends
+// those to Triton before they get here).
 #pragma once
 
-#include <stdint.h>
+#include "../kernels_cuda/inverse_rope_group_quant_common.h"
 
 #if !defined(FUSEDROPE_HIP_NO_RUNTIME_HEADERS) && __has_include(<hip/hip_runtime.h>)
 #include <hip/hip_runtime.h>
@@ -30,46 +33,10 @@ typedef struct ihipStream_t* hipStream_t;
 
 namespace fusedrope_hip {
 
-enum IrgqStatus : int {
-  kIrgqOk = 0,
-  kIrgqUnsupportedShape = 1,  // head_dim != 512 or rope_dim != 64
-  kIrgqBadGroup = 2,          // quant_group_size not 32/64/128/256, or G / Dg inconsistent
-  kIrgqBadDtype = 3,          // unknown dtype code
-  kIrgqTooLarge = 4,          // S * H * 512 / 16 does not fit the 31-bit chunk index
-  kIrgqLaunchFailed = 5,      // hipLaunchKernel returned an error
-};
-
-enum IrgqDtype : int { kIrgqBF16 = 0, kIrgqF16 = 1, kIrgqF32 = 2 };
-
-struct IrgqParams {
-  const void* o;            // [S, H, head_dim]
-  int64_t num_tokens;       // S
-  int32_t num_heads;        // H
-  int32_t head_dim;         // must be 512
-  int32_t o_dtype;          // kIrgqBF16 / kIrgqF16
-  const void* positions;
-  int32_t pos_is_int64;     // 1: int64, 0: int32
-  int64_t pos_stride;       // elements
-  const void* cos;
-  const void* sin;
-  int32_t cache_dtype;      // kIrgqBF16 / kIrgqF16 / kIrgqF32
-  int64_t cos_stride;       // row stride, elements
-  int64_t sin_stride;
-  int64_t max_pos;          // >= 1
-  int32_t rope_dim;         // must be 64
-  void* x_fp8;              // [S, G, Dg] contiguous
-  int32_t fp8_fnuz;         // 1: e4m3fnuz (240), 0: OCP e4m3fn (448)
-  int32_t num_groups;       // G
-  int32_t quant_group_size; // 32 / 64 / 128 / 256
-  void* x_scale;
-  int32_t scale_is_f32;     // 1: float32 2^(byte-127), 0: the e8m0 byte
-  int64_t scale_stride_s;   // elements of the scale type
-  int64_t scale_stride_b;
-};
-
-// Launches on `stream` (no synchronisation). Returns an IrgqStatus; S == 0 is a no-op. On kIrgqLaunchFailed
-// the hipError_t is stored in *hip_error when given.
-int launch_inverse_rope_group_quant(const IrgqParams& p, hipStream_t stream, int* hip_error = nullptr);
+// Launches on `stream` (no synchronisation). Returns a fusedrope::irgq::Status; S == 0 is a no-op. On
+// kLaunchFailed the hipError_t is stored in *hip_error when given.
+int launch_inverse_rope_group_quant(const fusedrope::irgq::Params& p, hipStream_t stream,
+                                    int* hip_error = nullptr);
 
 const char* irgq_status_string(int status);
 

@@ -34,7 +34,7 @@ void check_device(const at::Tensor& t, const char* name, const at::Tensor& o) {
 }
 
 int dtype_code(at::ScalarType t) {
-  return t == at::kBFloat16 ? fusedrope_hip::kIrgqBF16 : t == at::kHalf ? fusedrope_hip::kIrgqF16 : fusedrope_hip::kIrgqF32;
+  return t == at::kBFloat16 ? fusedrope::irgq::kBF16 : t == at::kHalf ? fusedrope::irgq::kF16 : fusedrope::irgq::kF32;
 }
 
 void inverse_rope_group_quant_out(const at::Tensor& o, const at::Tensor& positions, const at::Tensor& cos,
@@ -94,7 +94,7 @@ void inverse_rope_group_quant_out(const at::Tensor& o, const at::Tensor& positio
   TORCH_CHECK(S * H * D / 16 <= INT32_MAX, kOp, ": expected S*H*head_dim/16 < 2^31, got S=", S, " H=", H);
   if (S == 0) return;
 
-  fusedrope_hip::IrgqParams p{};
+  fusedrope::irgq::Params p{};
   p.o = o.data_ptr();
   p.num_tokens = S;
   p.num_heads = static_cast<int32_t>(H);
@@ -123,9 +123,9 @@ void inverse_rope_group_quant_out(const at::Tensor& o, const at::Tensor& positio
   const hipStream_t stream = c10::hip::getCurrentHIPStreamMasqueradingAsCUDA(o.device().index()).stream();
   int hip_error = 0;
   const int status = fusedrope_hip::launch_inverse_rope_group_quant(p, stream, &hip_error);
-  TORCH_CHECK(status == fusedrope_hip::kIrgqOk, kOp, ": ", fusedrope_hip::irgq_status_string(status),
-              status == fusedrope_hip::kIrgqLaunchFailed ? ": " : "",
-              status == fusedrope_hip::kIrgqLaunchFailed ? hipGetErrorString(static_cast<hipError_t>(hip_error)) : "");
+  TORCH_CHECK(status == fusedrope::irgq::kOk, kOp, ": ", fusedrope_hip::irgq_status_string(status),
+              status == fusedrope::irgq::kLaunchFailed ? ": " : "",
+              status == fusedrope::irgq::kLaunchFailed ? hipGetErrorString(static_cast<hipError_t>(hip_error)) : "");
 }
 
 }  // namespace

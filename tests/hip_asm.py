@@ -86,8 +86,25 @@ def _cache_key(clang: str, src: Path, flags: list[str]) -> str:
         if f.suffix in (".hip", ".h", ".hpp", ".cuh") and f.is_file():
             h.update(f.name.encode())
             h.update(f.read_bytes())
+    for f in sorted(_quoted_includes(src) - set(src.parent.glob("*"))):  # "../kernels_cuda/...h" and the like
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
     h.update(src.name.encode())
     return h.hexdigest()[:16]
+
+
+def _quoted_includes(src: Path) -> set[Path]:
+    """Every file reached through ``#include "..."`` from ``src`` (resolved beside the including file)."""
+    seen: set[Path] = set()
+    todo = [src.resolve()]
+    while todo:
+        f = todo.pop()
+        for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', f.read_text(), re.M):
+            inc = (f.parent / name).resolve()
+            if inc.is_file() and inc not in seen:
+                seen.add(inc)
+                todo.append(inc)
+    return seen
 
 
 def _compile(src, arch: str, kind: str, extra_flags=()) -> Path:

@@ -1,21 +1,21 @@
-// CPU checks of the plain-C++ part of the HIP inverse_rope_group_quant kernel
-// (kernels_hip/inverse_rope_group_quant_math.h), for ctypes (tests/test_hip_kernels.py): the e8m0 byte, the
-// software fp8 RNE the kernel uses where the hardware format differs, the launcher's argument derivation
-// (status codes, byte strides, alignment flags) and its multiply-shift token division.
+// CPU checks of the plain-C++ part of the HIP inverse_rope_group_quant kernel (kernels_hip/inverse_rope_group_quant.h
+// and the ../kernels_cuda/inverse_rope_group_quant_common.h it shares with the CUDA kernel), for ctypes
+// (tests/test_hip_kernels.py): the e8m0 byte, the software fp8 RNE the kernel uses where the hardware format
+// differs, the launcher's argument derivation (status codes, byte strides, alignment flags) and its
+// multiply-shift token division.
 //
 // Build: g++ -std=c++17 -O2 -ffp-contract=off -shared -fPIC -I kernels_hip tests/irgq_hip_host_harness.cpp
 #define FUSEDROPE_HIP_NO_RUNTIME_HEADERS 1
-#include "inverse_rope_group_quant_math.h"
+#include "inverse_rope_group_quant.h"
 
-using namespace fusedrope_hip;
-using namespace fusedrope_hip::detail;
+using namespace fusedrope::irgq;
 
 extern "C" {
 
 // amax values (finite, >= 0) -> e8m0 bytes, exactly as the kernel computes them.
 void irgq_hip_e8m0(const float* amax, long long n, int fnuz, unsigned char* out) {
   const float inv = fnuz ? (float)(1.0 / 240.0) : (float)(1.0 / 448.0);
-  for (long long i = 0; i < n; ++i) out[i] = (unsigned char)e8m0_byte(as_uint(amax[i]) & 0x7FFFFFFFu, inv);
+  for (long long i = 0; i < n; ++i) out[i] = (unsigned char)e8m0_byte_finite(float_to_bits(amax[i]) & 0x7FFFFFFFu, inv);
 }
 
 // values with |x| <= FP8_MAX -> fp8 bytes through the software RNE.
@@ -26,7 +26,7 @@ void irgq_hip_encode(const float* x, long long n, int fnuz, unsigned char* out) 
 // make_kargs on the given sizes; fills out[0..9] = status, num_chunks, chunks_per_token, tok_shift,
 // pos_stride_bytes, cos_stride_bytes, scale_stride_s_bytes, scale_stride_b_bytes, cache_vec, io_vec.
 void irgq_hip_kargs(void** ptrs, const long long* ints, long long* out) {
-  IrgqParams p{};
+  Params p{};
   p.o = ptrs[0];
   p.positions = ptrs[1];
   p.cos = ptrs[2];
@@ -64,9 +64,9 @@ void irgq_hip_kargs(void** ptrs, const long long* ints, long long* out) {
   out[9] = a.io_vec;
 }
 
-// Mismatches of chunk_token() against '/' for chunks_per_token = 32 * heads over edge and random chunk indices.
+// Mismatches of chunk_pos().s against '/' for chunks_per_token = 32 * heads over edge and random chunk indices.
 long long irgq_hip_fastdiv_mismatches(long long heads, long long count) {
-  IrgqParams p{};
+  Params p{};
   p.num_tokens = 1;
   p.num_heads = (int32_t)heads;
   p.head_dim = kHeadDim;
@@ -76,7 +76,7 @@ long long irgq_hip_fastdiv_mismatches(long long heads, long long count) {
   p.quant_group_size = 32;
   KArgs a{};
   long long n = 0;
-  if (make_kargs(p, &a, &n) != kIrgqOk) return -1;
+  if (make_kargs(p, &a, &n) != kOk) return -1;
   const unsigned long long d = a.chunks_per_token;
   long long bad = 0;
   unsigned long long x = 0x2545F4914F6CDD1Dull;
@@ -90,7 +90,7 @@ long long irgq_hip_fastdiv_mismatches(long long heads, long long count) {
       c = x & 0x7FFFFFFFull;
     }
     if (c > 0x7FFFFFFFull) continue;
-    if (chunk_token(a, (unsigned)c) != c / d) ++bad;
+    if (chunk_pos(a, (unsigned)c).s != c / d) ++bad;
   }
   return bad;
 }

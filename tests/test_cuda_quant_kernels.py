@@ -33,6 +33,7 @@ from kernel_asm import nvcc_cubin, opcodes, resource_usage, sass, sass_functions
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cu"
 HEADER = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cuh"
+COMMON_H = ROOT / "kernels_cuda" / "inverse_rope_group_quant_common.h"  # included by HEADER, shared with HIP
 HARNESS = Path(__file__).resolve().parent / "irgq_host_harness.cpp"
 GROUPS = (32, 64, 128, 256)
 
@@ -101,7 +102,7 @@ def _harness() -> ctypes.CDLL:
     if not gxx:
         pytest.skip("no C++ compiler (g++) to build the CPU emulation harness")
     h = hashlib.sha256()
-    for f in (HARNESS, HEADER):
+    for f in (HARNESS, HEADER, COMMON_H):
         h.update(f.read_bytes())
     h.update(gxx.encode())
     out = Path(tempfile.gettempdir()) / f"fusedrope-irgq-harness-{os.getuid()}-{h.hexdigest()[:16]}.so"

@@ -184,7 +184,7 @@ def test_hip_ext_sources_and_reasons():
 
 # ------------------------------------------------------------------- the plain-C++ part, run on the CPU (g++)
 HARNESS = Path(__file__).resolve().parent / "irgq_hip_host_harness.cpp"
-MATH_H = SRC.parent / "inverse_rope_group_quant_math.h"
+COMMON_H = SRC.parents[1] / "kernels_cuda" / "inverse_rope_group_quant_common.h"  # shared with CUDA
 
 
 def _hip_harness():
@@ -199,7 +199,7 @@ def _hip_harness():
     if not gxx:
         pytest.skip("no C++ compiler (g++) for the HIP host harness")
     h = hashlib.sha256()
-    for f in (HARNESS, MATH_H, SRC.parent / "inverse_rope_group_quant.h"):
+    for f in (HARNESS, COMMON_H, SRC.parent / "inverse_rope_group_quant.h"):
         h.update(f.read_bytes())
     out = Path(tempfile.gettempdir()) / f"fusedrope-irgq-hip-harness-{os.getuid()}-{h.hexdigest()[:16]}.so"
     if not out.exists():
@@ -308,10 +308,10 @@ def test_hip_launcher_arguments():
     assert kargs(cache_dtype=0, cos_stride=72, sin_stride=72)[8] == 1                # 144 B rows: aligned
     assert kargs(pos64=0, pos_stride=3)[4] == 12
     assert kargs(f32=1, ss0=1, ss2=5)[6:8] == [4, 20]
-    assert kargs(D=256)[0] == 1 and kargs(rope=128)[0] == 1                          # kIrgqUnsupportedShape
-    assert kargs(q=48)[0] == 2 and kargs(G=3)[0] == 2                                # kIrgqBadGroup
-    assert kargs(o_dtype=2)[0] == 3 and kargs(cache_dtype=7)[0] == 3                 # kIrgqBadDtype
-    assert kargs(S=(1 << 31) // (16 * 32) + 1)[0] == 4                               # kIrgqTooLarge
+    assert kargs(D=256)[0] == 1 and kargs(rope=128)[0] == 1                          # kUnsupportedShape
+    assert kargs(q=48)[0] == 2 and kargs(G=3)[0] == 2                                # kBadGroup
+    assert kargs(o_dtype=2)[0] == 3 and kargs(cache_dtype=7)[0] == 3                 # kBadDtype
+    assert kargs(S=(1 << 31) // (16 * 32) + 1)[0] == 4                               # kTooLarge
     assert kargs(S=0)[:2] == [0, 0]                                                  # nothing to launch
 
 
