@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import hashlib
 import os
 import re
 import shutil
@@ -30,6 +29,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from compile_cache import compile_once, source_key
 
 DEVICE_FLAGS = ("-x", "hip", "--cuda-device-only", "-nogpulib", "-nogpuinc", "-O3", "-std=c++17")
 CACHE_DIR = Path(tempfile.gettempdir()) / f"fusedrope-hip-cache-{os.getuid()}"
@@ -78,33 +79,8 @@ def arch_supported(arch: str) -> tuple[bool, str]:
 
 
 def _cache_key(clang: str, src: Path, flags: list[str]) -> str:
-    h = hashlib.sha256()
-    h.update(clang.encode())
-    h.update(subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.encode())
-    h.update(" ".join(flags).encode())
-    for f in sorted(src.parent.glob("*")):  # the source and every header beside it
-        if f.suffix in (".hip", ".h", ".hpp", ".cuh") and f.is_file():
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-    for f in sorted(_quoted_includes(src) - set(src.parent.glob("*"))):  # "../kernels_cuda/...h" and the like
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    h.update(src.name.encode())
-    return h.hexdigest()[:16]
-
-
-def _quoted_includes(src: Path) -> set[Path]:
-    """Every file reached through ``#include "..."`` from ``src`` (resolved beside the including file)."""
-    seen: set[Path] = set()
-    todo = [src.resolve()]
-    while todo:
-        f = todo.pop()
-        for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', f.read_text(), re.M):
-            inc = (f.parent / name).resolve()
-            if inc.is_file() and inc not in seen:
-                seen.add(inc)
-                todo.append(inc)
-    return seen
+    version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout
+    return source_key(src, (".hip", ".h", ".hpp", ".cuh"), clang, version, " ".join(flags))
 
 
 def _compile(src, arch: str, kind: str, extra_flags=()) -> Path:
@@ -119,21 +95,14 @@ def _compile(src, arch: str, kind: str, extra_flags=()) -> Path:
     else:
         flags = [*DEVICE_FLAGS, f"--offload-arch={arch}", *extra_flags, "--no-gpu-bundle-output"]
         suffix = ".hsaco"
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
     out = CACHE_DIR / f"{src.stem}-{arch}-{_cache_key(clang, src, flags)}{suffix}"
-    if out.exists():
-        return out
-    tmp = out.with_name(f"{out.stem}.{os.getpid()}.tmp{suffix}")
-    proc = subprocess.run([clang, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        if kind == "obj" and "ld.lld" in proc.stderr:
-            pytest.skip(f"no ld.lld for the code object (apt-get install lld-19): "
-                        f"{proc.stderr.strip()[:300]}")
-        pytest.fail(f"clang failed for {src.name} ({arch}):\n{' '.join([clang, *flags])}\n"
-                    f"{proc.stderr[-4000:]}")
-    os.replace(tmp, out)
-    return out
+
+    def on_error(stderr: str) -> None:
+        if kind == "obj" and "ld.lld" in stderr:
+            pytest.skip(f"no ld.lld for the code object (apt-get install lld-19): {stderr.strip()[:300]}")
+        pytest.fail(f"clang failed for {src.name} ({arch}):\n{' '.join([clang, *flags])}\n{stderr[-4000:]}")
+
+    return compile_once(clang, flags, src, out, on_error)
 
 
 def hip_asm(src, arch: str, extra_flags=()) -> str:

@@ -1,16 +1,24 @@
-// CPU emulation of the inverse_rope_group_quant CUDA kernel, for ctypes (tests/test_cuda_quant_kernels.py).
+// CPU checks of the inverse_rope_group_quant kernels' plain C++, for ctypes (tests/test_irgq_common.py,
+// tests/test_cuda_quant_kernels.py).
 //
-// It runs the kernel's own per-chunk and per-block functions from kernels_cuda/inverse_rope_group_quant.cuh
-// (make_kargs with its magic-number token division, chunk_pos, unpack16, cache8_from_words, rotate8,
-// amax_bits16, e8m0_byte, quant16_sw, scale_offset_bytes, scale_f32_bits) in the kernel's order; only the
-// memory instructions and the warp shuffle are replaced (the shuffle by a max over the Q/16 chunks of a block,
-// which is what the xor butterfly computes). The sm_89+ hardware cvt.rn.satfinite.e4m3x2 path is not emulated:
-// the GPU script checks it.
+// * The part both kernels share (kernels_cuda/inverse_rope_group_quant_common.h, which the HIP kernel includes
+//   from kernels_hip/inverse_rope_group_quant.h): the e8m0 byte, the software fp8 RNE, the launcher's argument
+//   derivation (status codes, byte strides, alignment flags) and the multiply-shift token division.
+// * A CPU emulation of the CUDA kernel: it runs the kernel's own per-chunk and per-block functions
+//   (inverse_rope_group_quant.cuh and the shared header: make_kargs, chunk_pos, unpack16, cache8_from_words,
+//   rotate8, amax_bits16, e8m0_byte, quant16_sw, scale_offset_bytes, scale_f32_bits) in the kernel's order;
+//   only the memory instructions and the warp shuffle are replaced (the shuffle by a max over the Q/16 chunks
+//   of a block, which is what the xor butterfly computes). The sm_89+ hardware cvt.rn.satfinite.e4m3x2 path is
+//   not emulated: the GPU script checks it.
 //
-// Build: g++ -std=c++17 -O2 -ffp-contract=off -shared -fPIC -I kernels_cuda tests/irgq_host_harness.cpp -o h.so
+// Both vendors' headers are included, so g++ -Wall -Werror checks that each compiles as plain C++ too.
+// Build: g++ -std=c++17 -O2 -ffp-contract=off -shared -fPIC -I kernels_cuda -I kernels_hip
+//        tests/irgq_host_harness.cpp -o h.so
 #include <string.h>
 
-#include "inverse_rope_group_quant.cuh"
+#include "inverse_rope_group_quant.cuh"  // kernels_cuda: the CUDA kernel's header (includes the shared one)
+#define FUSEDROPE_HIP_NO_RUNTIME_HEADERS 1
+#include "inverse_rope_group_quant.h"  // kernels_hip: the HIP kernel's header (includes the shared one)
 
 using namespace fusedrope::irgq;
 
@@ -20,14 +28,10 @@ void load_bytes(const void* base, long long off, void* dst, size_t n) {
   memcpy(dst, static_cast<const unsigned char*>(base) + off, n);
 }
 
-}  // namespace
-
-extern "C" {
-
 // ptrs: o, positions, cos, sin, x_fp8, x_scale.
 // ints: S, H, head_dim, o_dtype, pos_is_int64, pos_stride, cache_dtype, cos_stride, sin_stride, max_pos,
 //       rope_dim, fp8_fnuz, num_groups, quant_group_size, scale_is_f32, scale_stride_s, scale_stride_b.
-int irgq_host_run(void** ptrs, const long long* ints) {
+Params params_from(void** ptrs, const long long* ints) {
   Params p;
   p.o = ptrs[0];
   p.positions = ptrs[1];
@@ -52,6 +56,16 @@ int irgq_host_run(void** ptrs, const long long* ints) {
   p.scale_is_f32 = (int32_t)ints[14];
   p.scale_stride_s = ints[15];
   p.scale_stride_b = ints[16];
+  return p;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The CUDA kernel on the CPU (ptrs and ints as for params_from).
+int irgq_host_run(void** ptrs, const long long* ints) {
+  const Params p = params_from(ptrs, ints);
 
   KArgs a;
   long long num_chunks = 0;
@@ -113,17 +127,39 @@ int irgq_host_run(void** ptrs, const long long* ints) {
   return kOk;
 }
 
-// amax values (finite, >= 0) -> e8m0 bytes; values with |x| <= FP8_MAX -> fp8 bytes (software RNE).
+// amax values (finite, >= 0) -> e8m0 bytes, exactly as both kernels compute them.
 void irgq_host_e8m0(const float* amax, long long n, int fnuz, unsigned char* out) {
   for (long long i = 0; i < n; ++i) out[i] = (unsigned char)e8m0_byte(float_to_bits(amax[i]) & 0x7FFFFFFFu, fnuz != 0);
 }
+
+// values with |x| <= FP8_MAX -> fp8 bytes through the software RNE.
 void irgq_host_encode(const float* x, long long n, int fnuz, unsigned char* out) {
   for (long long i = 0; i < n; ++i) out[i] = (unsigned char)fp8_encode_sw(x[i], fnuz != 0);
 }
 
-// Checks the kernel's multiply-shift token division against '/' for `count` chunk indices spread over
-// [0, 2^31) (and the first and last ones exactly) for chunks_per_token = 32 * H. Returns the mismatches.
-long long irgq_host_fastdiv_mismatches(long long heads, long long count) {
+// make_kargs on the given sizes (ptrs and ints as for params_from); fills out[0..9] = status, num_chunks,
+// chunks_per_token, tok_shift, pos_stride_bytes, cos_stride_bytes, scale_stride_s_bytes, scale_stride_b_bytes,
+// cache_vec, io_vec.
+void irgq_host_kargs(void** ptrs, const long long* ints, long long* out) {
+  const Params p = params_from(ptrs, ints);
+  KArgs a{};
+  long long n = 0;
+  out[0] = make_kargs(p, &a, &n);
+  out[1] = n;
+  out[2] = a.chunks_per_token;
+  out[3] = a.tok_shift;
+  out[4] = a.pos_stride_bytes;
+  out[5] = a.cos_stride_bytes;
+  out[6] = a.scale_stride_s_bytes;
+  out[7] = a.scale_stride_b_bytes;
+  out[8] = a.cache_vec;
+  out[9] = a.io_vec;
+}
+
+// Checks the kernels' multiply-shift token division (chunk_pos: token s and chunk r inside it) against '/' and
+// '%' for `count` chunk indices in [0, 2^31): the first and last 4096, 4096 around multiples of
+// chunks_per_token = 32 * heads, the rest xorshift-random from `seed`. Returns the mismatches (-1: bad sizes).
+long long irgq_host_fastdiv_mismatches(long long heads, long long count, unsigned long long seed) {
   Params p;
   p.num_tokens = 1;
   p.num_heads = (int32_t)heads;
@@ -137,18 +173,18 @@ long long irgq_host_fastdiv_mismatches(long long heads, long long count) {
   if (make_kargs(p, &a, &n) != kOk) return -1;
   const unsigned long long d = a.chunks_per_token;
   long long bad = 0;
-  unsigned long long x = 0x9E3779B97F4A7C15ull;
+  unsigned long long x = seed;
   for (long long i = 0; i < count; ++i) {
-    unsigned c;
-    if (i < 4096) c = (unsigned)i;
-    else if (i < 8192) c = 0x7FFFFFFFu - (unsigned)(i - 4096);
-    else if (i < 12288) c = (unsigned)(((i - 8192) / 2 + 1) * d - (i & 1));  // around multiples of d
+    unsigned long long c;
+    if (i < 4096) c = (unsigned long long)i;
+    else if (i < 8192) c = 0x7FFFFFFFull - (unsigned long long)(i - 4096);
+    else if (i < 12288) c = (unsigned long long)((i - 8192) / 2 + 1) * d - (unsigned long long)(i & 1);
     else {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      c = (unsigned)(x & 0x7FFFFFFFu);
+      c = x & 0x7FFFFFFFull;
     }
-    if (c > 0x7FFFFFFFu) continue;
-    const ChunkPos cp = chunk_pos(a, c);
+    if (c > 0x7FFFFFFFull) continue;
+    const ChunkPos cp = chunk_pos(a, (unsigned)c);
     if (cp.s != c / d || cp.r != c % d) ++bad;
   }
   return bad;

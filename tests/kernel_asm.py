@@ -14,7 +14,6 @@ PATH, in that order.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -23,6 +22,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from compile_cache import compile_once, source_key
 
 # What torch.utils.cpp_extension passes to nvcc for every CUDA source of an extension.
 TORCH_NVCC_FLAGS = (
@@ -70,33 +71,21 @@ def _arch_flag(arch) -> str:
 def nvcc_cubin(src_path, arch, extra_flags=()) -> Path:
     """Compile ``src_path`` for ``arch`` (``"sm_90"``, ``"90"`` or ``90``) to a cubin and return its path.
 
-    Cached by (source text, headers beside it, nvcc version, flags). Skips the test when nvcc is missing;
-    a compile error fails it with nvcc's message.
+    Cached by (source text, headers beside it and the ones it includes, nvcc, flags). Skips the test when nvcc
+    is missing; a compile error fails it with nvcc's message.
     """
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (set NVCC or CUDA_HOME, or put nvcc on PATH): cannot compile CUDA here")
     src = Path(src_path).resolve()
     flags = ["-cubin", f"-arch={_arch_flag(arch)}", "-O3", "-std=c++17", *TORCH_NVCC_FLAGS, *extra_flags]
-    h = hashlib.sha256()
-    h.update(nvcc.encode())
-    h.update(" ".join(flags).encode())
-    for f in sorted(src.parent.glob("*")):  # the source and every header it may include
-        if f.suffix in (".cu", ".cuh", ".h", ".hpp") and f.is_file():
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-    h.update(src.name.encode())
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    out = CACHE_DIR / f"{src.stem}-{_arch_flag(arch)}-{h.hexdigest()[:16]}.cubin"
-    if out.exists():
-        return out
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    proc = subprocess.run([nvcc, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        pytest.fail(f"nvcc failed for {src.name} ({_arch_flag(arch)}):\n{proc.stderr[-4000:]}")
-    os.replace(tmp, out)
-    return out
+    key = source_key(src, (".cu", ".cuh", ".h", ".hpp"), nvcc, " ".join(flags))
+    out = CACHE_DIR / f"{src.stem}-{_arch_flag(arch)}-{key}.cubin"
+
+    def on_error(stderr: str) -> None:
+        pytest.fail(f"nvcc failed for {src.name} ({_arch_flag(arch)}):\n{stderr[-4000:]}")
+
+    return compile_once(nvcc, flags, src, out, on_error)
 
 
 def _cuobjdump(args) -> str:

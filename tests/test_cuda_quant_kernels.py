@@ -4,10 +4,12 @@
   hardware E4M3 conversions (F2FP.SATFINITE.E4M3.F32.PACK_AB...), butterfly shuffles whose count grows with
   the quant group (group 32 needs fewer than group 128: the seed's weakness), and no local memory;
 * sm_80 compiles too (software fp8, no F2FP E4M3 there);
-* the kernel's own per-chunk / per-block math (the __host__ __device__ functions of the .cuh, magic-number
-  token division included) compiled with g++ and run on the CPU gives bit-exact scale bytes and fp8 bytes
-  against fusedrope.reference, over both scale layouts, all group sizes, dtypes, strides, clamped positions
-  and NaN / Inf / zero blocks.
+* the kernel's own per-chunk / per-block math (the __host__ __device__ functions of the .cuh and of the header
+  it shares with the HIP kernel, magic-number token division included) compiled with g++ and run on the CPU
+  gives bit-exact scale bytes and fp8 bytes against fusedrope.reference, over both scale layouts, all group
+  sizes, dtypes, strides, clamped positions and NaN / Inf / zero blocks. The shared scalar math alone (every
+  bf16/fp16 value, fp8 ties, scale boundaries), the launcher's arguments and the token division are checked in
+  tests/test_irgq_common.py.
 
 The hardware conversion path itself runs only on a GPU: gpu/check_inverse_rope_group_quant.py checks it.
 """
@@ -15,26 +17,23 @@ The hardware conversion path itself runs only on a GPU: gpu/check_inverse_rope_g
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 from fusedrope import reference as ref
+from irgq_harness import harness as _harness
 from kernel_asm import nvcc_cubin, opcodes, resource_usage, sass, sass_functions
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cu"
 HEADER = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cuh"
-COMMON_H = ROOT / "kernels_cuda" / "inverse_rope_group_quant_common.h"  # included by HEADER, shared with HIP
-HARNESS = Path(__file__).resolve().parent / "irgq_host_harness.cpp"
 GROUPS = (32, 64, 128, 256)
 
 
@@ -97,31 +96,6 @@ def test_sm80_sass_software_fp8_no_local_memory():
 
 
 # ---------------------------------------------------------------------------------------- CPU emulation (g++)
-def _harness() -> ctypes.CDLL:
-    gxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not gxx:
-        pytest.skip("no C++ compiler (g++) to build the CPU emulation harness")
-    h = hashlib.sha256()
-    for f in (HARNESS, HEADER, COMMON_H):
-        h.update(f.read_bytes())
-    h.update(gxx.encode())
-    out = Path(tempfile.gettempdir()) / f"fusedrope-irgq-harness-{os.getuid()}-{h.hexdigest()[:16]}.so"
-    if not out.exists():
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [gxx, "-std=c++17", "-O2", "-ffp-contract=off", "-Wall", "-Werror", "-shared", "-fPIC",
-               "-I", str(HEADER.parent), str(HARNESS), "-o", str(tmp)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.fail(f"harness build failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
-        os.replace(tmp, out)
-    lib = ctypes.CDLL(str(out))
-    lib.irgq_host_run.restype = ctypes.c_int
-    lib.irgq_host_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong)]
-    lib.irgq_host_fastdiv_mismatches.restype = ctypes.c_longlong
-    lib.irgq_host_fastdiv_mismatches.argtypes = [ctypes.c_longlong, ctypes.c_longlong]
-    return lib
-
-
 DT = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 
@@ -241,12 +215,6 @@ def test_emulated_status_codes():
     assert _emulate(lib, o, p, c, s, x, sc, 48) == 2                  # kBadGroup
 
 
-def test_token_division_magic_numbers():
-    lib = _harness()
-    for heads in (1, 2, 3, 5, 7, 8, 12, 16, 24, 32, 61, 64, 100, 128, 1000, 4093):
-        assert lib.irgq_host_fastdiv_mismatches(heads, 200_000) == 0, heads
-
-
 # ------------------------------------------------------------------------------------ binding and selection
 def _torch_includes() -> list[str]:
     from torch.utils.cpp_extension import include_paths
@@ -289,30 +257,6 @@ def test_cuda_backend_supports(monkeypatch):
     assert "sm_80" in cq.supports(base)
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "gfx942")
     assert "NVIDIA" in cq.supports(base)
-
-
-@pytest.mark.parametrize("fnuz", [False, True], ids=["e4m3fn", "e4m3fnuz"])
-def test_emulated_scalar_math_matches_reference(fnuz):
-    """The .cuh's e8m0 byte and software fp8 RNE (the sm_80 path and the fnuz path) on every bf16/fp16 value,
-    every fp8 tie and scale boundary, bit-exact against fusedrope.reference and torch's fp8 casts."""
-    from test_hip_kernels import e8m0_probe_values, fp8_probe_values
-
-    lib = _harness()
-    dtype = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
-    fp8_max = ref.FP8_MAX[dtype]
-    amax = e8m0_probe_values()
-    got = torch.empty(amax.numel(), dtype=torch.uint8)
-    lib.irgq_host_e8m0(ctypes.c_void_p(amax.data_ptr()), ctypes.c_longlong(amax.numel()), ctypes.c_int(fnuz),
-                       ctypes.c_void_p(got.data_ptr()))
-    assert torch.equal(got, ref.e8m0_scale_bytes(amax, fp8_max))
-    x = fp8_probe_values(fp8_max)
-    got = torch.empty(x.numel(), dtype=torch.uint8)
-    lib.irgq_host_encode(ctypes.c_void_p(x.data_ptr()), ctypes.c_longlong(x.numel()), ctypes.c_int(fnuz),
-                         ctypes.c_void_p(got.data_ptr()))
-    want = x.to(dtype).view(torch.uint8)
-    bad = (got != want).nonzero()
-    assert bad.numel() == 0, (f"first x={x[bad[0]].item()!r}: {got[bad[0]].item():#x} "
-                              f"vs {want[bad[0]].item():#x}")
 
 
 def test_gpu_check_script_cpu_selftest(tmp_path):

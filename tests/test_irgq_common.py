@@ -1,0 +1,87 @@
+"""CPU checks of the plain C++ both inverse_rope_group_quant kernels share
+(kernels_cuda/inverse_rope_group_quant_common.h; the HIP kernel includes it from
+kernels_hip/inverse_rope_group_quant.h), compiled with g++ together with both vendors' kernel headers
+(tests/irgq_host_harness.cpp):
+
+* the e8m0 scale byte and the exact software fp8 RNE (the CUDA kernel's sm_80 and fnuz paths, the HIP kernel's
+  path wherever the hardware fp8 format differs) bit-exact against fusedrope.reference and torch's fp8 casts;
+* the launcher's argument derivation: status codes, byte strides, alignment flags;
+* the multiply-shift token division against '/' and '%'.
+
+The CUDA kernel's whole per-chunk pipeline is emulated in tests/test_cuda_quant_kernels.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from fusedrope import reference as ref
+from irgq_harness import e8m0_probe_values, fp8_probe_values, harness
+
+
+@pytest.mark.parametrize("fnuz", [False, True], ids=["e4m3fn", "e4m3fnuz"])
+def test_scalar_math_matches_reference(fnuz):
+    """The e8m0 byte and the software fp8 RNE, on every bf16/fp16 value, every fp8 tie and scale boundary,
+    bit-exact against fusedrope.reference (e8m0_scale_bytes) and torch's fp8 casts (what the reference
+    uses)."""
+    lib = harness()
+    dtype = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
+    fp8_max = ref.FP8_MAX[dtype]
+    amax = e8m0_probe_values()
+    got = torch.empty(amax.numel(), dtype=torch.uint8)
+    lib.irgq_host_e8m0(ctypes.c_void_p(amax.data_ptr()), ctypes.c_longlong(amax.numel()), ctypes.c_int(fnuz),
+                       ctypes.c_void_p(got.data_ptr()))
+    want = ref.e8m0_scale_bytes(amax, fp8_max)
+    bad = (got != want).nonzero()
+    assert bad.numel() == 0, (f"e8m0 differs for amax={amax[bad[0]].item()!r}: {got[bad[0]].item()} "
+                              f"vs {want[bad[0]].item()}")
+    assert torch.equal(got, want)  # dtype and shape too
+
+    x = fp8_probe_values(fp8_max)
+    got = torch.empty(x.numel(), dtype=torch.uint8)
+    lib.irgq_host_encode(ctypes.c_void_p(x.data_ptr()), ctypes.c_longlong(x.numel()), ctypes.c_int(fnuz),
+                         ctypes.c_void_p(got.data_ptr()))
+    want = x.to(dtype).view(torch.uint8)
+    bad = (got != want).nonzero()
+    assert bad.numel() == 0, (f"{bad.numel()} fp8 codes differ; first x={x[bad[0]].item()!r}: "
+                              f"{got[bad[0]].item():#x} vs torch {want[bad[0]].item():#x}")
+
+
+def test_launcher_arguments():
+    lib = harness()
+
+    def kargs(ptrs=(4096, 8192, 16384, 16384 + 128, 65536, 131072), **kw):
+        ints = dict(S=5, H=16, D=512, o_dtype=0, pos64=1, pos_stride=1, cache_dtype=2, cos_stride=64,
+                    sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1)
+        ints.update(kw)
+        p = (ctypes.c_void_p * 6)(*ptrs)
+        arr = (ctypes.c_longlong * 17)(*ints.values())
+        out = (ctypes.c_longlong * 10)()
+        lib.irgq_host_kargs(p, arr, out)
+        return list(out)
+
+    r = kargs()
+    assert r[:8] == [0, 5 * 16 * 32, 16 * 32, 31 + 9, 8, 256, 64, 1], r
+    assert r[8:] == [1, 1]
+    assert kargs(ptrs=(4096 + 2, 8192, 16384, 16384 + 128, 65536, 131072))[9] == 0  # o off 16-byte alignment
+    assert kargs(ptrs=(4096, 8192, 16384, 16384 + 128, 65536 + 3, 131072))[9] == 0  # x_fp8 too
+    assert kargs(cos_stride=65)[8] == 0                                              # cache rows unaligned
+    assert kargs(cache_dtype=0, cos_stride=72, sin_stride=72)[8] == 1                # 144 B rows: aligned
+    assert kargs(pos64=0, pos_stride=3)[4] == 12
+    assert kargs(f32=1, ss0=1, ss2=5)[6:8] == [4, 20]
+    assert kargs(D=256)[0] == 1 and kargs(rope=128)[0] == 1                          # kUnsupportedShape
+    assert kargs(q=48)[0] == 2 and kargs(G=3)[0] == 2                                # kBadGroup
+    assert kargs(o_dtype=2)[0] == 3 and kargs(cache_dtype=7)[0] == 3                 # kBadDtype
+    assert kargs(S=(1 << 31) // (16 * 32) + 1)[0] == 4                               # kTooLarge
+    assert kargs(S=0)[:2] == [0, 0]                                                  # nothing to launch
+
+
+# the xorshift seeds the CUDA and the HIP harness used before they became one
+@pytest.mark.parametrize("seed", [0x9E3779B97F4A7C15, 0x2545F4914F6CDD1D], ids=["seed0", "seed1"])
+def test_token_division_magic_numbers(seed):
+    lib = harness()
+    for heads in (1, 2, 3, 5, 7, 8, 12, 16, 24, 32, 61, 64, 100, 128, 1000, 4093):
+        assert lib.irgq_host_fastdiv_mismatches(heads, 200_000, seed) == 0, heads
