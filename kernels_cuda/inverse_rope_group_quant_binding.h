@@ -1,0 +1,125 @@
+// The part of the inverse_rope_group_quant torch bindings that both vendors share
+// (inverse_rope_group_quant_torch.cpp here and ../kernels_hip/inverse_rope_group_quant_torch.cpp): the checks
+// of the op's arguments (the defensive second line: fusedrope/inverse_rope_quant.py validates the inputs first,
+// but the op is callable directly) and the kernel parameters taken from the tensors. Torch only, no vendor
+// header: each binding keeps its device guard, stream, launch and error string, and says in BindingNames what
+// its messages call the op, the device and the fp8 formats.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "inverse_rope_group_quant_common.h"
+
+namespace fusedrope {
+namespace irgq {
+
+// The op's schema, the same in both namespaces (torch.ops.fusedrope_cuda / torch.ops.fusedrope_hip).
+constexpr const char* kOpSchema =
+    "inverse_rope_group_quant_out(Tensor o, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) x_fp8, "
+    "Tensor(b!) x_scale, int quant_group_size) -> ()";
+
+struct BindingNames {
+  const char* op;          // "fusedrope_cuda::inverse_rope_group_quant_out"
+  const char* device;      // "expected a <device> tensor"
+  const char* fp8_dtypes;  // "expected dtype <fp8_dtypes>" for x_fp8
+};
+
+inline void check_device(const BindingNames& n, const at::Tensor& t, const char* name, const at::Tensor& o) {
+  TORCH_CHECK(t.defined(), n.op, ": argument '", name, "' is an undefined tensor");
+  TORCH_CHECK(t.is_cuda(), n.op, ": argument '", name, "' expected a ", n.device, " tensor, got a tensor on ",
+              t.device());
+  TORCH_CHECK(t.device() == o.device(), n.op, ": argument '", name, "' expected a tensor on ", o.device(),
+              " (same device as 'o'), got ", t.device());
+}
+
+inline int dtype_code(at::ScalarType t) { return t == at::kBFloat16 ? kBF16 : t == at::kHalf ? kF16 : kF32; }
+
+// Check the arguments of inverse_rope_group_quant_out (TORCH_CHECK errors name n.op) and fill *p from them.
+// Returns false when there is nothing to launch (S == 0).
+inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, const at::Tensor& positions,
+                                const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x_fp8,
+                                const at::Tensor& x_scale, int64_t quant_group_size, Params* p) {
+  TORCH_CHECK(o.defined() && o.is_cuda(), n.op, ": argument 'o' expected a ", n.device, " tensor");
+  check_device(n, positions, "positions", o);
+  check_device(n, cos, "cos", o);
+  check_device(n, sin, "sin", o);
+  check_device(n, x_fp8, "x_fp8", o);
+  check_device(n, x_scale, "x_scale", o);
+  TORCH_CHECK(o.dim() == 3, n.op, ": argument 'o' expected a 3-D tensor [S, H, head_dim], got shape ", o.sizes());
+  TORCH_CHECK(o.scalar_type() == at::kBFloat16 || o.scalar_type() == at::kHalf, n.op,
+              ": argument 'o' expected dtype bfloat16 or float16, got ", o.scalar_type());
+  TORCH_CHECK(o.is_contiguous(), n.op, ": argument 'o' expected a contiguous tensor, got strides ", o.strides());
+  const int64_t S = o.size(0), H = o.size(1), D = o.size(2);
+  TORCH_CHECK(D == 512, n.op, ": argument 'o' expected head_dim 512 (the compiled kernel's), got ", D);
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) >= S, n.op,
+              ": argument 'positions' expected a 1-D tensor with at least S=", S, " elements, got shape ",
+              positions.sizes());
+  TORCH_CHECK(positions.scalar_type() == at::kLong || positions.scalar_type() == at::kInt, n.op,
+              ": argument 'positions' expected dtype int64 or int32, got ", positions.scalar_type());
+  TORCH_CHECK(cos.dim() == 2 && cos.size(1) == 32 && cos.size(0) >= 1, n.op,
+              ": argument 'cos' expected shape [max_pos >= 1, 32] (rope_dim 64), got ", cos.sizes());
+  TORCH_CHECK(sin.sizes() == cos.sizes(), n.op, ": argument 'sin' expected shape ", cos.sizes(),
+              " (same as 'cos'), got ", sin.sizes());
+  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 || cos.scalar_type() == at::kHalf ||
+                  cos.scalar_type() == at::kFloat,
+              n.op, ": argument 'cos' expected dtype bfloat16, float16 or float32, got ", cos.scalar_type());
+  TORCH_CHECK(sin.scalar_type() == cos.scalar_type(), n.op, ": argument 'sin' expected dtype ", cos.scalar_type(),
+              " (same as 'cos'), got ", sin.scalar_type());
+  TORCH_CHECK(cos.stride(1) == 1 && sin.stride(1) == 1, n.op,
+              ": arguments 'cos'/'sin' expected a contiguous last dimension, got strides ", cos.strides(), " / ",
+              sin.strides());
+  const int64_t q = quant_group_size;
+  TORCH_CHECK(q == 32 || q == 64 || q == 128 || q == 256, n.op,
+              ": argument 'quant_group_size' expected 32, 64, 128 or 256, got ", q);
+  TORCH_CHECK(x_fp8.dim() == 3 && x_fp8.size(0) == S && x_fp8.size(1) >= 1 && x_fp8.size(1) * x_fp8.size(2) == H * D,
+              n.op, ": argument 'x_fp8' expected shape [", S, ", G, ", H * D, "/G], got ", x_fp8.sizes());
+  TORCH_CHECK(x_fp8.scalar_type() == at::kFloat8_e4m3fn || x_fp8.scalar_type() == at::kFloat8_e4m3fnuz, n.op,
+              ": argument 'x_fp8' expected dtype ", n.fp8_dtypes, ", got ", x_fp8.scalar_type());
+  TORCH_CHECK(x_fp8.is_contiguous(), n.op, ": argument 'x_fp8' expected a contiguous tensor, got strides ",
+              x_fp8.strides());
+  const int64_t G = x_fp8.size(1), Dg = x_fp8.size(2);
+  TORCH_CHECK(Dg % q == 0, n.op, ": argument 'quant_group_size' expected a divisor of Dg=", Dg, ", got ", q);
+  const int64_t Ks = Dg / q;
+  TORCH_CHECK(x_scale.dim() == 3 && x_scale.size(0) == S && x_scale.size(1) == G && x_scale.size(2) == Ks, n.op,
+              ": argument 'x_scale' expected shape [", S, ", ", G, ", ", Ks, "], got ", x_scale.sizes());
+  const auto st = x_scale.scalar_type();
+  TORCH_CHECK(st == at::kFloat8_e8m0fnu || st == at::kByte || st == at::kFloat, n.op,
+              ": argument 'x_scale' expected dtype float8_e8m0fnu, uint8 or float32, got ", st);
+  // The kernel addresses scale (s, g, k) as s*stride(0) + (g*Ks + k)*stride(2): true for the row-major and the
+  // column-major layouts, i.e. whenever stride(1) == Ks * stride(2).
+  TORCH_CHECK(G == 1 || Ks == 1 || x_scale.stride(1) == Ks * x_scale.stride(2), n.op,
+              ": argument 'x_scale' expected row-major strides (", G * Ks, ", ", Ks,
+              ", 1) or column-major strides (1, ", Ks * S, ", ", S, "), got ", x_scale.strides());
+  TORCH_CHECK(S * H * D / 16 <= INT32_MAX, n.op, ": expected S*H*head_dim/16 < 2^31, got S=", S, " H=", H);
+  if (S == 0) return false;
+
+  p->o = o.data_ptr();
+  p->num_tokens = S;
+  p->num_heads = static_cast<int32_t>(H);
+  p->head_dim = static_cast<int32_t>(D);
+  p->o_dtype = dtype_code(o.scalar_type());
+  p->positions = positions.data_ptr();
+  p->pos_is_int64 = positions.scalar_type() == at::kLong;
+  p->pos_stride = positions.stride(0);
+  p->cos = cos.data_ptr();
+  p->sin = sin.data_ptr();
+  p->cache_dtype = dtype_code(cos.scalar_type());
+  p->cos_stride = cos.stride(0);
+  p->sin_stride = sin.stride(0);
+  p->max_pos = cos.size(0);
+  p->rope_dim = static_cast<int32_t>(2 * cos.size(1));
+  p->x_fp8 = x_fp8.data_ptr();
+  p->fp8_fnuz = x_fp8.scalar_type() == at::kFloat8_e4m3fnuz;
+  p->num_groups = static_cast<int32_t>(G);
+  p->quant_group_size = static_cast<int32_t>(q);
+  p->x_scale = x_scale.data_ptr();
+  p->scale_is_f32 = st == at::kFloat;
+  p->scale_stride_s = x_scale.stride(0);
+  p->scale_stride_b = Ks > 1 ? x_scale.stride(2) : x_scale.stride(1);  // block index b = g*Ks + k
+  return true;
+}
+
+}  // namespace irgq
+}  // namespace fusedrope
