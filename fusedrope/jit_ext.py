@@ -95,15 +95,21 @@ class Extension:
         raise FileNotFoundError(f"fusedrope: {self.vendor} kernel sources not found (looked in "
                                 + ", ".join(str(c) for c in candidates) + ")")
 
+    @staticmethod
+    def _ours(p: Path) -> bool:
+        """False for the ``*_hip.*`` copies torch's hipify writes beside the sources on ROCm: compiling them
+        too would define every kernel twice."""
+        return not p.stem.endswith("_hip")
+
     def sources(self) -> list[Path]:
         """Every source compiled into the extension: the kernels and the torch bindings ``*_torch.cpp``,
         sorted."""
         d = self.kernel_dir()
-        return sorted(d.glob(f"*{self.kernel_suffix}")) + sorted(d.glob("*_torch.cpp"))
+        return [p for p in sorted(d.glob(f"*{self.kernel_suffix}")) + sorted(d.glob("*_torch.cpp")) if self._ours(p)]
 
     def hashed_files(self) -> list[Path]:
         d = self.kernel_dir()
-        files = sorted(p for p in d.iterdir() if p.suffix in self.hashed_suffixes and p.is_file())
+        files = sorted(p for p in d.iterdir() if p.suffix in self.hashed_suffixes and p.is_file() and self._ours(p))
         for folder, pattern in self.sibling_headers:
             files += sorted(p for p in (d.parent / folder).glob(pattern) if p.is_file())
         return files

@@ -183,3 +183,16 @@ def test_hip_ext_sources_and_reasons():
     if not torch.version.hip:
         assert "ROCm" in hip_ext.toolkit_reason()
         assert hip_ext.available(torch.device("cpu"))
+
+
+def test_hipified_copies_are_not_sources(tmp_path, monkeypatch):
+    """On ROCm, torch's hipify writes ``*_hip.*`` copies beside the sources; building them too would define every
+    kernel twice, and hashing them would change the build name after the first build."""
+    from fusedrope import hip_ext
+
+    for name in ("k.hip", "k_hip.hip", "b_torch.cpp", "b_torch_hip.cpp", "k.h", "k_hip.h"):
+        (tmp_path / name).write_text("//")
+    monkeypatch.setattr(hip_ext.EXT, "kernel_dir", lambda: tmp_path)
+    monkeypatch.setattr(hip_ext.EXT, "sibling_headers", ())
+    assert [p.name for p in hip_ext.EXT.sources()] == ["k.hip", "b_torch.cpp"]
+    assert sorted(p.name for p in hip_ext.EXT.hashed_files()) == ["b_torch.cpp", "k.h", "k.hip"]
