@@ -432,17 +432,18 @@ def test_torch_binding_compiles_against_torch_headers(tmp_path):
 
 
 def test_gpu_check_script_cpu_parts(tmp_path):
-    """gpu/check_qwen3_tts_rope.py imports, parses its arguments and writes its tables without a GPU."""
+    """gpu/check_qwen3_tts_rope.py imports, parses its arguments and, through fusedrope.benchmark, times the eager
+    contender on the CPU and writes its files and tables without a GPU."""
     script = ROOT / "gpu" / "check_qwen3_tts_rope.py"
     proc = subprocess.run([os.sys.executable, str(script), "--fake", "--out", str(tmp_path)], capture_output=True,
                           text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "wide_heads-B32" in proc.stdout.splitlines()[-2]  # the table is printed last
+    assert proc.stdout.splitlines()[-1].startswith("| wide_heads | 32 |")  # the seed table is printed last
     assert {p.name for p in tmp_path.iterdir()} >= {"results.json", "bench.csv", "bench.md"}
     import json
 
     res = json.loads((tmp_path / "results.json").read_text())
-    assert len(res["bench"]) == len(TTS_CASES) and res["checks"][0]["ok"]
+    assert {r["case"] for r in res["rows"]} == {c.id for c in TTS_CASES} and res["checks"][0]["ok"]
 
 
 ASAN_SCRIPT = r"""
