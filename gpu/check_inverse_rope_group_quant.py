@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One-shot GPU check of the inverse_rope_group_quant CUDA kernel on an H200 (sm_90): build, correctness,
 compute-sanitizer, CUDA-graph replay, benchmark. Every section runs in its own try/except; the whole run is
-meant to stay under 4 minutes (a first build of the CUDA extension takes about 2 of them).
+meant to stay under 4 minutes (a first build of the CUDA extension takes about 2 of them; gpu/run_all.sh
+builds it once and runs this script after the op-1 one).
 
     PYTHONPATH=$PWD TORCH_CUDA_ARCH_LIST=9.0 python3 gpu/check_inverse_rope_group_quant.py --out $OUT
 
@@ -16,34 +17,32 @@ Sections
   sanitize     re-runs this script with --sanitize-subset under `compute-sanitizer --tool memcheck` with
                PYTORCH_NO_CUDA_MEMORY_CACHING=1 (so each tensor is its own allocation and an overrun is seen)
   graph        CUDA-graph capture + replay equals eager, also after new data is copied into the inputs
-  bench        fused CUDA kernel, fused Triton kernel (backend="triton") and the unfused baseline
-               (fusedrope.baseline.unfused_inverse_rope_group_quant) over the seed's S axis for (H, G) = (16,
-               2) and (8, 1), and its group-size axis (32/64/128 at S = 2048, 8192; plus column-major scales);
-               device time from CUDA-graph replay over input sets rotated beyond the L2; TB/s by the seed's
-               byte count (read o, one cos + one sin row per token, write fp8 1 B/elem + 1 scale byte per
-               block) and as a fraction of a device-to-device copy measured in the same run (bytes read +
-               written)
+  bench        fusedrope.benchmark: the copy roofline, then measure() of the cuda, triton and unfused
+               (fusedrope.baseline) contenders over the seed's S axis for (H, G) = (16, 2) and (8, 1), its
+               group-size axis (32/64/128 at S = 2048, 8192) and column-major scales, in priority order until
+               the deadline; per call (CUDA events) and device time (CUDA-graph replay) over input sets
+               rotated beyond the L2 (at most --max-sets); TB/s by the seed's byte count and as a fraction of
+               the copy
 
-Outputs under --out: results.json (everything: GPU, versions, commit, command, per-case results, errors),
-bench.csv, bench.md; a short table is printed last.
+Outputs under --out: results.json (everything: machine_info, per-case results, bench rows, errors), bench.csv
+(fusedrope.benchmark.write_csv), bench.md (the engine's seed and contender tables, one set per scale layout);
+the seed tables are printed last.
 
---cpu-selftest runs the correctness machinery on the CPU with the reference backend (tiny shapes) and writes
-the output files, so the script's plumbing can be checked without a GPU.
+--cpu-selftest runs the correctness machinery on the CPU with the reference backend (tiny shapes) and the
+bench section on two tiny configs (the reference backend on the wall clock; the GPU contenders skipped with
+their reasons), and writes the output files, so the script's plumbing can be checked without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import math
 import os
-import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -55,12 +54,14 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import fusedrope  # noqa: E402
+from fusedrope import benchmark as B  # noqa: E402
 from fusedrope import reference as ref  # noqa: E402
 from fusedrope.inverse_rope_quant import empty_quant_outputs  # noqa: E402
-from fusedrope.testing import (QUANT_SEQ_LENS, QuantCase, deepseek_rope_cache, poison_like,  # noqa: E402
-                               scale_bytes, ulp_diff)
+from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, deepseek_rope_cache,  # noqa: E402
+                               poison_like, scale_bytes, ulp_diff)
 
-HEAD_GROUPS = {"V4-Pro-TP8": (16, 2), "V4-Flash-TP8": (8, 1)}
+HEAD_GROUPS = QUANT_HEAD_GROUPS
+BENCH_CONTENDERS = ("cuda", "triton", "unfused")
 T_START = time.time()
 
 
@@ -222,7 +223,7 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
         + (f"; FAILED: {fails}" if fails else ""))
 
 
-def section_sanitize(res, out: Path, budget_s: float):
+def section_sanitize(res, budget_s: float):
     cs = shutil.which("compute-sanitizer") or next(
         (p for p in ("/usr/local/cuda/bin/compute-sanitizer",
                      "/opt/nvidia/compute-sanitizer/compute-sanitizer")
@@ -233,8 +234,9 @@ def section_sanitize(res, out: Path, budget_s: float):
         return
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    sub_out = Path(tempfile.mkdtemp(prefix="irgq_sanitize_"))  # not under --out: $OUT holds 8 files at most
     cmd = [cs, "--tool", "memcheck", "--error-exitcode", "17", "--print-limit", "20", sys.executable,
-           str(Path(__file__).resolve()), "--sanitize-subset", "--out", str(out / "sanitize")]
+           str(Path(__file__).resolve()), "--sanitize-subset", "--out", str(sub_out)]
     res["command"] = " ".join(cmd)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, budget_s), env=env)
@@ -243,7 +245,7 @@ def section_sanitize(res, out: Path, budget_s: float):
         m = re.search(r"ERROR SUMMARY:\s*(\d+) error", text)
         res["errors"] = int(m.group(1)) if m else None
         res["tail"] = text[-3000:]
-        sub = out / "sanitize" / "results.json"
+        sub = sub_out / "results.json"
         if sub.exists():
             sections = json.loads(sub.read_text()).get("sections", {})
             res["subset"] = sections.get("correctness", {}).get("failed")
@@ -254,6 +256,8 @@ def section_sanitize(res, out: Path, budget_s: float):
         text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         res["tail"] = text[-2000:]
         log(f"sanitize: timed out after {e.timeout:.0f} s")
+    finally:
+        shutil.rmtree(sub_out, ignore_errors=True)
 
 
 def section_graph(res, backend="cuda"):
@@ -288,144 +292,65 @@ def section_graph(res, backend="cuda"):
     log(f"graph[{backend}]: replay identical to eager: {res['ok_all']}")
 
 
-def graph_time_us(fn_sets, reps=15) -> float:
-    """Median device time per call (us): one CUDA graph holds one call per input set; replay it ``reps``
-    times."""
-    for f in fn_sets:  # warm-up (compiles Triton kernels) outside the capture
-        f()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in fn_sets:
-            f()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(fn_sets))
-    del graph
-    return statistics.median(times)
-
-
-def copy_bandwidth(res) -> float:
-    n = 1 << 30  # 1 GiB each way
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    us = graph_time_us([lambda: dst.copy_(src)] * 4, reps=10)
-    tbps = 2 * n / (us * 1e-6) / 1e12
-    res["copy"] = {"bytes_each_way": n, "us": round(us, 2), "tbps_read_plus_write": round(tbps, 3)}
-    log(f"copy roofline: {tbps:.2f} TB/s (read + write)")
-    return tbps
-
 
 def bench_configs():
-    """In priority order (the deadline cuts from the end): (16, 2) over S, the group-size axis, (8, 1) over S,
+    """(axis, (H, G) name, H, G, S, quant group, column-major scale) in priority order (the deadline cuts from
+    the end): (16, 2) over S, the group-size axis (group 128 is on the S axis already), (8, 1) over S,
     column-major scales."""
     cfgs = [("seq", "V4-Pro-TP8", 16, 2, S, 128, False) for S in QUANT_SEQ_LENS]
-    for S in (2048, 8192):
-        for q in (32, 64, 128):
-            cfgs.append(("group", "V4-Pro-TP8", 16, 2, S, q, False))
+    cfgs += [("group", "V4-Pro-TP8", 16, 2, S, q, False) for S in (2048, 8192) for q in (32, 64)]
     cfgs += [("seq", "V4-Flash-TP8", 8, 1, S, 128, False) for S in QUANT_SEQ_LENS]
-    for q in (32, 128):
-        cfgs.append(("colmajor", "V4-Pro-TP8", 16, 2, 8192, q, True))
+    cfgs += [("colmajor", "V4-Pro-TP8", 16, 2, 8192, q, True) for q in (32, 128)]
     return cfgs
 
 
-def section_bench(res, deadline: float):
-    from fusedrope.baseline import unfused_inverse_rope_group_quant
-
-    props = torch.cuda.get_device_properties(0)
-    l2 = int(getattr(props, "L2_cache_size", 0) or 60 * 2**20)
-    res["l2_bytes"] = l2
-    copy_tbps = copy_bandwidth(res)
-    rows = []
-    cache_dtype = torch.float32
-    for (axis, hg_name, H, G, S, q, t) in bench_configs():
-        if time.time() > deadline:
-            res.setdefault("skipped", []).append(f"{axis}-{hg_name}-S{S}-g{q}")
-            continue
+def section_bench(res, device: torch.device, deadline: float, configs=None, only=BENCH_CONTENDERS,
+                  max_sets: int = B.MAX_SETS, reps: int = 5):
+    """fusedrope.benchmark's copy roofline and measure() per config, until the deadline."""
+    res["copy"] = B.copy_roofline(device)
+    copy = res["copy"]["tbps"]
+    log(f"copy roofline: {copy:.2f} TB/s (read + write)")
+    cl = B.contenders(B.QUANT, device, compile=False, only=only)
+    res["contenders"] = [{"name": c.name, "what": c.what, "unavailable": c.reason} for c in cl]
+    rows = res.setdefault("rows", [])
+    for (axis, hg_name, H, G, S, q, t) in configs or bench_configs():
         case = QuantCase(S, H, G, quant_group_size=q)
-        nbytes = case.bytes_moved(torch.bfloat16, cache_dtype)
-        set_bytes = S * H * 512 * 3 + S * H * 512 // q
-        n_sets = max(2, min(64, math.ceil(3 * l2 / set_bytes)))
-        cos, sin = deepseek_rope_cache(4096, 64, dtype=cache_dtype)
-        cos, sin = cos.cuda(), sin.cuda()
-        sets = []
-        for i in range(n_sets):
-            o = (torch.randn(S, H, 512, device="cuda") * (1 + i)).to(torch.bfloat16)
-            p = torch.randint(0, 4096, (S,), device="cuda")
-            x, sc = empty_quant_outputs(o, G, q, t)
-            sets.append((o, p, x, sc))
-        row = {"axis": axis, "hg": hg_name, "H": H, "G": G, "S": S, "group": q, "transpose_scale": t,
-               "bytes": nbytes, "n_sets": n_sets, "l2_resident": n_sets * set_bytes < l2}
-        impls = {
-            "cuda": lambda o, p, x, sc: fusedrope.inverse_rope_group_quant(o, p, cos, sin, G, q, t, x, sc,
-                                                                           backend="cuda"),
-            "triton": lambda o, p, x, sc: fusedrope.inverse_rope_group_quant(o, p, cos, sin, G, q, t, x, sc,
-                                                                             backend="triton"),
-            "unfused": lambda o, p, x, sc: unfused_inverse_rope_group_quant(o, p, cos, sin, G, q, t, x, sc),
-        }
-        for impl, fn in impls.items():
-            try:
-                us = graph_time_us([(lambda a=a: fn(*a)) for a in sets])
-                row[f"{impl}_us"] = round(us, 3)
-                row[f"{impl}_tbps"] = round(nbytes / (us * 1e-6) / 1e12, 4)
-                row[f"{impl}_frac_copy"] = round(row[f"{impl}_tbps"] / copy_tbps, 4)
-            except Exception as e:  # noqa: BLE001
-                row[f"{impl}_error"] = f"{type(e).__name__}: {e}"[:300]
-        if "cuda_us" in row and "unfused_us" in row:
-            row["speedup_vs_unfused"] = round(row["unfused_us"] / row["cuda_us"], 3)
-        if "cuda_us" in row and "triton_us" in row:
-            row["speedup_vs_triton"] = round(row["triton_us"] / row["cuda_us"], 3)
-        rows.append(row)
-        log(f"bench {axis} {hg_name} S={S} g={q}{' col' if t else ''}: cuda {row.get('cuda_us')} us "
-            f"({row.get('cuda_tbps')} TB/s), triton {row.get('triton_us')} us, "
-            f"unfused {row.get('unfused_us')} us")
+        if time.time() > deadline:
+            res.setdefault("skipped", []).append(f"{axis}-{case.id}{'-col' if t else ''}")
+            continue
+        sets = B.quant_sets(case, B.num_sets(B.input_bytes(B.QUANT, case), device, max_sets), device, t)
+        rows += [dict(r, axis=axis, hg=hg_name)
+                 for r in B.measure(B.QUANT, case, cl, device, reps=reps, copy_tbps=copy, sets=sets, log=log)]
         del sets
-    res["rows"] = rows
-    res["copy_tbps"] = copy_tbps
 
 
 # ------------------------------------------------------------------------------------------------ reports
-CSV_COLS = ["axis", "hg", "H", "G", "S", "group", "transpose_scale", "bytes", "n_sets", "l2_resident",
-            "cuda_us", "cuda_tbps", "cuda_frac_copy", "triton_us", "triton_tbps", "triton_frac_copy",
-            "unfused_us", "unfused_tbps", "unfused_frac_copy", "speedup_vs_unfused", "speedup_vs_triton"]
+def bench_tables(rows) -> str:
+    """The engine's op-2 seed tables and every-contender tables, one set per scale layout (the engine's
+    tables key rows by case id, which does not hold the layout)."""
+    out = []
+    for t, layout in ((False, "row-major"), (True, "column-major")):
+        rs = [r for r in rows if bool(r.get("transpose_scale")) == t]
+        if rs:
+            out.append(f"## inverse_rope_group_quant, {layout} scale (seed columns; fused = the backend auto "
+                       "picks)\n\n" + B.quant_seed_tables(rs)
+                       + f"\n### every contender, {layout} scale\n\n" + B.contender_tables(rs, B.QUANT))
+    return "\n".join(out)
 
 
 def write_reports(results, out: Path) -> str:
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    rows = results["sections"].get("bench", {}).get("rows", [])
-    with open(out / "bench.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow(r)
-    copy = results["sections"].get("bench", {}).get("copy_tbps")
-    md = [f"# inverse_rope_group_quant on {results['meta'].get('gpu', '?')}", "",
-          f"Device-to-device copy (read + write): {copy and round(copy, 2)} TB/s. "
-          "Device time from CUDA-graph replay, "
-          "inputs rotated beyond the L2. TB/s by the seed's byte count.", "",
-          "| axis | H,G | S | group | scale | cuda us | cuda TB/s | % copy | triton us | unfused us "
-          "| vs unfused | vs triton |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        frac = r.get("cuda_frac_copy")
-        md.append(f"| {r['axis']} | {r['H']},{r['G']} | {r['S']} | {r['group']} | "
-                  f"{'col' if r['transpose_scale'] else 'row'} | {r.get('cuda_us', '-')} | "
-                  f"{r.get('cuda_tbps', '-')} | "
-                  f"{'-' if frac is None else round(100 * frac, 1)} | {r.get('triton_us', '-')} | "
-                  f"{r.get('unfused_us', '-')} | {r.get('speedup_vs_unfused', '-')} | "
-                  f"{r.get('speedup_vs_triton', '-')} |")
-    (out / "bench.md").write_text("\n".join(md) + "\n")
+    """results.json, bench.csv, bench.md; returns the short summary (the row-major seed tables last)."""
+    out.mkdir(parents=True, exist_ok=True)
+    B.write_json(results, out / "results.json")
+    bench = results["sections"].get("bench", {})
+    rows = bench.get("rows", [])
+    B.write_csv(rows, out / "bench.csv")
+    md = B.markdown({"meta": results["meta"], "rows": [], "copy": bench.get("copy", {})})
+    (out / "bench.md").write_text(md + "\n" + bench_tables(rows))
     short = ["", "section      ok   notes"]
     for name, sec in results["sections"].items():
         note = sec.get("error") or sec.get("skipped") or ""
-        if name == "correctness" and "failed" in sec:
+        if name.startswith("correctness") and "failed" in sec:
             note = f"{sec['n_cases'] - len(sec['failed'])}/{sec['n_cases']} ok, fp8 bytes differing: " \
                    f"{sec.get('fp8_bytes_differ_total')}" \
                    + (f", failed {sec['failed'][:4]}" if sec["failed"] else "")
@@ -436,56 +361,15 @@ def write_reports(results, out: Path) -> str:
             note = f"replay == eager: {sec['ok_all']}"
         if name == "build" and "seconds" in sec:
             note = f"{sec['seconds']} s"
+        if name == "bench" and rows:
+            bad = sum(r.get("status") == "error" for r in rows)
+            cut = len(bench.get("skipped", []))
+            note = f"{len(rows)} rows, {bad} errors, {cut} configs cut by the deadline"
         short.append(f"{name:<12} {'yes' if sec.get('ok') else 'NO ':<4} {str(note)[:150]}")
-    skipped = results["sections"].get("bench", {}).get("skipped")
-    if skipped:
-        short.append(f"bench: {len(skipped)} configs skipped at the time budget (--budget-s): "
-                     f"{skipped[:3]} ...")
-    if rows:
-        short += ["", f"copy {copy:.2f} TB/s | H,G  S      g   sc  | cuda us  TB/s  %cp | triton us "
-                      "| unfused us | x unf"]
-        for r in rows:
-            if r["axis"] == "seq" and r["S"] not in (1, 128, 1024, 4096, 8192, 16384):
-                continue
-            frac = r.get("cuda_frac_copy")
-            short.append(f"{r['axis']:<8} {r['H']:>2},{r['G']:<2} {r['S']:>6} {r['group']:>3} "
-                         f"{'col' if r['transpose_scale'] else 'row'} | {r.get('cuda_us', '-'):>7} "
-                         f"{r.get('cuda_tbps', '-'):>5} {'-' if frac is None else round(100 * frac):>3} | "
-                         f"{r.get('triton_us', '-'):>9} | {r.get('unfused_us', '-'):>10} | "
-                         f"{r.get('speedup_vs_unfused', '-')}")
+    row_major = [r for r in rows if not r.get("transpose_scale")]
+    if row_major:
+        short += ["", f"copy {bench['copy']['tbps']:.2f} TB/s; " + B.quant_seed_tables(row_major)]
     return "\n".join(short)
-
-
-def meta(args) -> dict:
-    m = {"command": " ".join([sys.executable, *sys.argv]), "python": platform.python_version(),
-         "torch": torch.__version__, "torch_cuda": torch.version.cuda, "host": platform.node(),
-         "time": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args)}
-    try:
-        import triton
-
-        m["triton"] = triton.__version__
-    except Exception:  # noqa: BLE001
-        m["triton"] = None
-    try:
-        m["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                     timeout=10).stdout.strip()
-        m["dirty"] = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
-                                         text=True,
-                                         timeout=10).stdout.strip())
-    except Exception:  # noqa: BLE001
-        m["commit"] = None
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        m.update(gpu=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
-                 l2_bytes=getattr(p, "L2_cache_size", None))
-        try:
-            m["nvidia_smi"] = subprocess.run(["nvidia-smi",
-                                              "--query-gpu=name,driver_version,clocks.sm,clocks.mem",
-                                              "--format=csv,noheader"], capture_output=True, text=True,
-                                             timeout=20).stdout.strip()
-        except Exception:  # noqa: BLE001
-            pass
-    return m
 
 
 def main(argv=None) -> int:
@@ -497,13 +381,18 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--budget-s", type=float, default=225.0,
                     help="stop starting new work after this many seconds")
+    ap.add_argument("--max-sets", type=int, default=1000,
+                    help="cap on rotating input sets per bench config (S = 1 stays in the L2 below 3840)")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions per timing (median)")
     ap.add_argument("--cpu-selftest", action="store_true",
-                    help="no GPU: run the correctness machinery with the reference backend on CPU tensors")
+                    help="no GPU: the correctness machinery with the reference backend on CPU tensors, and "
+                         "the bench section on two tiny configs")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = T_START + args.budget_s
-    results = {"meta": meta(args), "sections": {}}
+    dev = torch.device("cpu" if args.cpu_selftest or not torch.cuda.is_available() else "cuda")
+    results = {"meta": B.machine_info(dev), "args": vars(args), "sections": {}}
 
     def section(name, fn, *a, **k):
         res = results["sections"].setdefault(name, {})
@@ -517,6 +406,8 @@ def main(argv=None) -> int:
             elif name == "sanitize":
                 ok = ("skipped" not in res and res.get("errors") == 0 and res.get("returncode") == 0
                       and not res.get("subset"))
+            elif name == "bench":
+                ok = not any(r.get("status") == "error" for r in res.get("rows", []))
             res["ok"] = ok
         except Exception as e:  # noqa: BLE001
             res.update(ok=False, error=f"{type(e).__name__}: {e}"[:500],
@@ -524,16 +415,21 @@ def main(argv=None) -> int:
             log(f"{name}: FAILED: {type(e).__name__}: {e}")
 
     if args.cpu_selftest:
+        torch.set_num_threads(1)  # as the engine on a CPU: a shared VM's parallel regions wait tens of ms
         section("correctness", section_correctness, "cpu", "reference", subset=True)
+        tiny = [("seq", "V4-Pro-TP8", 16, 2, 8, 128, False),
+                ("colmajor", "V4-Pro-TP8", 16, 2, 8, 128, True)]
+        section("bench", section_bench, dev, deadline, configs=tiny, only=("reference",) + BENCH_CONTENDERS,
+                reps=1)
         print(write_reports(results, out))
-        return 0 if results["sections"]["correctness"].get("ok") else 1
+        return 0 if all(s.get("ok") for s in results["sections"].values()) else 1
 
-    if not torch.cuda.is_available():
+    if dev.type != "cuda":
         print("no CUDA device visible: nothing to check (use --cpu-selftest to exercise the script on CPU)")
         return 2
     if args.sanitize_subset:  # runs under compute-sanitizer: the built extension is loaded from the cache
         section("correctness", section_correctness, "cuda", "cuda", subset=True)
-        write_reports(results, out)
+        B.write_json(results, out / "results.json")
         return 0 if results["sections"]["correctness"].get("ok") else 1
 
     section("build", section_build)
@@ -541,11 +437,12 @@ def main(argv=None) -> int:
         section("correctness", section_correctness, "cuda", "cuda", cpu_reference_every=9)
         section("graph", section_graph)
         if not args.skip_sanitize:
-            section("sanitize", section_sanitize, out, max(45.0, min(120.0, deadline - time.time() - 60)))
+            section("sanitize", section_sanitize, max(45.0, min(120.0, deadline - time.time() - 60)))
     # the fused Triton kernel against the reference on the small subset, for the record
     section("correctness_triton", section_correctness, "cuda", "triton", subset=True)
     if not args.skip_bench:
-        section("bench", section_bench, deadline)
+        section("bench", section_bench, dev, deadline, max_sets=args.max_sets, reps=args.reps)
+    results["meta"]["seconds"] = round(time.time() - T_START, 1)
     summary = write_reports(results, out)
     print(summary)
     return 0 if all(s.get("ok") for s in results["sections"].values()) else 1
