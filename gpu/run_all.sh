@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# gpu/run_all.sh: both ops' GPU checks in ONE device call on a lent H200 (gpu/README.md gives the `run` call).
+#
+#   1. installs the wheels carried in .whl/ (gpu/fetch_wheels.sh: Liger-Kernel) with pip --target /tmp/site;
+#   2. builds the CUDA extension once (TORCH_CUDA_ARCH_LIST=9.0); both scripts then load that build;
+#   3. gpu/check_qwen3_tts_rope.py, then gpu/check_inverse_rope_group_quant.py, each with its own --budget-s
+#      taken from what is left of TOTAL_S (default 450 s) and a hard `timeout` a little above it;
+#   4. prints a short combined table last (gpu/summarize.py).
+#
+# Files under $OUT (the device tool brings back 8 at most, 2 folders down; summarize.py counts them):
+#   log.txt  tts/results.json tts/bench.csv tts/bench.md tts/sanitizer.log
+#            quant/results.json quant/bench.csv quant/bench.md
+# Exit status: 0 only if the build and both scripts passed.
+#
+# Knobs (environment): TOTAL_S, QUANT_S (seconds kept for the op-2 script, default 110), BUILD_TIMEOUT_S (200),
+# TTS_ARGS / QUANT_ARGS (extra arguments, e.g. TTS_ARGS="--no-compile"), PYTHON (python3).
+# `gpu/run_all.sh --cpu-selftest` runs the same pipeline with the scripts' CPU modes (no GPU, no build).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu_out}"
+PY="${PYTHON:-python3}"
+TOTAL_S="${TOTAL_S:-450}"
+QUANT_S="${QUANT_S:-110}"
+SELFTEST=0
+[ "${1:-}" = "--cpu-selftest" ] && SELFTEST=1
+mkdir -p "$OUT/tts" "$OUT/quant"
+
+clamp() { local v=$1; [ "$v" -lt "$2" ] && v=$2; [ "$v" -gt "$3" ] && v=$3; echo "$v"; }
+
+main() {
+    export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+    local path="$PWD"
+    if compgen -G ".whl/*.whl" >/dev/null && [ "$SELFTEST" = 0 ]; then
+        if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target /tmp/site .whl/*.whl; then
+            path="$PWD:/tmp/site"
+            echo "installed: $(cd .whl && ls -- *.whl | tr '\n' ' ')"
+        else
+            echo "wheel install failed: going on without the carried peers"
+        fi
+    fi
+    export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}"
+    echo "== gpu/run_all.sh: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), OUT=$OUT," \
+         "TOTAL_S=$TOTAL_S, TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader 2>/dev/null
+
+    local build_rc=0 tts_rc quant_rc left budget
+    if [ "$SELFTEST" = 1 ]; then
+        build_rc="skipped (cpu self-test)"
+        # shellcheck disable=SC2086
+        "$PY" gpu/check_qwen3_tts_rope.py --fake --out "$OUT/tts" ${TTS_ARGS:-}
+        tts_rc=$?
+        # shellcheck disable=SC2086
+        "$PY" gpu/check_inverse_rope_group_quant.py --cpu-selftest --out "$OUT/quant" ${QUANT_ARGS:-}
+        quant_rc=$?
+    else
+        echo "== build the CUDA extension once ($(date -u +%T))"
+        timeout "${BUILD_TIMEOUT_S:-200}" "$PY" -c \
+            'from fusedrope import cuda_ext; print("built", cuda_ext.build(verbose=False))'
+        build_rc=$?
+
+        left=$((TOTAL_S - SECONDS))
+        budget=$(clamp $((left - QUANT_S - 20)) 60 260)
+        echo "== qwen3_tts_rope: --budget-s $budget (${left} s left of $TOTAL_S)"
+        # shellcheck disable=SC2086
+        timeout $((budget + 40)) "$PY" gpu/check_qwen3_tts_rope.py --out "$OUT/tts" --budget-s "$budget" \
+            ${TTS_ARGS:-}
+        tts_rc=$?
+
+        left=$((TOTAL_S - SECONDS))
+        budget=$(clamp $((left - 15)) 45 240)
+        echo "== inverse_rope_group_quant: --budget-s $budget (${left} s left of $TOTAL_S)"
+        # shellcheck disable=SC2086
+        timeout $((budget + 30)) "$PY" gpu/check_inverse_rope_group_quant.py --out "$OUT/quant" \
+            --budget-s "$budget" ${QUANT_ARGS:-}
+        quant_rc=$?
+    fi
+    echo "== done in ${SECONDS} s"
+    "$PY" gpu/summarize.py "$OUT" --build-rc "$build_rc" --tts-rc "$tts_rc" --quant-rc "$quant_rc"
+    local files_rc=$?
+    [ "$build_rc" = 0 ] || [ "$SELFTEST" = 1 ] || return 1
+    [ "$tts_rc" = 0 ] && [ "$quant_rc" = 0 ] && [ "$files_rc" = 0 ]
+}
+
+main 2>&1 | tee "$OUT/log.txt"
+exit "${PIPESTATUS[0]}"

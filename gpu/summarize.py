@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The short combined table that gpu/run_all.sh prints last: build and script exit codes, each script's checks
+and sections, the files under $OUT (8 come back at most), then both ops' seed tables (fusedrope.benchmark's).
+
+    python3 gpu/summarize.py $OUT --build-rc 0 --tts-rc 0 --quant-rc 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from fusedrope import benchmark as B  # noqa: E402
+
+MAX_FILES = 8  # what the device tool brings back from $OUT
+
+
+def _load(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except Exception as e:  # noqa: BLE001 - a script killed early may have left nothing
+        return {"_missing": f"{path}: {type(e).__name__}: {e}"}
+
+
+def tts_line(res: dict) -> str:
+    if "_missing" in res:
+        return res["_missing"]
+    checks = res.get("checks", [])
+    bad = [c["section"] + "/" + c["name"] for c in checks if not c["ok"]]
+    not_ok = [f"{n} ({s['status'][:60]})" for n, s in res.get("sections", {}).items() if s["status"] != "ok"]
+    rows = res.get("rows", [])
+    return (f"{len(checks) - len(bad)}/{len(checks)} checks ok" + (f", FAILED {bad[:4]}" if bad else "")
+            + f"; {sum(r.get('status') == 'ok' for r in rows)}/{len(rows)} bench rows ok"
+            + f"; sections not ok: {', '.join(not_ok) or 'none'}")
+
+
+def quant_line(res: dict) -> str:
+    if "_missing" in res:
+        return res["_missing"]
+    secs = res.get("sections", {})
+    rows = secs.get("bench", {}).get("rows", [])
+    return (", ".join(f"{n} {'ok' if s.get('ok') else 'NOT OK'}" for n, s in secs.items())
+            + f"; {sum(r.get('status') == 'ok' for r in rows)}/{len(rows)} bench rows ok")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    for name in ("build", "tts", "quant"):
+        ap.add_argument(f"--{name}-rc", default="?")
+    args = ap.parse_args(argv)
+    tts, quant = _load(args.out / "tts" / "results.json"), _load(args.out / "quant" / "results.json")
+    meta = tts.get("meta") or quant.get("meta") or {}
+    copy = tts.get("copy", {}).get("tbps") or quant.get("sections", {}).get("bench", {}).get("copy", {}).get("tbps")
+    files = sorted(p.relative_to(args.out).as_posix() for p in args.out.rglob("*") if p.is_file())
+    print(f"\n== gpu/run_all.sh: {meta.get('gpu') or B.CPU_LABEL} | commit {str(meta.get('git_commit'))[:12]}"
+          f"{' (dirty)' if meta.get('git_dirty') else ''} | copy roofline "
+          + (f"{copy:.2f} TB/s" if copy else "-"))
+    print(f"build           exit {args.build_rc}")
+    print(f"qwen3_tts_rope  exit {args.tts_rc}: {tts_line(tts)}")
+    print(f"inverse_rope_q  exit {args.quant_rc}: {quant_line(quant)}")
+    warn = "" if len(files) <= MAX_FILES else f"  MORE THAN {MAX_FILES}: some will not come back"
+    print(f"files under $OUT: {len(files)} ({', '.join(files)}){warn}")
+    print("\n## qwen3_tts_rope (per call us, CUDA events around back-to-back calls; TB/s from device time)\n")
+    print(B.tts_seed_table(tts.get("rows", [])))
+    rows = [r for r in quant.get("sections", {}).get("bench", {}).get("rows", []) if not r.get("transpose_scale")]
+    print("## inverse_rope_group_quant, row-major scale (device us from CUDA-graph replay)\n")
+    print(B.quant_seed_tables(rows))
+    return 0 if len(files) <= MAX_FILES else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
