@@ -24,17 +24,8 @@ if not HAS_GPU:
 import fusedrope  # noqa: E402
 from fusedrope import reference as R  # noqa: E402
 from fusedrope.backends import gpu_arch  # noqa: E402
-from fusedrope.testing import (
-    QUANT_CASES,
-    TTS_CASES,
-    QuantCase,
-    TtsCase,
-    assert_quant_close,  # noqa: E402
-    assert_ulp_close,
-    make_quant_inputs,
-    make_tts_inputs,
-    rope_blocks,
-)
+from fusedrope.testing import (QUANT_CASES, TTS_CASES, QuantCase, TtsCase, assert_quant_close,  # noqa: E402
+                               assert_ulp_close, make_quant_inputs, make_tts_inputs, rope_blocks)
 
 DEVICE = torch.device("cuda" if HAS_GPU else "cpu")
 OPS = ("qwen3_tts_rope", "inverse_rope_group_quant")
@@ -55,9 +46,7 @@ def machine() -> None:
     print(" ", _versions())
     if HAS_GPU:
         name = torch.cuda.get_device_name(DEVICE)
-        print(
-            f"  GPU: {name} ({gpu_arch(DEVICE)}), torch {'ROCm ' + torch.version.hip if torch.version.hip else 'CUDA ' + str(torch.version.cuda)}"
-        )
+        print(f"  GPU: {name} ({gpu_arch(DEVICE)}), torch {'ROCm ' + torch.version.hip if torch.version.hip else 'CUDA ' + str(torch.version.cuda)}")
     else:
         print("  No GPU here: the GPU kernels (CUDA, HIP, Triton on a GPU) cannot run on this machine.")
         if os.environ.get("TRITON_INTERPRET") == "1":
@@ -90,25 +79,15 @@ def selection() -> None:
     small_tts = [c for c in TTS_CASES if c.batch == 1]
     for case in TTS_CASES:
         # cos/sin tensors only shape the choice through dtype, device and D: tiny stand-ins suffice.
-        args = (
-            _tts_args(TtsCase(case.name, 1, 1, 1, 1, case.head_dim))
-            if case not in small_tts
-            else _tts_args(case)
-        )
+        args = _tts_args(TtsCase(case.name, 1, 1, 1, 1, case.head_dim)) if case not in small_tts else _tts_args(case)
         ex = fusedrope.explain("qwen3_tts_rope", *args)
         groups.setdefault(("qwen3_tts_rope", str(ex)), []).append(case.id)
     for case in QUANT_CASES[:3] + QUANT_CASES[10:11]:
-        ex = fusedrope.explain(
-            "inverse_rope_group_quant", *_quant_args(QuantCase(1, case.num_heads, case.num_groups))
-        )
-        groups.setdefault(("inverse_rope_group_quant", str(ex)), []).append(
-            f"(H, G)=({case.num_heads}, {case.num_groups})"
-        )
+        ex = fusedrope.explain("inverse_rope_group_quant", *_quant_args(QuantCase(1, case.num_heads, case.num_groups)))
+        groups.setdefault(("inverse_rope_group_quant", str(ex)), []).append(f"(H, G)=({case.num_heads}, {case.num_groups})")
     for (op, text), ids in groups.items():
         head, *rows = text.splitlines()
-        print(
-            f"  {head}   [{', '.join(dict.fromkeys(i.rsplit('-B', 1)[0] if '-B' in i else i for i in ids))}]"
-        )
+        print(f"  {head}   [{', '.join(dict.fromkeys(i.rsplit('-B', 1)[0] if '-B' in i else i for i in ids))}]")
         for r in rows:
             print("    " + r.strip())
 
@@ -131,14 +110,10 @@ def self_check() -> bool:
                 q_ref, k_ref = R.qwen3_tts_rope_oracle(q, k, cos, sin)
                 assert_ulp_close(q_out, q_ref, 1, "q")
                 assert_ulp_close(k_out, k_ref, 1, "k")
-            print(
-                f"  PASS qwen3_tts_rope           {backend:<10} within 1 ulp of the fp64 oracle on {len(tts_cases)} seed cases"
-            )
+            print(f"  PASS qwen3_tts_rope           {backend:<10} within 1 ulp of the fp64 oracle on {len(tts_cases)} seed cases")
         except Exception as e:  # noqa: BLE001 - report every backend
             ok = False
-            print(
-                f"  FAIL qwen3_tts_rope           {backend:<10} {type(e).__name__}: {str(e).splitlines()[0]}"
-            )
+            print(f"  FAIL qwen3_tts_rope           {backend:<10} {type(e).__name__}: {str(e).splitlines()[0]}")
     for backend in _available("inverse_rope_group_quant"):
         try:
             for case in quant_cases:
@@ -147,14 +122,10 @@ def self_check() -> bool:
                     got = fusedrope.inverse_rope_group_quant(*args, ts, backend=backend)
                     ref = fusedrope.inverse_rope_group_quant(*args, ts, backend="reference")
                     assert_quant_close(*got, *ref, rope_blocks(case), backend)
-            print(
-                f"  PASS inverse_rope_group_quant {backend:<10} scale bytes exact, fp8 within 1 ulp, both layouts"
-            )
+            print(f"  PASS inverse_rope_group_quant {backend:<10} scale bytes exact, fp8 within 1 ulp, both layouts")
         except Exception as e:  # noqa: BLE001
             ok = False
-            print(
-                f"  FAIL inverse_rope_group_quant {backend:<10} {type(e).__name__}: {str(e).splitlines()[0]}"
-            )
+            print(f"  FAIL inverse_rope_group_quant {backend:<10} {type(e).__name__}: {str(e).splitlines()[0]}")
     return ok
 
 
@@ -176,37 +147,23 @@ def _time(fn, reps: int) -> float:
 
 
 def timing() -> None:
-    where = (
-        "GPU, CUDA events around back-to-back calls" if HAS_GPU else "CPU wall clock; triton = interpreter"
-    )
+    where = "GPU, CUDA events around back-to-back calls" if HAS_GPU else "CPU wall clock; triton = interpreter"
     print(f"\n== timing, us per call ({where}; bench/ holds the real benchmarks)")
     print(f"  {'op / case':<44}" + "".join(f"{b:>12}" for b in ("reference", "triton", "cuda", "hip")))
     reps = 50 if HAS_GPU else 3
     rows = []
     for case in (TTS_CASES[0], TTS_CASES[-1] if HAS_GPU else TTS_CASES[-3]):
         args = _tts_args(case)
-        rows.append(
-            (
-                f"qwen3_tts_rope {case.id}",
-                "qwen3_tts_rope",
-                lambda b, a=args: fusedrope.qwen3_tts_rope(*a, backend=b),
-            )
-        )
+        rows.append((f"qwen3_tts_rope {case.id}", "qwen3_tts_rope",
+                     lambda b, a=args: fusedrope.qwen3_tts_rope(*a, backend=b)))
     for case in (QuantCase(1, 16, 2), QuantCase(32 if not HAS_GPU else 2048, 16, 2)):
         args = _quant_args(case)
-        rows.append(
-            (
-                f"inverse_rope_group_quant S={case.num_tokens} H=16 G=2",
-                "inverse_rope_group_quant",
-                lambda b, a=args: fusedrope.inverse_rope_group_quant(*a, backend=b),
-            )
-        )
+        rows.append((f"inverse_rope_group_quant S={case.num_tokens} H=16 G=2", "inverse_rope_group_quant",
+                     lambda b, a=args: fusedrope.inverse_rope_group_quant(*a, backend=b)))
     for label, op, call in rows:
         have = _available(op)
-        cells = [
-            f"{_time(lambda: call(b), reps):12.1f}" if b in have else f"{'-':>12}"
-            for b in ("reference", "triton", "cuda", "hip")
-        ]
+        cells = [f"{_time(lambda: call(b), reps):12.1f}" if b in have else f"{'-':>12}"
+                 for b in ("reference", "triton", "cuda", "hip")]
         print(f"  {label:<44}" + "".join(cells))
 
 
@@ -256,12 +213,10 @@ def main(argv=None) -> int:
     be.add_argument("--quick", action="store_true", help="a short matrix (tiny sizes on a CPU-only machine)")
     be.add_argument("--full", action="store_true", help="run the seed matrix even on a CPU-only machine")
     be.add_argument("--out", help="output folder (default bench/results/<gpu or cpu>-<matrix>-<commit>)")
-    be.add_argument(
-        "--plots", action=argparse.BooleanOptionalAction, default=True, help="PNG plots (matplotlib)"
-    )
-    be.add_argument(
-        "--reps", type=int, default=0, help="timing samples per measurement (default 5 GPU, 3 CPU)"
-    )
+    be.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
+                    help="PNG plots (matplotlib)")
+    be.add_argument("--reps", type=int, default=0,
+                    help="timing samples per measurement (default 5 GPU, 3 CPU)")
     be.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
     be.add_argument("--no-graph", action="store_true", help="skip CUDA-graph device timing")
     be.add_argument("--interpreter", action="store_true", help="on a CPU, time Triton in its interpreter too")

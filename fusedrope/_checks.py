@@ -42,21 +42,13 @@ def check_dtype(op: str, name: str, t: torch.Tensor, allowed) -> None:
 def check_same_dtype(op: str, ref_name: str, ref: torch.Tensor, named: dict) -> None:
     for name, t in named.items():
         if t.dtype != ref.dtype:
-            fail(
-                op,
-                name,
-                f"dtype {dtype_name(ref.dtype)} (same as '{ref_name}')",
-                dtype_name(t.dtype),
-                TypeError,
-            )
+            fail(op, name, f"dtype {dtype_name(ref.dtype)} (same as '{ref_name}')", dtype_name(t.dtype), TypeError)
 
 
 def check_same_device(op: str, ref_name: str, ref: torch.Tensor, named: dict) -> None:
     for name, t in named.items():
         if t.device != ref.device:
-            fail(
-                op, name, f"a tensor on {ref.device} (same device as '{ref_name}')", f"a tensor on {t.device}"
-            )
+            fail(op, name, f"a tensor on {ref.device} (same device as '{ref_name}')", f"a tensor on {t.device}")
 
 
 def check_last_dim_contiguous(op: str, name: str, t: torch.Tensor) -> None:
@@ -76,9 +68,4 @@ def check_writable_no_overlap(op: str, name: str, t: torch.Tensor) -> None:
     """An output written in place must not have two indices on one element (stride 0 on a real dim)."""
     for size, stride in zip(t.shape, t.stride()):
         if size > 1 and stride == 0:
-            fail(
-                op,
-                name,
-                "a writable tensor without broadcast (stride-0) dimensions",
-                f"strides {tuple(t.stride())}",
-            )
+            fail(op, name, "a writable tensor without broadcast (stride-0) dimensions", f"strides {tuple(t.stride())}")

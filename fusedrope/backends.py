@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .registry import Reason
@@ -28,10 +30,8 @@ def triton_available(device: torch.device) -> Reason:
     if device.type == "cpu":
         if triton_interpreting():
             return None
-        return (
-            "Triton runs CPU tensors only in its interpreter: set TRITON_INTERPRET=1 before fusedrope's "
-            "Triton kernels are first used (no GPU kernels can run here)"
-        )
+        return ("Triton runs CPU tensors only in its interpreter: set TRITON_INTERPRET=1 before fusedrope's "
+                "Triton kernels are first used (no GPU kernels can run here)")
     return f"Triton does not run on device type '{device.type}'"
 
 
@@ -64,3 +64,7 @@ def hip_toolkit_reason(device: torch.device) -> Reason:
     if not torch.cuda.is_available():
         return "no ROCm device is visible to torch"
     return None
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "0").lower() not in ("", "0", "false", "no", "off")

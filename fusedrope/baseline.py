@@ -6,42 +6,19 @@ from __future__ import annotations
 from . import inverse_rope_quant as irq
 
 
-def unfused_inverse_rope_group_quant(
-    o,
-    positions,
-    cos_cache,
-    sin_cache,
-    num_groups,
-    quant_group_size=128,
-    transpose_scale=False,
-    x_fp8=None,
-    x_scale=None,
-    *,
-    fp8_dtype=None,
-    scale_dtype=None,
-):
+def unfused_inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128,
+                                     transpose_scale=False, x_fp8=None, x_scale=None, *, fp8_dtype=None,
+                                     scale_dtype=None):
     """Same arguments and outputs as :func:`fusedrope.inverse_rope_group_quant`, but two launches with a
     round trip of the rotated tail through memory. **Rotates ``o``'s tails in place** (as the seed's pair does).
     Its fp8 values can differ from the fused op's by the bf16 rounding of the tail."""
     from . import triton_inverse_rope_quant as k
 
-    _, fp8_dtype, scale_dtype = irq.validate(
-        o,
-        positions,
-        cos_cache,
-        sin_cache,
-        num_groups,
-        quant_group_size,
-        transpose_scale,
-        x_fp8,
-        x_scale,
-        fp8_dtype,
-        scale_dtype,
-    )
+    _, fp8_dtype, scale_dtype = irq.validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                                             transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype)
     if x_fp8 is None or x_scale is None:
-        x_fp8, x_scale = irq.empty_quant_outputs(
-            o, num_groups, quant_group_size, transpose_scale, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype
-        )
+        x_fp8, x_scale = irq.empty_quant_outputs(o, num_groups, quant_group_size, transpose_scale,
+                                                 fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
     if o.numel():
         k.rope_tail_inplace(o, positions, cos_cache, sin_cache)
         k.group_quant(o, x_fp8, x_scale, quant_group_size, cos_cache)

@@ -10,6 +10,7 @@ import torch
 
 from . import _checks as C
 from .backends import reference_available, triton_available
+from .reference import FP8_MAX
 from .registry import Impl, registry
 from . import cuda_inverse_rope_quant as _cuda  # light: cpp_extension is imported only to build
 from . import hip_inverse_rope_quant as _hip
@@ -27,14 +28,8 @@ QUANT_GROUP_SIZES = (32, 64, 128, 256)
 ENV_CHECK_POSITIONS = "FUSEDROPE_CHECK_POSITIONS"
 
 
-def quant_output_shapes(
-    num_tokens: int,
-    num_heads: int,
-    head_dim: int,
-    num_groups: int,
-    quant_group_size: int = 128,
-    scale_dtype: Optional[torch.dtype] = None,
-) -> tuple[tuple, tuple]:
+def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_groups: int,
+                        quant_group_size: int = 128, scale_dtype: Optional[torch.dtype] = None) -> tuple[tuple, tuple]:
     """The shapes of the op's two outputs, for callers who allocate them (e.g. before CUDA-graph capture).
 
     Parameters
@@ -61,11 +56,7 @@ def quant_output_shapes(
     """
     dg = num_heads * head_dim // num_groups
     ks = dg // quant_group_size
-    return (num_tokens, num_groups, dg), (
-        num_tokens,
-        num_groups,
-        ks // 4 if scale_dtype == PACKED_UE8M0 else ks,
-    )
+    return (num_tokens, num_groups, dg), (num_tokens, num_groups, ks // 4 if scale_dtype == PACKED_UE8M0 else ks)
 
 
 def scale_strides(shape: tuple, transpose_scale: bool, scale_dtype: Optional[torch.dtype] = None) -> tuple:
@@ -80,15 +71,9 @@ def scale_strides(shape: tuple, transpose_scale: bool, scale_dtype: Optional[tor
     return (1, Ks * s_pad, s_pad)
 
 
-def empty_quant_outputs(
-    o: torch.Tensor,
-    num_groups: int,
-    quant_group_size: int = 128,
-    transpose_scale: bool = False,
-    *,
-    fp8_dtype: Optional[torch.dtype] = None,
-    scale_dtype: Optional[torch.dtype] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def empty_quant_outputs(o: torch.Tensor, num_groups: int, quant_group_size: int = 128,
+                        transpose_scale: bool = False, *, fp8_dtype: Optional[torch.dtype] = None,
+                        scale_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate ``(x_fp8, x_scale)`` laid out as the op writes them, e.g. once before CUDA-graph capture.
 
     Parameters
@@ -123,9 +108,8 @@ def empty_quant_outputs(
     scale_dtype = scale_dtype or torch.float8_e8m0fnu
     fp_shape, sc_shape = quant_output_shapes(S, H, D, num_groups, quant_group_size, scale_dtype)
     x_fp8 = torch.empty(fp_shape, dtype=fp8_dtype or torch.float8_e4m3fn, device=o.device)
-    x_scale = torch.empty_strided(
-        sc_shape, scale_strides(sc_shape, transpose_scale, scale_dtype), dtype=scale_dtype, device=o.device
-    )
+    x_scale = torch.empty_strided(sc_shape, scale_strides(sc_shape, transpose_scale, scale_dtype),
+                                  dtype=scale_dtype, device=o.device)
     return x_fp8, x_scale
 
 
@@ -133,26 +117,13 @@ def _same_layout(t: torch.Tensor, strides: tuple) -> bool:
     return all(n <= 1 or s == e for n, s, e in zip(t.shape, t.stride(), strides))
 
 
-def validate(
-    o,
-    positions,
-    cos_cache,
-    sin_cache,
-    num_groups,
-    quant_group_size,
-    transpose_scale,
-    x_fp8,
-    x_scale,
-    fp8_dtype,
-    scale_dtype,
-) -> tuple:
+def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
+             x_fp8, x_scale, fp8_dtype, scale_dtype) -> tuple:
     """Check every argument; return ``(facts, fp8_dtype, scale_dtype)``. ``facts`` keys backend selection."""
     C.check_tensor(OP, "o", o, 3, "[S, H, head_dim]")
     C.check_dtype(OP, "o", o, O_DTYPES)
     if not o.is_contiguous():
-        C.fail(
-            OP, "o", "a contiguous tensor", f"strides {tuple(o.stride())} for shape {C.shape_str(o.shape)}"
-        )
+        C.fail(OP, "o", "a contiguous tensor", f"strides {tuple(o.stride())} for shape {C.shape_str(o.shape)}")
     S, H, D = o.shape
     C.check_tensor(OP, "positions", positions, 1, "[>= S]")
     C.check_dtype(OP, "positions", positions, POSITION_DTYPES)
@@ -167,30 +138,17 @@ def validate(
     C.check_last_dim_contiguous(OP, "sin_cache", sin_cache)
     max_pos, half = cos_cache.shape
     if max_pos < 1 or half < 1 or 2 * half > D:
-        C.fail(
-            OP,
-            "cos_cache",
-            f"shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim={D}",
-            C.shape_str(cos_cache.shape),
-        )
+        C.fail(OP, "cos_cache", f"shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim={D}",
+               C.shape_str(cos_cache.shape))
     C.check_same_device(OP, "o", o, {"positions": positions, "cos_cache": cos_cache, "sin_cache": sin_cache})
-    if (
-        isinstance(num_groups, bool)
-        or not isinstance(num_groups, int)
-        or num_groups < 1
-        or (H * D) % num_groups
-    ):
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1 or (H * D) % num_groups:
         C.fail(OP, "num_groups", f"a positive int dividing H*head_dim={H * D}", repr(num_groups))
     if quant_group_size not in QUANT_GROUP_SIZES:
         C.fail(OP, "quant_group_size", f"one of {QUANT_GROUP_SIZES}", repr(quant_group_size))
     dg = H * D // num_groups
     if dg % quant_group_size:
-        C.fail(
-            OP,
-            "quant_group_size",
-            f"a divisor of the group width Dg=H*head_dim/num_groups={dg}",
-            quant_group_size,
-        )
+        C.fail(OP, "quant_group_size", f"a divisor of the group width Dg=H*head_dim/num_groups={dg}",
+               quant_group_size)
 
     if fp8_dtype is None:
         fp8_dtype = x_fp8.dtype if isinstance(x_fp8, torch.Tensor) else torch.float8_e4m3fn
@@ -201,13 +159,8 @@ def validate(
     if scale_dtype not in SCALE_DTYPES:
         C.fail(OP, "scale_dtype", " or ".join(map(C.dtype_name, SCALE_DTYPES)), scale_dtype, TypeError)
     if scale_dtype == PACKED_UE8M0 and (dg // quant_group_size) % 4:
-        C.fail(
-            OP,
-            "scale_dtype",
-            "int32 (packed UE8M0) only when the blocks per group Dg/quant_group_size are a multiple of 4",
-            f"{dg}/{quant_group_size}={dg // quant_group_size}",
-            ValueError,
-        )
+        C.fail(OP, "scale_dtype", "int32 (packed UE8M0) only when the blocks per group "
+               "Dg/quant_group_size are a multiple of 4", f"{dg}/{quant_group_size}={dg // quant_group_size}", ValueError)
     fp_shape, sc_shape = quant_output_shapes(S, H, D, num_groups, quant_group_size, scale_dtype)
     if x_fp8 is not None:
         C.check_tensor(OP, "x_fp8", x_fp8)
@@ -223,25 +176,11 @@ def validate(
         want = scale_strides(sc_shape, bool(transpose_scale), scale_dtype)
         if not _same_layout(x_scale, want):
             layout = "column-major ([G, Ks, S] storage)" if transpose_scale else "row-major contiguous"
-            C.fail(
-                OP,
-                "x_scale",
-                f"{layout} strides {want} for transpose_scale={bool(transpose_scale)}",
-                f"strides {tuple(x_scale.stride())}",
-            )
+            C.fail(OP, "x_scale", f"{layout} strides {want} for transpose_scale={bool(transpose_scale)}",
+                   f"strides {tuple(x_scale.stride())}")
         C.check_same_device(OP, "o", o, {"x_scale": x_scale})
-    facts = (
-        o.device,
-        o.dtype,
-        D,
-        2 * half,
-        quant_group_size,
-        cos_cache.dtype,
-        positions.dtype,
-        fp8_dtype,
-        scale_dtype,
-        bool(transpose_scale),
-    )
+    facts = (o.device, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype,
+             fp8_dtype, scale_dtype, bool(transpose_scale))
     return facts, fp8_dtype, scale_dtype
 
 
@@ -252,12 +191,8 @@ def check_positions_on_host(positions: torch.Tensor, num_tokens: int, max_pos: i
     bad = ((p < 0) | (p >= max_pos)).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
-        C.fail(
-            OP,
-            "positions",
-            f"values in [0, max_pos={max_pos})",
-            f"positions[{i}]={int(p[i])} ({bad.numel()} out of range)",
-        )
+        C.fail(OP, "positions", f"values in [0, max_pos={max_pos})",
+               f"positions[{i}]={int(p[i])} ({bad.numel()} out of range)")
 
 
 # -- backends -----------------------------------------------------------------------------------------
@@ -265,52 +200,22 @@ def _supports_any(facts) -> None:
     return None
 
 
-REGISTRY.register(
-    Impl("reference", ".reference:inverse_rope_group_quant", _supports_any, reference_available)
-)
-REGISTRY.register(
-    Impl("triton", ".triton_inverse_rope_quant:inverse_rope_group_quant", _supports_any, triton_available)
-)
-REGISTRY.register(
-    Impl("hip", ".hip_inverse_rope_quant:inverse_rope_group_quant", _hip.supports, _hip.available)
-)
-REGISTRY.register(
-    Impl("cuda", ".cuda_inverse_rope_quant:inverse_rope_group_quant", _cuda.supports, _cuda.available)
-)
+REGISTRY.register(Impl("reference", ".reference:inverse_rope_group_quant", _supports_any, reference_available))
+REGISTRY.register(Impl("triton", ".triton_inverse_rope_quant:inverse_rope_group_quant", _supports_any,
+                       triton_available))
+REGISTRY.register(Impl("hip", ".hip_inverse_rope_quant:inverse_rope_group_quant", _hip.supports, _hip.available))
+REGISTRY.register(Impl("cuda", ".cuda_inverse_rope_quant:inverse_rope_group_quant", _cuda.supports,
+                       _cuda.available))
 
 
-def _run(
-    o,
-    positions,
-    cos_cache,
-    sin_cache,
-    num_groups,
-    quant_group_size,
-    transpose_scale,
-    x_fp8,
-    x_scale,
-    fp8_dtype,
-    scale_dtype,
-    backend,
-):
-    facts, fp8_dtype, scale_dtype = validate(
-        o,
-        positions,
-        cos_cache,
-        sin_cache,
-        num_groups,
-        quant_group_size,
-        transpose_scale,
-        x_fp8,
-        x_scale,
-        fp8_dtype,
-        scale_dtype,
-    )
+def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8, x_scale,
+         fp8_dtype, scale_dtype, backend):
+    facts, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                                             transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype)
     impl = REGISTRY.select(facts, backend)
     if x_fp8 is None or x_scale is None:
-        new_fp8, new_scale = empty_quant_outputs(
-            o, num_groups, quant_group_size, transpose_scale, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype
-        )
+        new_fp8, new_scale = empty_quant_outputs(o, num_groups, quant_group_size, transpose_scale,
+                                                 fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
         x_fp8 = new_fp8 if x_fp8 is None else x_fp8
         x_scale = new_scale if x_scale is None else x_scale
     if os.environ.get(ENV_CHECK_POSITIONS, "0") not in ("", "0"):
@@ -320,21 +225,9 @@ def _run(
     return x_fp8, x_scale
 
 
-def inverse_rope_group_quant(
-    o,
-    positions,
-    cos_cache,
-    sin_cache,
-    num_groups,
-    quant_group_size=128,
-    transpose_scale=False,
-    x_fp8=None,
-    x_scale=None,
-    *,
-    fp8_dtype=None,
-    scale_dtype=None,
-    backend="auto",
-):
+def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128,
+                             transpose_scale=False, x_fp8=None, x_scale=None, *, fp8_dtype=None,
+                             scale_dtype=None, backend="auto"):
     """Inverse RoPE on the attention output fused with FP8 per-group quant with power-of-two scales.
 
     Per token ``s`` (fp32 throughout): the last ``rope_dim = 2 * cos_cache.size(1)`` dims of every head are
@@ -389,194 +282,56 @@ def inverse_rope_group_quant(
     """
     if torch.compiler.is_compiling():
         if x_fp8 is not None and x_scale is not None:
-            torch.ops.fusedrope.inverse_rope_group_quant_out(
-                o,
-                positions,
-                cos_cache,
-                sin_cache,
-                num_groups,
-                quant_group_size,
-                transpose_scale,
-                x_fp8,
-                x_scale,
-                backend,
-            )
+            torch.ops.fusedrope.inverse_rope_group_quant_out(o, positions, cos_cache, sin_cache, num_groups,
+                                                             quant_group_size, transpose_scale, x_fp8, x_scale,
+                                                             backend)
             return x_fp8, x_scale
         if x_fp8 is not None or x_scale is not None:
             raise ValueError(f"{OP}: under torch.compile pass both x_fp8 and x_scale, or neither")
-        return torch.ops.fusedrope.inverse_rope_group_quant(
-            o,
-            positions,
-            cos_cache,
-            sin_cache,
-            num_groups,
-            quant_group_size,
-            transpose_scale,
-            fp8_dtype,
-            scale_dtype,
-            backend,
-        )
-    return _run(
-        o,
-        positions,
-        cos_cache,
-        sin_cache,
-        num_groups,
-        quant_group_size,
-        transpose_scale,
-        x_fp8,
-        x_scale,
-        fp8_dtype,
-        scale_dtype,
-        backend,
-    )
+        return torch.ops.fusedrope.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
+                                                            quant_group_size, transpose_scale, fp8_dtype,
+                                                            scale_dtype, backend)
+    return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
+                x_scale, fp8_dtype, scale_dtype, backend)
 
 
-def explain_args(
-    o,
-    positions,
-    cos_cache,
-    sin_cache,
-    num_groups,
-    quant_group_size=128,
-    transpose_scale=False,
-    x_fp8=None,
-    x_scale=None,
-    *,
-    fp8_dtype=None,
-    scale_dtype=None,
-    backend="auto",
-):
-    facts = validate(
-        o,
-        positions,
-        cos_cache,
-        sin_cache,
-        num_groups,
-        quant_group_size,
-        transpose_scale,
-        x_fp8,
-        x_scale,
-        fp8_dtype,
-        scale_dtype,
-    )[0]
+def explain_args(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128, transpose_scale=False,
+                 x_fp8=None, x_scale=None, *, fp8_dtype=None, scale_dtype=None, backend="auto"):
+    facts = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
+                     x_scale, fp8_dtype, scale_dtype)[0]
     return facts, backend
 
 
 # -- torch ops ------------------------------------------------------------------------------------------
 @torch.library.custom_op("fusedrope::inverse_rope_group_quant", mutates_args=())
-def _op(
-    o: torch.Tensor,
-    positions: torch.Tensor,
-    cos_cache: torch.Tensor,
-    sin_cache: torch.Tensor,
-    num_groups: int,
-    quant_group_size: int = 128,
-    transpose_scale: bool = False,
-    fp8_dtype: Optional[torch.dtype] = None,
-    scale_dtype: Optional[torch.dtype] = None,
-    backend: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run(
-        o,
-        positions,
-        cos_cache,
-        sin_cache,
-        num_groups,
-        quant_group_size,
-        transpose_scale,
-        None,
-        None,
-        fp8_dtype,
-        scale_dtype,
-        backend,
-    )
+def _op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+        num_groups: int, quant_group_size: int = 128, transpose_scale: bool = False,
+        fp8_dtype: Optional[torch.dtype] = None, scale_dtype: Optional[torch.dtype] = None,
+        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, None, None,
+                fp8_dtype, scale_dtype, backend)
 
 
 @_op.register_fake
-def _op_fake(
-    o,
-    positions,
-    cos_cache,
-    sin_cache,
-    num_groups,
-    quant_group_size=128,
-    transpose_scale=False,
-    fp8_dtype=None,
-    scale_dtype=None,
-    backend="auto",
-):
-    _, fp8_dtype, scale_dtype = validate(
-        o,
-        positions,
-        cos_cache,
-        sin_cache,
-        num_groups,
-        quant_group_size,
-        transpose_scale,
-        None,
-        None,
-        fp8_dtype,
-        scale_dtype,
-    )
+def _op_fake(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128, transpose_scale=False,
+             fp8_dtype=None, scale_dtype=None, backend="auto"):
+    _, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                                         transpose_scale, None, None, fp8_dtype, scale_dtype)
     # The same strides as the real op (column-major scale included), or compiled callers read garbage.
-    return empty_quant_outputs(
-        o, num_groups, quant_group_size, transpose_scale, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype
-    )
+    return empty_quant_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype=fp8_dtype,
+                               scale_dtype=scale_dtype)
 
 
 @torch.library.custom_op("fusedrope::inverse_rope_group_quant_out", mutates_args=("x_fp8", "x_scale"))
-def _op_out(
-    o: torch.Tensor,
-    positions: torch.Tensor,
-    cos_cache: torch.Tensor,
-    sin_cache: torch.Tensor,
-    num_groups: int,
-    quant_group_size: int,
-    transpose_scale: bool,
-    x_fp8: torch.Tensor,
-    x_scale: torch.Tensor,
-    backend: str = "auto",
-) -> None:
-    _run(
-        o,
-        positions,
-        cos_cache,
-        sin_cache,
-        num_groups,
-        quant_group_size,
-        transpose_scale,
-        x_fp8,
-        x_scale,
-        None,
-        None,
-        backend,
-    )
+def _op_out(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+            num_groups: int, quant_group_size: int, transpose_scale: bool, x_fp8: torch.Tensor,
+            x_scale: torch.Tensor, backend: str = "auto") -> None:
+    _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8, x_scale,
+         None, None, backend)
 
 
 @_op_out.register_fake
-def _op_out_fake(
-    o,
-    positions,
-    cos_cache,
-    sin_cache,
-    num_groups,
-    quant_group_size,
-    transpose_scale,
-    x_fp8,
-    x_scale,
-    backend="auto",
-):
-    validate(
-        o,
-        positions,
-        cos_cache,
-        sin_cache,
-        num_groups,
-        quant_group_size,
-        transpose_scale,
-        x_fp8,
-        x_scale,
-        None,
-        None,
-    )
+def _op_out_fake(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
+                 x_scale, backend="auto"):
+    validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8, x_scale,
+             None, None)

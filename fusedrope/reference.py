@@ -17,9 +17,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def neox_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, compute_dtype: torch.dtype
-) -> torch.Tensor:
+def neox_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` for ``x: [B, H, S, D]`` and ``cos, sin: [B or 1, S, D]``."""
     x = x.to(compute_dtype)
     cos = cos.to(compute_dtype).unsqueeze(1)  # broadcast over heads
@@ -60,7 +58,7 @@ def inverse_rope_tail(o: torch.Tensor, positions, cos_cache, sin_cache) -> torch
     c = cos_cache[p].float()[:, None, :]  # [S, 1, rope_dim/2], shared by all heads of a token
     n = sin_cache[p].float()[:, None, :]
     x = o.float().clone()
-    tail = x[..., head_dim - rope_dim :]
+    tail = x[..., head_dim - rope_dim:]
     e, d = tail[..., 0::2].clone(), tail[..., 1::2].clone()
     tail[..., 0::2] = e * c + d * n
     tail[..., 1::2] = d * c - e * n
@@ -128,6 +126,6 @@ def inverse_rope_oracle(o, positions, cos_cache, sin_cache) -> torch.Tensor:
     p = clamp_positions(positions, S, cos_cache.shape[0])
     freqs = torch.complex(cos_cache[p].double(), sin_cache[p].double())[:, None, :]
     x = o.double().clone()
-    tail = torch.view_as_complex(x[..., head_dim - rope_dim :].reshape(*x.shape[:-1], -1, 2).contiguous())
-    x[..., head_dim - rope_dim :] = torch.view_as_real(tail * freqs.conj()).flatten(-2)
+    tail = torch.view_as_complex(x[..., head_dim - rope_dim:].reshape(*x.shape[:-1], -1, 2).contiguous())
+    x[..., head_dim - rope_dim:] = torch.view_as_real(tail * freqs.conj()).flatten(-2)
     return x

@@ -86,10 +86,8 @@ class OpRegistry:
 
     def register(self, impl: Impl) -> None:
         """Add an implementation; the list stays in ``BACKENDS`` order (fastest first)."""
-        self.impls = sorted(
-            [i for i in self.impls if i.backend != impl.backend] + [impl],
-            key=lambda i: BACKENDS.index(i.backend),
-        )
+        self.impls = sorted([i for i in self.impls if i.backend != impl.backend] + [impl],
+                            key=lambda i: BACKENDS.index(i.backend))
         self.clear_cache()
 
     def clear_cache(self) -> None:
@@ -122,15 +120,11 @@ class OpRegistry:
             for impl in self.impls:
                 if self.decide(impl, facts) is None:
                     return impl
-            raise BackendUnavailableError(
-                f"{self.op}: no backend can run these inputs:\n{self.explain(facts)}"
-            )
+            raise BackendUnavailableError(f"{self.op}: no backend can run these inputs:\n{self.explain(facts)}")
         by_name = {i.backend: i for i in self.impls}
         if request not in by_name:
-            source = "argument 'backend'" if backend != "auto" else f"environment variable {ENV_BACKEND}"
-            raise ValueError(
-                f"{self.op}: {source} expected 'auto' or one of {sorted(by_name)}, got {request!r}"
-            )
+            source = f"argument 'backend'" if backend != "auto" else f"environment variable {ENV_BACKEND}"
+            raise ValueError(f"{self.op}: {source} expected 'auto' or one of {sorted(by_name)}, got {request!r}")
         reason = self.decide(by_name[request], facts)
         if reason is not None:
             raise BackendUnavailableError(f"{self.op}: backend {request!r} cannot run these inputs: {reason}")

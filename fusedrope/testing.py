@@ -73,12 +73,8 @@ TTS_BATCHES = (1, 8, 32)
 TTS_CASES = tuple(TtsCase(n, b, s, hq, hkv) for n, (s, hq, hkv) in TTS_SHAPES.items() for b in TTS_BATCHES)
 
 
-def qwen3_tts_cos_sin(
-    positions: torch.Tensor,
-    head_dim: int = 128,
-    theta: float = QWEN3_TTS_ROPE_THETA,
-    dtype: torch.dtype = torch.bfloat16,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def qwen3_tts_cos_sin(positions: torch.Tensor, head_dim: int = 128, theta: float = QWEN3_TTS_ROPE_THETA,
+                      dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin as the Qwen3-TTS model builds them: ``emb = cat(freqs, freqs)`` in fp32, then cast.
 
     Parameters
@@ -95,23 +91,14 @@ def qwen3_tts_cos_sin(
     (cos, sin) : tuple of torch.Tensor
         ``[B, S, head_dim]`` each, on ``positions``' device.
     """
-    inv_freq = 1.0 / theta ** (
-        torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
-    )
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
     freqs = positions.to(torch.float32)[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def make_tts_inputs(
-    case: TtsCase,
-    dtype: torch.dtype = torch.bfloat16,
-    device="cpu",
-    seed: int = 0,
-    layout: str = "projection",
-    cos_batch: int | None = None,
-    random_cos_sin: bool = False,
-):
+def make_tts_inputs(case: TtsCase, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0,
+                    layout: str = "projection", cos_batch: int | None = None, random_cos_sin: bool = False):
     """Inputs ``(q, k, cos, sin)`` for a :class:`TtsCase`, from a seeded generator.
 
     Parameters
@@ -142,9 +129,7 @@ def make_tts_inputs(
         q = torch.randn(B, HQ, S, D, generator=g).to(dtype)
         k = torch.randn(B, HKV, S, D, generator=g).to(dtype)
     else:
-        raise ValueError(
-            f"make_tts_inputs: argument 'layout' expected 'projection' or 'contiguous', got {layout!r}"
-        )
+        raise ValueError(f"make_tts_inputs: argument 'layout' expected 'projection' or 'contiguous', got {layout!r}")
     nb = B if cos_batch is None else cos_batch
     if random_cos_sin:
         cos = (torch.rand(nb, S, D, generator=g) * 2 - 1).to(dtype)
@@ -263,10 +248,8 @@ class QuantCase:
 
     @property
     def id(self) -> str:
-        return (
-            f"S{self.num_tokens}-H{self.num_heads}-G{self.num_groups}-D{self.head_dim}-R{self.rope_dim}"
-            f"-g{self.quant_group_size}"
-        )
+        return (f"S{self.num_tokens}-H{self.num_heads}-G{self.num_groups}-D{self.head_dim}-R{self.rope_dim}"
+                f"-g{self.quant_group_size}")
 
     def bytes_moved(self, o_dtype=torch.bfloat16, cache_dtype=torch.bfloat16) -> int:
         """The seed's byte count: read o, one cos and one sin row per token; write fp8 (1 B) + one scale byte
@@ -280,9 +263,7 @@ class QuantCase:
 QUANT_SEQ_LENS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384)
 QUANT_HEAD_GROUPS = {"V4-Pro-TP8": (16, 2), "V4-Flash-TP8": (8, 1)}
 QUANT_CASES = tuple(QuantCase(s, h, g) for (h, g) in QUANT_HEAD_GROUPS.values() for s in QUANT_SEQ_LENS)
-QUANT_GROUP_SIZE_CASES = tuple(
-    QuantCase(s, 16, 2, quant_group_size=gs) for s in (2048, 8192) for gs in (32, 64, 128)
-)
+QUANT_GROUP_SIZE_CASES = tuple(QuantCase(s, 16, 2, quant_group_size=gs) for s in (2048, 8192) for gs in (32, 64, 128))
 
 
 def deepseek_rope_cache(max_pos: int, rope_dim: int = 64, theta: float = 10000.0, dtype=torch.float32):
@@ -304,18 +285,11 @@ def deepseek_rope_cache(max_pos: int, rope_dim: int = 64, theta: float = 10000.0
     inv_freq = 1.0 / theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
     freqs = torch.arange(max_pos, dtype=torch.float32)[:, None] * inv_freq
     cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
-    return cache[:, : rope_dim // 2], cache[:, rope_dim // 2 :]
+    return cache[:, : rope_dim // 2], cache[:, rope_dim // 2:]
 
 
-def make_quant_inputs(
-    case: QuantCase,
-    dtype=torch.bfloat16,
-    cache_dtype=torch.float32,
-    device="cpu",
-    seed: int = 0,
-    max_pos: int = 4096,
-    positions_dtype=torch.int64,
-):
+def make_quant_inputs(case: QuantCase, dtype=torch.bfloat16, cache_dtype=torch.float32, device="cpu",
+                      seed: int = 0, max_pos: int = 4096, positions_dtype=torch.int64):
     """``(o, positions, cos_cache, sin_cache)`` for a :class:`QuantCase`, from a seeded generator.
 
     ``o`` has magnitudes that vary by token and by head over ~12 binades (so the scales differ block to
@@ -386,9 +360,7 @@ def scale_bytes(x_scale: torch.Tensor) -> torch.Tensor:
     return x_scale.contiguous().view(torch.uint8)
 
 
-def assert_quant_close(
-    x_fp8, x_scale, ref_fp8, ref_scale, rope_block_mask: torch.Tensor, what: str = ""
-) -> None:
+def assert_quant_close(x_fp8, x_scale, ref_fp8, ref_scale, rope_block_mask: torch.Tensor, what: str = "") -> None:
     """The accuracy contract of ``inverse_rope_group_quant``: scale bytes bit-exact; fp8 within 1 ulp, and
     bit-exact in blocks with no rope dims.
 
@@ -411,10 +383,8 @@ def assert_quant_close(
     got_b, ref_b = scale_bytes(x_scale), scale_bytes(ref_scale)
     if not torch.equal(got_b, ref_b):
         idx = tuple(int(i) for i in (got_b != ref_b).nonzero()[0])
-        raise AssertionError(
-            f"{what} scale bytes differ in {int((got_b != ref_b).sum())} blocks; first at "
-            f"{idx}: got {int(got_b[idx])}, expected {int(ref_b[idx])}"
-        )
+        raise AssertionError(f"{what} scale bytes differ in {int((got_b != ref_b).sum())} blocks; first at "
+                             f"{idx}: got {int(got_b[idx])}, expected {int(ref_b[idx])}")
     assert_ulp_close(x_fp8, ref_fp8.to(x_fp8.dtype), 1, f"{what} fp8")
     S, G, Ks = ref_b.shape
     per_block = (S, G, Ks, x_fp8.shape[-1] // Ks)
@@ -422,6 +392,4 @@ def assert_quant_close(
     got = x_fp8.view(torch.uint8).reshape(per_block)[plain]
     ref = ref_fp8.view(torch.uint8).reshape(per_block)[plain]
     if not torch.equal(got, ref):
-        raise AssertionError(
-            f"{what} fp8 bytes differ in {int((got != ref).sum())} elements of non-rope blocks"
-        )
+        raise AssertionError(f"{what} fp8 bytes differ in {int((got != ref).sum())} elements of non-rope blocks")

@@ -22,21 +22,8 @@ _FP8_TL = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e
 
 
 @triton.jit
-def _rotate_back(
-    x,
-    t_mask,
-    p,
-    cos_ptr,
-    sin_ptr,
-    cos_stride,
-    sin_stride,
-    col0,
-    ROW,
-    HEAD_DIM: tl.constexpr,
-    ROPE_DIM: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
+                 HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
     """Inverse GPT-J rotation of the rope pairs in a [BLOCK_T, BLOCK_N] fp32 tile starting at column col0."""
     e, d = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_N // 2, 2)))
     pair_col = col0 + 2 * tl.arange(0, BLOCK_N // 2)
@@ -53,33 +40,12 @@ def _rotate_back(
 
 @triton.jit
 def _group_quant_kernel(
-    o_ptr,
-    pos_ptr,
-    cos_ptr,
-    sin_ptr,
-    xq_ptr,
-    xs_ptr,
-    S,
-    ROW,
-    NBLK,
-    max_pos,
-    pos_stride,
-    cos_stride,
-    sin_stride,
-    sc_stride_s,
-    sc_stride_k,
-    HEAD_DIM: tl.constexpr,
-    ROPE_DIM: tl.constexpr,
-    GS: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    FP8_MAX: tl.constexpr,
-    FP8_TYPE: tl.constexpr,
-    FNUZ: tl.constexpr,
-    SCALE_FP32: tl.constexpr,
-    PACKED: tl.constexpr,
-    ROPE: tl.constexpr,
-    EXACT: tl.constexpr,
+    o_ptr, pos_ptr, cos_ptr, sin_ptr, xq_ptr, xs_ptr,
+    S, ROW, NBLK, max_pos, pos_stride, cos_stride, sin_stride, sc_stride_s, sc_stride_k,
+    HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, GS: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_TYPE: tl.constexpr, FNUZ: tl.constexpr, SCALE_FP32: tl.constexpr,
+    PACKED: tl.constexpr, ROPE: tl.constexpr, EXACT: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     col0 = tl.program_id(1).to(tl.int64) * BLOCK_N
@@ -90,21 +56,8 @@ def _group_quant_kernel(
     if ROPE:
         p = tl.load(pos_ptr + t * pos_stride, mask=t_mask, other=0).to(tl.int64)
         p = tl.minimum(tl.maximum(p, 0), max_pos - 1)  # clamp: memory-safe, no host sync
-        x = _rotate_back(
-            x,
-            t_mask,
-            p,
-            cos_ptr,
-            sin_ptr,
-            cos_stride,
-            sin_stride,
-            col0,
-            ROW,
-            HEAD_DIM,
-            ROPE_DIM,
-            BLOCK_T,
-            BLOCK_N,
-        )
+        x = _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
+                         HEAD_DIM, ROPE_DIM, BLOCK_T, BLOCK_N)
 
     xb = tl.reshape(x, (BLOCK_T, BLOCK_N // GS, GS))
     ax = tl.abs(xb)
@@ -126,16 +79,11 @@ def _group_quant_kernel(
     NB: tl.constexpr = BLOCK_N // GS
     if PACKED:  # DeepGEMM UE8M0: four consecutive block bytes in one int32 word, block 4j+i in byte i
         shift = (tl.arange(0, 4) * 8).to(tl.uint32)
-        word = tl.sum(
-            tl.reshape(byte, (BLOCK_T, NB // 4, 4)) << shift[None, None, :], axis=2
-        )  # disjoint bits
+        word = tl.sum(tl.reshape(byte, (BLOCK_T, NB // 4, 4)) << shift[None, None, :], axis=2)  # disjoint bits
         kw = tl.program_id(1).to(tl.int64) * (NB // 4) + tl.arange(0, NB // 4)
         sm = t_mask[:, None] & (kw < NBLK // 4)[None, :]
-        tl.store(
-            xs_ptr + t[:, None] * sc_stride_s + kw[None, :] * sc_stride_k,
-            word.to(tl.int32, bitcast=True),
-            mask=sm,
-        )
+        tl.store(xs_ptr + t[:, None] * sc_stride_s + kw[None, :] * sc_stride_k, word.to(tl.int32, bitcast=True),
+                 mask=sm)
     else:
         kb = tl.program_id(1).to(tl.int64) * NB + tl.arange(0, NB)
         sm = t_mask[:, None] & (kb < NBLK)[None, :]
@@ -147,23 +95,9 @@ def _group_quant_kernel(
 
 
 @triton.jit
-def _rope_tail_inplace_kernel(
-    o_ptr,
-    pos_ptr,
-    cos_ptr,
-    sin_ptr,
-    S,
-    ROW,
-    max_pos,
-    pos_stride,
-    cos_stride,
-    sin_stride,
-    HEAD_DIM: tl.constexpr,
-    ROPE_DIM: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    EXACT: tl.constexpr,
-):
+def _rope_tail_inplace_kernel(o_ptr, pos_ptr, cos_ptr, sin_ptr, S, ROW, max_pos, pos_stride, cos_stride,
+                              sin_stride, HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
+                              BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr):
     """Baseline step 1: rotate the tails of ``o`` back in place, rounded to o's dtype (a bf16 round trip)."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     col0 = tl.program_id(1).to(tl.int64) * BLOCK_N
@@ -173,21 +107,8 @@ def _rope_tail_inplace_kernel(
     x = tl.load(o_ptr + t[:, None] * ROW + col[None, :], mask=m, other=0.0).to(tl.float32)
     p = tl.load(pos_ptr + t * pos_stride, mask=t_mask, other=0).to(tl.int64)
     p = tl.minimum(tl.maximum(p, 0), max_pos - 1)
-    x = _rotate_back(
-        x,
-        t_mask,
-        p,
-        cos_ptr,
-        sin_ptr,
-        cos_stride,
-        sin_stride,
-        col0,
-        ROW,
-        HEAD_DIM,
-        ROPE_DIM,
-        BLOCK_T,
-        BLOCK_N,
-    )
+    x = _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
+                     HEAD_DIM, ROPE_DIM, BLOCK_T, BLOCK_N)
     tl.store(o_ptr + t[:, None] * ROW + col[None, :], round_to(x, o_ptr.dtype.element_ty, EXACT), mask=m)
 
 
@@ -214,34 +135,12 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size
     xs = x_scale if scale_fp32 or packed else x_scale.view(torch.uint8)
     grid = (triton.cdiv(S, block_t), triton.cdiv(row, block_n))
     _group_quant_kernel[grid](
-        o,
-        positions,
-        cos_cache,
-        sin_cache,
-        x_fp8.view(torch.uint8),
-        xs,
-        S,
-        row,
-        row // group_size,
-        cos_cache.shape[0],
-        positions.stride(0),
-        cos_cache.stride(0),
-        sin_cache.stride(0),
-        x_scale.stride(0),
-        x_scale.stride(2),
-        HEAD_DIM=D,
-        ROPE_DIM=2 * cos_cache.shape[1],
-        GS=group_size,
-        BLOCK_T=block_t,
-        BLOCK_N=block_n,
-        FP8_MAX=FP8_MAX[x_fp8.dtype],
-        FP8_TYPE=_FP8_TL[x_fp8.dtype],
-        FNUZ=x_fp8.dtype == torch.float8_e4m3fnuz,
-        SCALE_FP32=scale_fp32,
-        PACKED=packed,
-        ROPE=rope,
-        EXACT=INTERPRETED,
-        num_warps=num_warps_for(block_t * block_n),
+        o, positions, cos_cache, sin_cache, x_fp8.view(torch.uint8), xs,
+        S, row, row // group_size, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
+        sin_cache.stride(0), x_scale.stride(0), x_scale.stride(2),
+        HEAD_DIM=D, ROPE_DIM=2 * cos_cache.shape[1], GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
+        FP8_MAX=FP8_MAX[x_fp8.dtype], FP8_TYPE=_FP8_TL[x_fp8.dtype], FNUZ=x_fp8.dtype == torch.float8_e4m3fnuz,
+        SCALE_FP32=scale_fp32, PACKED=packed, ROPE=rope, EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_n),
         enable_fp_fusion=False,  # no FMA: the rope matches the reference bit for bit, so scale bytes do too
     )
 
@@ -256,23 +155,9 @@ def rope_tail_inplace(o, positions, cos_cache, sin_cache) -> None:
     block_t, block_n = _tiles(S, H * D, D)
     grid = (triton.cdiv(S, block_t), triton.cdiv(H * D, block_n))
     _rope_tail_inplace_kernel[grid](
-        o,
-        positions,
-        cos_cache,
-        sin_cache,
-        S,
-        H * D,
-        cos_cache.shape[0],
-        positions.stride(0),
-        cos_cache.stride(0),
-        sin_cache.stride(0),
-        HEAD_DIM=D,
-        ROPE_DIM=rope_dim,
-        BLOCK_T=block_t,
-        BLOCK_N=block_n,
-        EXACT=INTERPRETED,
-        num_warps=num_warps_for(block_t * block_n),
-        enable_fp_fusion=False,
+        o, positions, cos_cache, sin_cache, S, H * D, cos_cache.shape[0], positions.stride(0),
+        cos_cache.stride(0), sin_cache.stride(0), HEAD_DIM=D, ROPE_DIM=rope_dim, BLOCK_T=block_t,
+        BLOCK_N=block_n, EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_n), enable_fp_fusion=False,
     )
 
 

@@ -13,24 +13,8 @@ from .triton_utils import INTERPRETED, WARP_SIZE, round_to
 
 
 @triton.jit
-def _rotate_heads(
-    x_ptr,
-    o_ptr,
-    x_off,
-    o_off,
-    n_heads,
-    x_sh,
-    o_sh,
-    c1,
-    c2,
-    s1,
-    s2,
-    d,
-    d_mask,
-    HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    EXACT: tl.constexpr,
-):
+def _rotate_heads(x_ptr, o_ptr, x_off, o_off, n_heads, x_sh, o_sh, c1, c2, s1, s2, d, d_mask,
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, EXACT: tl.constexpr):
     for h0 in range(0, n_heads, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
         m = (h < n_heads)[:, None] & d_mask[None, :]
@@ -46,35 +30,12 @@ def _rotate_heads(
 
 @triton.jit
 def _tts_rope_kernel(
-    q_ptr,
-    k_ptr,
-    cos_ptr,
-    sin_ptr,
-    qo_ptr,
-    ko_ptr,
-    S,
-    HQ,
-    HKV,
-    q_sb,
-    q_sh,
-    q_ss,
-    k_sb,
-    k_sh,
-    k_ss,
-    c_sb,
-    c_ss,
-    s_sb,
-    s_ss,
-    qo_sb,
-    qo_sh,
-    qo_ss,
-    ko_sb,
-    ko_sh,
-    ko_ss,
-    HALF: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    EXACT: tl.constexpr,
+    q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
+    S, HQ, HKV,
+    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
+    c_sb, c_ss, s_sb, s_ss,
+    qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
+    HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, EXACT: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     b = tok // S
@@ -87,42 +48,10 @@ def _tts_rope_kernel(
     c2 = tl.load(cp + HALF, mask=d_mask).to(tl.float32)
     s1 = tl.load(sp, mask=d_mask).to(tl.float32)
     s2 = tl.load(sp + HALF, mask=d_mask).to(tl.float32)
-    _rotate_heads(
-        q_ptr,
-        qo_ptr,
-        b * q_sb + s * q_ss,
-        b * qo_sb + s * qo_ss,
-        HQ,
-        q_sh,
-        qo_sh,
-        c1,
-        c2,
-        s1,
-        s2,
-        d,
-        d_mask,
-        HALF,
-        BLOCK_H,
-        EXACT,
-    )
-    _rotate_heads(
-        k_ptr,
-        ko_ptr,
-        b * k_sb + s * k_ss,
-        b * ko_sb + s * ko_ss,
-        HKV,
-        k_sh,
-        ko_sh,
-        c1,
-        c2,
-        s1,
-        s2,
-        d,
-        d_mask,
-        HALF,
-        BLOCK_H,
-        EXACT,
-    )
+    _rotate_heads(q_ptr, qo_ptr, b * q_sb + s * q_ss, b * qo_sb + s * qo_ss, HQ, q_sh, qo_sh,
+                  c1, c2, s1, s2, d, d_mask, HALF, BLOCK_H, EXACT)
+    _rotate_heads(k_ptr, ko_ptr, b * k_sb + s * k_ss, b * ko_sb + s * ko_ss, HKV, k_sh, ko_sh,
+                  c1, c2, s1, s2, d, d_mask, HALF, BLOCK_H, EXACT)
 
 
 def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
@@ -137,34 +66,10 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
     c_sb = cos.stride(0) if cos.shape[0] > 1 else 0
     s_sb = sin.stride(0) if sin.shape[0] > 1 else 0
     _tts_rope_kernel[(B * S,)](
-        q,
-        k,
-        cos,
-        sin,
-        q_out,
-        k_out,
-        S,
-        HQ,
-        HKV,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        k.stride(0),
-        k.stride(1),
-        k.stride(2),
-        c_sb,
-        cos.stride(1),
-        s_sb,
-        sin.stride(1),
-        q_out.stride(0),
-        q_out.stride(1),
-        q_out.stride(2),
-        k_out.stride(0),
-        k_out.stride(1),
-        k_out.stride(2),
-        HALF=half,
-        BLOCK_D=block_d,
-        BLOCK_H=block_h,
-        EXACT=INTERPRETED,
-        num_warps=num_warps,
+        q, k, cos, sin, q_out, k_out,
+        S, HQ, HKV,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        c_sb, cos.stride(1), s_sb, sin.stride(1),
+        q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
+        HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EXACT=INTERPRETED, num_warps=num_warps,
     )

@@ -48,29 +48,13 @@ def validate(q, k, cos, sin, inplace: bool) -> tuple:
         qs, ks, cs = q.shape, k.shape, cos.shape
         dt, dev = q.dtype, q.device
         ok = (
-            len(qs) == 4
-            and len(ks) == 4
-            and len(cs) == 3
-            and ks[0] == qs[0]
-            and ks[2] == qs[2]
-            and ks[3] == qs[3]
-            and (cs[0] == qs[0] or cs[0] == 1)
-            and cs[1] == qs[2]
-            and cs[2] == qs[3]
-            and sin.shape == cs
-            and qs[3] % 2 == 0
-            and qs[3] >= 2
-            and dt in DTYPES
-            and k.dtype is dt
-            and cos.dtype is dt
-            and sin.dtype is dt
-            and k.device == dev
-            and cos.device == dev
-            and sin.device == dev
-            and q.stride()[3] == 1
-            and k.stride()[3] == 1
-            and cos.stride()[2] == 1
-            and sin.stride()[2] == 1
+            len(qs) == 4 and len(ks) == 4 and len(cs) == 3
+            and ks[0] == qs[0] and ks[2] == qs[2] and ks[3] == qs[3]
+            and (cs[0] == qs[0] or cs[0] == 1) and cs[1] == qs[2] and cs[2] == qs[3] and sin.shape == cs
+            and qs[3] % 2 == 0 and qs[3] >= 2
+            and dt in DTYPES and k.dtype is dt and cos.dtype is dt and sin.dtype is dt
+            and k.device == dev and cos.device == dev and sin.device == dev
+            and q.stride()[3] == 1 and k.stride()[3] == 1 and cos.stride()[2] == 1 and sin.stride()[2] == 1
         )
     except (AttributeError, TypeError, IndexError):
         ok = False
@@ -162,9 +146,8 @@ def explain_args(q, k, cos, sin, *, inplace: bool = False, backend: str = "auto"
 
 # -- torch ops: opaque to torch.compile, capturable in CUDA graphs -----------------------------------
 @torch.library.custom_op("fusedrope::qwen3_tts_rope", mutates_args=())
-def _op(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str = "auto"
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     return _run(q, k, cos, sin, False, backend)
 
 
@@ -175,9 +158,8 @@ def _op_fake(q, k, cos, sin, backend="auto"):
 
 
 @torch.library.custom_op("fusedrope::qwen3_tts_rope_", mutates_args=("q", "k"))
-def _op_inplace(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str = "auto"
-) -> None:
+def _op_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                backend: str = "auto") -> None:
     _run(q, k, cos, sin, True, backend)
 
 

@@ -12,12 +12,8 @@ bf16 = torch.bfloat16
 
 
 def tts_inputs(B=2, HQ=4, HKV=2, S=3, D=8, dtype=bf16):
-    return (
-        torch.randn(B, HQ, S, D).to(dtype),
-        torch.randn(B, HKV, S, D).to(dtype),
-        torch.randn(B, S, D).to(dtype),
-        torch.randn(B, S, D).to(dtype),
-    )
+    return (torch.randn(B, HQ, S, D).to(dtype), torch.randn(B, HKV, S, D).to(dtype),
+            torch.randn(B, S, D).to(dtype), torch.randn(B, S, D).to(dtype))
 
 
 def tts_bad(**change):
@@ -29,92 +25,31 @@ def tts_bad(**change):
 
 TTS_CASES = {
     "q not a tensor": (tts_bad(q=[1.0]), TypeError, "argument 'q' expected a torch.Tensor, got list"),
-    "q 3-D": (
-        tts_bad(q=lambda t: t[0]),
-        ValueError,
-        "argument 'q' expected a 4-D tensor [B, Hq, S, D], got 3-D shape [4, 3, 8]",
-    ),
+    "q 3-D": (tts_bad(q=lambda t: t[0]), ValueError,
+              "argument 'q' expected a 4-D tensor [B, Hq, S, D], got 3-D shape [4, 3, 8]"),
     "k 5-D": (tts_bad(k=lambda t: t[None]), ValueError, "argument 'k' expected a 4-D tensor [B, Hkv, S, D]"),
-    "cos 2-D": (
-        tts_bad(cos=lambda t: t[0]),
-        ValueError,
-        "argument 'cos' expected a 3-D tensor [B or 1, S, D]",
-    ),
-    "odd D": (
-        tts_bad(
-            q=torch.randn(2, 4, 3, 7).to(bf16),
-            k=torch.randn(2, 2, 3, 7).to(bf16),
-            cos=torch.randn(2, 3, 7).to(bf16),
-            sin=torch.randn(2, 3, 7).to(bf16),
-        ),
-        ValueError,
-        "argument 'q' expected an even head_dim D >= 2 (last dim), got D=7",
-    ),
-    "k batch": (
-        tts_bad(k=lambda t: t[:1]),
-        ValueError,
-        "argument 'k' expected shape [2, Hkv, 3, 8], got [1, 2, 3, 8]",
-    ),
-    "k seq": (
-        tts_bad(k=lambda t: t[:, :, :2]),
-        ValueError,
-        "argument 'k' expected shape [2, Hkv, 3, 8], got [2, 2, 2, 8]",
-    ),
-    "k head_dim": (
-        tts_bad(k=torch.randn(2, 2, 3, 6).to(bf16)),
-        ValueError,
-        "argument 'k' expected shape [2, Hkv, 3, 8]",
-    ),
-    "cos batch": (
-        tts_bad(cos=torch.randn(3, 3, 8).to(bf16)),
-        ValueError,
-        "argument 'cos' expected shape [2 or 1, 3, 8], got [3, 3, 8]",
-    ),
-    "cos seq": (
-        tts_bad(cos=lambda t: t[:, :2]),
-        ValueError,
-        "argument 'cos' expected shape [2, 3, 8], got [2, 2, 8]",
-    ),
-    "sin shape": (
-        tts_bad(sin=lambda t: t[:1]),
-        ValueError,
-        "argument 'sin' expected shape [2, 3, 8], got [1, 3, 8]",
-    ),
-    "q int": (
-        tts_bad(q=lambda t: t.to(torch.int32)),
-        TypeError,
-        "argument 'q' expected dtype bfloat16 or float16 or float32, got int32",
-    ),
-    "q fp64": (
-        tts_bad(q=lambda t: t.double()),
-        TypeError,
-        "argument 'q' expected dtype bfloat16 or float16 or float32, got float64",
-    ),
-    "k dtype": (
-        tts_bad(k=lambda t: t.half()),
-        TypeError,
-        "argument 'k' expected dtype bfloat16 (same as 'q'), got float16",
-    ),
-    "sin dtype": (
-        tts_bad(sin=lambda t: t.float()),
-        TypeError,
-        "argument 'sin' expected dtype bfloat16 (same as 'q'), got float32",
-    ),
-    "k device": (
-        tts_bad(k=lambda t: t.to("meta")),
-        ValueError,
-        "argument 'k' expected a tensor on cpu (same device as 'q'), got a tensor on meta",
-    ),
-    "q last stride": (
-        tts_bad(q=lambda t: torch.randn(2, 4, 3, 16).to(bf16)[..., ::2]),
-        ValueError,
-        "argument 'q' expected a contiguous last dimension (stride 1), got strides (192, 48, 16, 2)",
-    ),
-    "cos last stride": (
-        tts_bad(cos=lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)),
-        ValueError,
-        "argument 'cos' expected a contiguous last dimension (stride 1)",
-    ),
+    "cos 2-D": (tts_bad(cos=lambda t: t[0]), ValueError, "argument 'cos' expected a 3-D tensor [B or 1, S, D]"),
+    "odd D": (tts_bad(q=torch.randn(2, 4, 3, 7).to(bf16), k=torch.randn(2, 2, 3, 7).to(bf16),
+                      cos=torch.randn(2, 3, 7).to(bf16), sin=torch.randn(2, 3, 7).to(bf16)), ValueError,
+              "argument 'q' expected an even head_dim D >= 2 (last dim), got D=7"),
+    "k batch": (tts_bad(k=lambda t: t[:1]), ValueError, "argument 'k' expected shape [2, Hkv, 3, 8], got [1, 2, 3, 8]"),
+    "k seq": (tts_bad(k=lambda t: t[:, :, :2]), ValueError, "argument 'k' expected shape [2, Hkv, 3, 8], got [2, 2, 2, 8]"),
+    "k head_dim": (tts_bad(k=torch.randn(2, 2, 3, 6).to(bf16)), ValueError, "argument 'k' expected shape [2, Hkv, 3, 8]"),
+    "cos batch": (tts_bad(cos=torch.randn(3, 3, 8).to(bf16)), ValueError,
+                  "argument 'cos' expected shape [2 or 1, 3, 8], got [3, 3, 8]"),
+    "cos seq": (tts_bad(cos=lambda t: t[:, :2]), ValueError, "argument 'cos' expected shape [2, 3, 8], got [2, 2, 8]"),
+    "sin shape": (tts_bad(sin=lambda t: t[:1]), ValueError, "argument 'sin' expected shape [2, 3, 8], got [1, 3, 8]"),
+    "q int": (tts_bad(q=lambda t: t.to(torch.int32)), TypeError,
+              "argument 'q' expected dtype bfloat16 or float16 or float32, got int32"),
+    "q fp64": (tts_bad(q=lambda t: t.double()), TypeError, "argument 'q' expected dtype bfloat16 or float16 or float32, got float64"),
+    "k dtype": (tts_bad(k=lambda t: t.half()), TypeError, "argument 'k' expected dtype bfloat16 (same as 'q'), got float16"),
+    "sin dtype": (tts_bad(sin=lambda t: t.float()), TypeError, "argument 'sin' expected dtype bfloat16 (same as 'q'), got float32"),
+    "k device": (tts_bad(k=lambda t: t.to("meta")), ValueError,
+                 "argument 'k' expected a tensor on cpu (same device as 'q'), got a tensor on meta"),
+    "q last stride": (tts_bad(q=lambda t: torch.randn(2, 4, 3, 16).to(bf16)[..., ::2]), ValueError,
+                      "argument 'q' expected a contiguous last dimension (stride 1), got strides (192, 48, 16, 2)"),
+    "cos last stride": (tts_bad(cos=lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
+                        "argument 'cos' expected a contiguous last dimension (stride 1)"),
 }
 
 
@@ -137,26 +72,15 @@ def test_qwen3_tts_rope_inplace_into_broadcast_tensor():
 
 def test_unknown_backend_and_env():
     q, k, cos, sin = tts_inputs()
-    with pytest.raises(
-        ValueError, match=r"argument 'backend' expected 'auto' or one of \[.*'reference'.*\], got 'cudnn'"
-    ):
+    with pytest.raises(ValueError, match=r"argument 'backend' expected 'auto' or one of \[.*'reference'.*\], got 'cudnn'"):
         fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="cudnn")
 
 
 def quant_bad(**change):
     case = QuantCase(3, 4, 2)
     o, pos, cos, sin = make_quant_inputs(case, max_pos=64)
-    args = dict(
-        o=o,
-        positions=pos,
-        cos_cache=cos,
-        sin_cache=sin,
-        num_groups=2,
-        quant_group_size=128,
-        transpose_scale=False,
-        x_fp8=None,
-        x_scale=None,
-    )
+    args = dict(o=o, positions=pos, cos_cache=cos, sin_cache=sin, num_groups=2, quant_group_size=128,
+                transpose_scale=False, x_fp8=None, x_scale=None)
     kw = {}
     for n, v in change.items():
         if n in ("fp8_dtype", "scale_dtype"):
@@ -171,158 +95,61 @@ def _bufs(**kw):
 
 
 QUANT_CASES = {
-    "o 2-D": (
-        quant_bad(o=lambda a: a["o"][0]),
-        ValueError,
-        "argument 'o' expected a 3-D tensor [S, H, head_dim], got 2-D",
-    ),
-    "o fp32": (
-        quant_bad(o=lambda a: a["o"].float()),
-        TypeError,
-        "argument 'o' expected dtype bfloat16 or float16, got float32",
-    ),
-    "o strided": (
-        quant_bad(o=lambda a: torch.cat([a["o"], a["o"]], 2)[..., ::2]),
-        ValueError,
-        "argument 'o' expected a contiguous tensor, got strides (4096, 1024, 2)",
-    ),
-    "positions 2-D": (
-        quant_bad(positions=lambda a: a["positions"][None]),
-        ValueError,
-        "argument 'positions' expected a 1-D tensor [>= S], got 2-D",
-    ),
-    "positions float": (
-        quant_bad(positions=lambda a: a["positions"].float()),
-        TypeError,
-        "argument 'positions' expected dtype int64 or int32, got float32",
-    ),
-    "positions short": (
-        quant_bad(positions=lambda a: a["positions"][:2]),
-        ValueError,
-        "argument 'positions' expected at least S=3 elements, got 2",
-    ),
-    "positions device": (
-        quant_bad(positions=lambda a: a["positions"].to("meta")),
-        ValueError,
-        "argument 'positions' expected a tensor on cpu (same device as 'o'), got a tensor on meta",
-    ),
-    "cos 1-D": (
-        quant_bad(cos_cache=lambda a: a["cos_cache"][0]),
-        ValueError,
-        "argument 'cos_cache' expected a 2-D tensor [max_pos, rope_dim/2]",
-    ),
-    "cos int": (
-        quant_bad(cos_cache=lambda a: a["cos_cache"].int()),
-        TypeError,
-        "argument 'cos_cache' expected dtype bfloat16 or float16 or float32, got int32",
-    ),
-    "sin dtype": (
-        quant_bad(sin_cache=lambda a: a["sin_cache"].half()),
-        TypeError,
-        "argument 'sin_cache' expected dtype float32 (same as 'cos_cache'), got float16",
-    ),
-    "sin shape": (
-        quant_bad(sin_cache=lambda a: a["sin_cache"][:, :16]),
-        ValueError,
-        "argument 'sin_cache' expected shape [64, 32], got [64, 16]",
-    ),
-    "cos last stride": (
-        quant_bad(
-            cos_cache=lambda a: a["cos_cache"].t().contiguous().t(),
-            sin_cache=lambda a: a["sin_cache"].t().contiguous().t(),
-        ),
-        ValueError,
-        "argument 'cos_cache' expected a contiguous last dimension (stride 1)",
-    ),
-    "rope too wide": (
-        quant_bad(cos_cache=torch.zeros(4, 300), sin_cache=torch.zeros(4, 300)),
-        ValueError,
-        "argument 'cos_cache' expected shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim=512, got [4, 300]",
-    ),
-    "groups": (
-        quant_bad(num_groups=3),
-        ValueError,
-        "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got 3",
-    ),
-    "groups float": (
-        quant_bad(num_groups=2.0),
-        ValueError,
-        "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got 2.0",
-    ),
-    "group size": (
-        quant_bad(quant_group_size=48),
-        ValueError,
-        "argument 'quant_group_size' expected one of (32, 64, 128, 256), got 48",
-    ),
-    "group size vs Dg": (
-        quant_bad(num_groups=32, quant_group_size=128),
-        ValueError,
-        "argument 'quant_group_size' expected a divisor of the group width Dg=H*head_dim/num_groups=64, got 128",
-    ),
-    "fp8 dtype": (
-        quant_bad(fp8_dtype=torch.float8_e5m2),
-        TypeError,
-        "argument 'fp8_dtype' expected float8_e4m3fn or float8_e4m3fnuz, got torch.float8_e5m2",
-    ),
-    "scale dtype": (
-        quant_bad(scale_dtype=torch.float16),
-        TypeError,
-        "argument 'scale_dtype' expected float8_e8m0fnu or uint8 or float32 or int32, got torch.float16",
-    ),
-    "packed needs 4 blocks": (
-        quant_bad(num_groups=8, quant_group_size=128, scale_dtype=torch.int32),
-        ValueError,
-        "argument 'scale_dtype' expected int32 (packed UE8M0) only when the blocks per group "
-        "Dg/quant_group_size are a multiple of 4, got 256/128=2",
-    ),
-    "x_fp8 shape": (
-        quant_bad(x_fp8=lambda a: torch.empty(3, 2, 512, dtype=torch.float8_e4m3fn)),
-        ValueError,
-        "argument 'x_fp8' expected shape [3, 2, 1024], got [3, 2, 512]",
-    ),
-    "x_fp8 dtype": (
-        quant_bad(
-            x_fp8=lambda a: torch.empty(3, 2, 1024, dtype=torch.float8_e4m3fn),
-            fp8_dtype=torch.float8_e4m3fnuz,
-        ),
-        TypeError,
-        "argument 'x_fp8' expected dtype float8_e4m3fnuz, got float8_e4m3fn",
-    ),
-    "x_fp8 strided": (
-        quant_bad(x_fp8=lambda a: torch.empty(3, 1024, 2, dtype=torch.float8_e4m3fn).transpose(1, 2)),
-        ValueError,
-        "argument 'x_fp8' expected a contiguous tensor, got strides (2048, 1, 2)",
-    ),
-    "x_scale shape": (
-        quant_bad(x_scale=lambda a: torch.empty(3, 2, 4, dtype=torch.float8_e8m0fnu)),
-        ValueError,
-        "argument 'x_scale' expected shape [3, 2, 8], got [3, 2, 4]",
-    ),
-    "x_scale dtype": (
-        quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.float16)),
-        TypeError,
-        "argument 'scale_dtype' expected float8_e8m0fnu or uint8 or float32 or int32, got torch.float16",
-    ),
-    "x_scale vs scale_dtype": (
-        quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.uint8), scale_dtype=torch.float32),
-        TypeError,
-        "argument 'x_scale' expected dtype float32, got uint8",
-    ),
-    "x_scale layout": (
-        quant_bad(x_scale=lambda a: _bufs(transpose_scale=True)(a)[1]),
-        ValueError,
-        "argument 'x_scale' expected row-major contiguous strides (16, 8, 1) for transpose_scale=False, got strides (1, 24, 3)",
-    ),
-    "x_scale layout T": (
-        quant_bad(transpose_scale=True, x_scale=lambda a: _bufs()(a)[1]),
-        ValueError,
-        "argument 'x_scale' expected column-major ([G, Ks, S] storage) strides (1, 24, 3) for transpose_scale=True, got strides (16, 8, 1)",
-    ),
-    "x_scale device": (
-        quant_bad(x_scale=lambda a: _bufs()(a)[1].to("meta")),
-        ValueError,
-        "argument 'x_scale' expected a tensor on cpu (same device as 'o'), got a tensor on meta",
-    ),
+    "o 2-D": (quant_bad(o=lambda a: a["o"][0]), ValueError, "argument 'o' expected a 3-D tensor [S, H, head_dim], got 2-D"),
+    "o fp32": (quant_bad(o=lambda a: a["o"].float()), TypeError, "argument 'o' expected dtype bfloat16 or float16, got float32"),
+    "o strided": (quant_bad(o=lambda a: torch.cat([a["o"], a["o"]], 2)[..., ::2]), ValueError,
+                  "argument 'o' expected a contiguous tensor, got strides (4096, 1024, 2)"),
+    "positions 2-D": (quant_bad(positions=lambda a: a["positions"][None]), ValueError,
+                      "argument 'positions' expected a 1-D tensor [>= S], got 2-D"),
+    "positions float": (quant_bad(positions=lambda a: a["positions"].float()), TypeError,
+                        "argument 'positions' expected dtype int64 or int32, got float32"),
+    "positions short": (quant_bad(positions=lambda a: a["positions"][:2]), ValueError,
+                        "argument 'positions' expected at least S=3 elements, got 2"),
+    "positions device": (quant_bad(positions=lambda a: a["positions"].to("meta")), ValueError,
+                         "argument 'positions' expected a tensor on cpu (same device as 'o'), got a tensor on meta"),
+    "cos 1-D": (quant_bad(cos_cache=lambda a: a["cos_cache"][0]), ValueError,
+                "argument 'cos_cache' expected a 2-D tensor [max_pos, rope_dim/2]"),
+    "cos int": (quant_bad(cos_cache=lambda a: a["cos_cache"].int()), TypeError, "argument 'cos_cache' expected dtype bfloat16 or float16 or float32, got int32"),
+    "sin dtype": (quant_bad(sin_cache=lambda a: a["sin_cache"].half()), TypeError,
+                  "argument 'sin_cache' expected dtype float32 (same as 'cos_cache'), got float16"),
+    "sin shape": (quant_bad(sin_cache=lambda a: a["sin_cache"][:, :16]), ValueError,
+                  "argument 'sin_cache' expected shape [64, 32], got [64, 16]"),
+    "cos last stride": (quant_bad(cos_cache=lambda a: a["cos_cache"].t().contiguous().t(),
+                                  sin_cache=lambda a: a["sin_cache"].t().contiguous().t()), ValueError,
+                        "argument 'cos_cache' expected a contiguous last dimension (stride 1)"),
+    "rope too wide": (quant_bad(cos_cache=torch.zeros(4, 300), sin_cache=torch.zeros(4, 300)), ValueError,
+                      "argument 'cos_cache' expected shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim=512, got [4, 300]"),
+    "groups": (quant_bad(num_groups=3), ValueError, "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got 3"),
+    "groups float": (quant_bad(num_groups=2.0), ValueError, "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got 2.0"),
+    "group size": (quant_bad(quant_group_size=48), ValueError,
+                   "argument 'quant_group_size' expected one of (32, 64, 128, 256), got 48"),
+    "group size vs Dg": (quant_bad(num_groups=32, quant_group_size=128), ValueError,
+                         "argument 'quant_group_size' expected a divisor of the group width Dg=H*head_dim/num_groups=64, got 128"),
+    "fp8 dtype": (quant_bad(fp8_dtype=torch.float8_e5m2), TypeError,
+                  "argument 'fp8_dtype' expected float8_e4m3fn or float8_e4m3fnuz, got torch.float8_e5m2"),
+    "scale dtype": (quant_bad(scale_dtype=torch.float16), TypeError,
+                    "argument 'scale_dtype' expected float8_e8m0fnu or uint8 or float32 or int32, got torch.float16"),
+    "packed needs 4 blocks": (quant_bad(num_groups=8, quant_group_size=128, scale_dtype=torch.int32), ValueError,
+                             "argument 'scale_dtype' expected int32 (packed UE8M0) only when the blocks per group "
+                             "Dg/quant_group_size are a multiple of 4, got 256/128=2"),
+    "x_fp8 shape": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 512, dtype=torch.float8_e4m3fn)), ValueError,
+                    "argument 'x_fp8' expected shape [3, 2, 1024], got [3, 2, 512]"),
+    "x_fp8 dtype": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 1024, dtype=torch.float8_e4m3fn), fp8_dtype=torch.float8_e4m3fnuz),
+                    TypeError, "argument 'x_fp8' expected dtype float8_e4m3fnuz, got float8_e4m3fn"),
+    "x_fp8 strided": (quant_bad(x_fp8=lambda a: torch.empty(3, 1024, 2, dtype=torch.float8_e4m3fn).transpose(1, 2)),
+                      ValueError, "argument 'x_fp8' expected a contiguous tensor, got strides (2048, 1, 2)"),
+    "x_scale shape": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 4, dtype=torch.float8_e8m0fnu)), ValueError,
+                      "argument 'x_scale' expected shape [3, 2, 8], got [3, 2, 4]"),
+    "x_scale dtype": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.float16)), TypeError,
+                      "argument 'scale_dtype' expected float8_e8m0fnu or uint8 or float32 or int32, got torch.float16"),
+    "x_scale vs scale_dtype": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.uint8), scale_dtype=torch.float32),
+                               TypeError, "argument 'x_scale' expected dtype float32, got uint8"),
+    "x_scale layout": (quant_bad(x_scale=lambda a: _bufs(transpose_scale=True)(a)[1]), ValueError,
+                       "argument 'x_scale' expected row-major contiguous strides (16, 8, 1) for transpose_scale=False, got strides (1, 24, 3)"),
+    "x_scale layout T": (quant_bad(transpose_scale=True, x_scale=lambda a: _bufs()(a)[1]), ValueError,
+                         "argument 'x_scale' expected column-major ([G, Ks, S] storage) strides (1, 24, 3) for transpose_scale=True, got strides (16, 8, 1)"),
+    "x_scale device": (quant_bad(x_scale=lambda a: _bufs()(a)[1].to("meta")), ValueError,
+                       "argument 'x_scale' expected a tensor on cpu (same device as 'o'), got a tensor on meta"),
 }
 
 

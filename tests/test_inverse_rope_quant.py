@@ -10,104 +10,41 @@ import fusedrope
 from fusedrope import reference as R
 from fusedrope.baseline import unfused_inverse_rope_group_quant
 from fusedrope.inverse_rope_quant import REGISTRY, validate
-from fusedrope.testing import (
-    QuantCase,
-    assert_quant_close,
-    assert_ulp_close,
-    deepseek_rope_cache,
-    make_quant_inputs,
-    poison_like,
-    rope_blocks,
-    scale_bytes,
-)
+from fusedrope.testing import (QuantCase, assert_quant_close, assert_ulp_close, deepseek_rope_cache,
+                               make_quant_inputs, poison_like, rope_blocks, scale_bytes)
 
 from conftest import DEVICE, backends_here
 
 BACKENDS = backends_here("inverse_rope_group_quant")
 FP8 = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
 SHAPES = [  # (H, G) of DeepSeek-V4 TP8, and shapes that are not DeepSeek's (groups splitting heads)
-    QuantCase(3, 16, 2),
-    QuantCase(5, 8, 1),
-    QuantCase(4, 2, 3, head_dim=192, rope_dim=32, quant_group_size=64),
+    QuantCase(3, 16, 2), QuantCase(5, 8, 1), QuantCase(4, 2, 3, head_dim=192, rope_dim=32, quant_group_size=64),
     QuantCase(2, 4, 2, head_dim=64, rope_dim=16, quant_group_size=32),
 ]
 
 
-def run(
-    backend,
-    o,
-    positions,
-    cos,
-    sin,
-    case,
-    transpose_scale=False,
-    fp8_dtype=torch.float8_e4m3fn,
-    scale_dtype=torch.float8_e8m0fnu,
-):
+def run(backend, o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=torch.float8_e4m3fn,
+        scale_dtype=torch.float8_e8m0fnu):
     """The backend on poisoned caller-provided buffers, through the public function."""
-    x_fp8, x_scale = fusedrope.empty_quant_outputs(
-        o,
-        case.num_groups,
-        case.quant_group_size,
-        transpose_scale,
-        fp8_dtype=fp8_dtype,
-        scale_dtype=scale_dtype,
-    )
-    facts = validate(
-        o,
-        positions,
-        cos,
-        sin,
-        case.num_groups,
-        case.quant_group_size,
-        transpose_scale,
-        x_fp8,
-        x_scale,
-        None,
-        None,
-    )[0]
+    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, case.num_groups, case.quant_group_size, transpose_scale,
+                                                   fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
+    facts = validate(o, positions, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, x_fp8, x_scale,
+                     None, None)[0]
     reason = REGISTRY.decide(next(i for i in REGISTRY.impls if i.backend == backend), facts)
     if reason:  # e.g. the compiled kernels serve head_dim 512 / rope_dim 64 only
         pytest.skip(f"{backend} does not serve these inputs: {reason}")
     x_fp8, x_scale = poison_like(x_fp8), poison_like(x_scale)
-    out = fusedrope.inverse_rope_group_quant(
-        o,
-        positions,
-        cos,
-        sin,
-        case.num_groups,
-        case.quant_group_size,
-        transpose_scale,
-        x_fp8,
-        x_scale,
-        backend=backend,
-    )
+    out = fusedrope.inverse_rope_group_quant(o, positions, cos, sin, case.num_groups, case.quant_group_size,
+                                             transpose_scale, x_fp8, x_scale, backend=backend)
     assert out[0] is x_fp8 and out[1] is x_scale
     return x_fp8, x_scale
 
 
-def reference(
-    o,
-    positions,
-    cos,
-    sin,
-    case,
-    transpose_scale=False,
-    fp8_dtype=torch.float8_e4m3fn,
-    scale_dtype=torch.float8_e8m0fnu,
-):
-    return fusedrope.inverse_rope_group_quant(
-        o,
-        positions,
-        cos,
-        sin,
-        case.num_groups,
-        case.quant_group_size,
-        transpose_scale,
-        fp8_dtype=fp8_dtype,
-        scale_dtype=scale_dtype,
-        backend="reference",
-    )
+def reference(o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=torch.float8_e4m3fn,
+              scale_dtype=torch.float8_e8m0fnu):
+    return fusedrope.inverse_rope_group_quant(o, positions, cos, sin, case.num_groups, case.quant_group_size,
+                                              transpose_scale, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype,
+                                              backend="reference")
 
 
 # -- the oracle against independent float64 formulations -------------------------------------------------
@@ -130,11 +67,8 @@ def test_quant_matches_float64_oracle(case, fp8_dtype):
     o, pos, cos, sin = make_quant_inputs(case, seed=2)
     x_fp8, x_scale = reference(o, pos, cos, sin, case, fp8_dtype=fp8_dtype)
     fp8_max = R.FP8_MAX[fp8_dtype]
-    v = (
-        R.inverse_rope_tail(o, pos, cos, sin)
-        .double()
-        .reshape(case.num_tokens, case.num_groups, -1, case.quant_group_size)
-    )
+    v = R.inverse_rope_tail(o, pos, cos, sin).double().reshape(case.num_tokens, case.num_groups, -1,
+                                                                case.quant_group_size)
     amax = v.abs().amax(-1).clamp_min(1e-8)
     expo = torch.ceil(torch.log2(amax / fp8_max))  # no block of random data sits on a power of two
     assert torch.equal(scale_bytes(x_scale).long(), (expo + 127).long().reshape(x_scale.shape))
@@ -170,22 +104,14 @@ def test_group_sizes_and_scale_formats(backend, group_size, scale_dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(
-    "o_dtype,cache_dtype,pos_dtype",
-    [
-        (torch.float16, torch.float16, torch.int32),
-        (torch.bfloat16, torch.bfloat16, torch.int64),
-        (torch.float16, torch.float32, torch.int64),
-    ],
-)
+@pytest.mark.parametrize("o_dtype,cache_dtype,pos_dtype", [
+    (torch.float16, torch.float16, torch.int32), (torch.bfloat16, torch.bfloat16, torch.int64),
+    (torch.float16, torch.float32, torch.int64)])
 def test_dtypes(backend, o_dtype, cache_dtype, pos_dtype):
     case = SHAPES[2]
-    o, pos, cos, sin = make_quant_inputs(
-        case, o_dtype, cache_dtype, DEVICE, seed=5, positions_dtype=pos_dtype
-    )
-    assert_quant_close(
-        *run(backend, o, pos, cos, sin, case), *reference(o, pos, cos, sin, case), rope_blocks(case), backend
-    )
+    o, pos, cos, sin = make_quant_inputs(case, o_dtype, cache_dtype, DEVICE, seed=5, positions_dtype=pos_dtype)
+    assert_quant_close(*run(backend, o, pos, cos, sin, case), *reference(o, pos, cos, sin, case),
+                       rope_blocks(case), backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -197,20 +123,12 @@ def test_strided_positions_and_cache_rows(backend):
     cos, sin = wide[:, 0, 5:37], wide[:, 2, 20:52]
     assert long_pos.shape[0] > case.num_tokens and cos.stride(0) == 192
     pos2 = long_pos % 300
-    assert_quant_close(
-        *run(backend, o, pos2, cos, sin, case),
-        *reference(o, pos2, cos, sin, case),
-        rope_blocks(case),
-        backend,
-    )
+    assert_quant_close(*run(backend, o, pos2, cos, sin, case), *reference(o, pos2, cos, sin, case),
+                       rope_blocks(case), backend)
     strided = (torch.arange(2 * case.num_tokens, device=DEVICE) * 7 % 300)[::2]
     assert strided.stride(0) == 2
-    assert_quant_close(
-        *run(backend, o, strided, cos, sin, case),
-        *reference(o, strided, cos, sin, case),
-        rope_blocks(case),
-        backend,
-    )
+    assert_quant_close(*run(backend, o, strided, cos, sin, case), *reference(o, strided, cos, sin, case),
+                       rope_blocks(case), backend)
 
 
 def _boundary_inputs(fp8_max, o_dtype=torch.bfloat16, ks=(-3, 0, 5, 9)):
@@ -307,11 +225,8 @@ def test_out_of_range_positions_are_clamped(backend, monkeypatch):
     assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
     assert torch.equal(scale_bytes(got[1]), scale_bytes(want[1]))
     monkeypatch.setenv("FUSEDROPE_CHECK_POSITIONS", "1")
-    with pytest.raises(
-        ValueError,
-        match=r"argument 'positions' expected values in \[0, max_pos=32\), "
-        r"got positions\[0\]=-5 \(3 out of range\)",
-    ):
+    with pytest.raises(ValueError, match=r"argument 'positions' expected values in \[0, max_pos=32\), "
+                                         r"got positions\[0\]=-5 \(3 out of range\)"):
         fusedrope.inverse_rope_group_quant(o, wild, cos, sin, 1, backend=backend)
     fusedrope.inverse_rope_group_quant(o, tame, cos, sin, 1, backend=backend)  # in range: fine
 
@@ -336,9 +251,7 @@ def test_allocating_call_and_layouts(backend):
     xt, st = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, True, backend=backend)
     S, G, Ks = st.shape
     assert st.stride() == (1, Ks * S, S)
-    assert torch.equal(st.view(torch.uint8), s.view(torch.uint8)) and torch.equal(
-        xt.view(torch.uint8), x.view(torch.uint8)
-    )
+    assert torch.equal(st.view(torch.uint8), s.view(torch.uint8)) and torch.equal(xt.view(torch.uint8), x.view(torch.uint8))
     # The column-major storage really is [G, Ks, S] with S fastest.
     storage = torch.as_strided(st.view(torch.uint8), (G, Ks, S), (Ks * S, S, 1))
     assert torch.equal(storage, s.view(torch.uint8).permute(1, 2, 0))
@@ -375,43 +288,22 @@ def test_unfused_baseline_is_the_bf16_round_trip():
 
 # -- torch.compile and the torch ops ------------------------------------------------------------------------
 INDUCTOR_E8M0 = pytest.mark.xfail(
-    DEVICE.type == "cpu",
-    strict=True,
-    raises=Exception,
+    DEVICE.type == "cpu", strict=True, raises=Exception,
     reason="torch 2.13's CPU inductor has no e8m0 codegen (KeyError: torch.float8_e8m0fnu) for a mutated "
-    "e8m0 graph input; pass the same bytes as a uint8 buffer instead",
-)
+           "e8m0 graph input; pass the same bytes as a uint8 buffer instead")
 
 
 @pytest.mark.parametrize("transpose_scale", [False, True])
-@pytest.mark.parametrize(
-    "scale_dtype,buffers",
-    [
-        (torch.float8_e8m0fnu, False),
-        (torch.uint8, False),
-        (torch.float32, False),
-        (torch.uint8, True),
-        (torch.float32, True),
-        pytest.param(torch.float8_e8m0fnu, True, marks=INDUCTOR_E8M0),
-    ],
-)
+@pytest.mark.parametrize("scale_dtype,buffers", [
+    (torch.float8_e8m0fnu, False), (torch.uint8, False), (torch.float32, False), (torch.uint8, True),
+    (torch.float32, True), pytest.param(torch.float8_e8m0fnu, True, marks=INDUCTOR_E8M0)])
 def test_torch_compile_gets_identical_bytes(transpose_scale, scale_dtype, buffers):
     case = SHAPES[0]
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=13)
 
     def wo_a_input(o, pos, cos, sin, x_fp8=None, x_scale=None):
-        x, s = fusedrope.inverse_rope_group_quant(
-            o * 1,
-            pos,
-            cos,
-            sin,
-            2,
-            128,
-            transpose_scale,
-            x_fp8,
-            x_scale,
-            scale_dtype=None if buffers else scale_dtype,
-        )
+        x, s = fusedrope.inverse_rope_group_quant(o * 1, pos, cos, sin, 2, 128, transpose_scale, x_fp8, x_scale,
+                                                  scale_dtype=None if buffers else scale_dtype)
         # Read the outputs elementwise after the op: fake strides unlike the real ones would read garbage.
         s_read = s if s.dtype == torch.float8_e8m0fnu else s.to(torch.float32) * 3
         return x.view(torch.uint8).to(torch.int32) + 1, s_read, s
@@ -436,17 +328,11 @@ def test_opcheck_both_torch_ops():
     case = SHAPES[3]
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=14)
     for ts in (False, True):
-        torch.library.opcheck(
-            torch.ops.fusedrope.inverse_rope_group_quant.default,
-            (o, pos, cos, sin, 2, 32, ts, None, torch.uint8, "reference"),
-            test_utils=OPCHECKS,
-        )
+        torch.library.opcheck(torch.ops.fusedrope.inverse_rope_group_quant.default,
+                              (o, pos, cos, sin, 2, 32, ts, None, torch.uint8, "reference"), test_utils=OPCHECKS)
         x, s = fusedrope.empty_quant_outputs(o, 2, 32, ts, scale_dtype=torch.uint8)
-        torch.library.opcheck(
-            torch.ops.fusedrope.inverse_rope_group_quant_out.default,
-            (o, pos, cos, sin, 2, 32, ts, x, s, "reference"),
-            test_utils=OPCHECKS,
-        )
+        torch.library.opcheck(torch.ops.fusedrope.inverse_rope_group_quant_out.default,
+                              (o, pos, cos, sin, 2, 32, ts, x, s, "reference"), test_utils=OPCHECKS)
 
 
 def test_selection_facts_are_cached_per_layout():

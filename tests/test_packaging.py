@@ -14,22 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            str(ROOT),
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-        ],
-        check=True,
-        cwd=out,
-    )
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(out)], check=True, cwd=out)
     (whl,) = out.glob("fusedrope-*.whl")
     return whl
 
@@ -46,10 +32,8 @@ def test_wheel_holds_python_and_kernel_sources(wheel):
 
 def test_installed_wheel_imports_and_finds_its_kernels(wheel, tmp_path):
     target = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-        check=True,
-    )
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True)
     code = (
         "import fusedrope, pathlib, importlib.util as u;"
         "p = pathlib.Path(fusedrope.__file__).parent;"
@@ -60,7 +44,6 @@ def test_installed_wheel_imports_and_finds_its_kernels(wheel, tmp_path):
         "print(sorted(x.name for x in d.iterdir() if x.suffix in ('.cu', '.cpp')))"
     ) % (str(target), str(target))
     env = dict(os.environ, PYTHONPATH=str(target))
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env, cwd=tmp_path
-    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env,
+                         cwd=tmp_path)
     assert ".cu'" in out.stdout

@@ -18,10 +18,7 @@ def tts_args():
 
 def test_backends_are_registered_in_priority_order():
     assert [i.backend for i in fusedrope.registry("qwen3_tts_rope").impls][-2:] == ["triton", "reference"]
-    assert [i.backend for i in fusedrope.registry("inverse_rope_group_quant").impls][-2:] == [
-        "triton",
-        "reference",
-    ]
+    assert [i.backend for i in fusedrope.registry("inverse_rope_group_quant").impls][-2:] == ["triton", "reference"]
     for op in ("qwen3_tts_rope", "inverse_rope_group_quant"):
         names = [i.backend for i in fusedrope.registry(op).impls]
         assert names == sorted(names, key=fusedrope.BACKENDS.index)
@@ -44,9 +41,7 @@ def test_forcing_an_unavailable_backend_says_why():
     reg = fusedrope.registry("qwen3_tts_rope")
     missing = [i.backend for i in reg.impls if reg.availability(i, DEVICE)]
     for name in missing:
-        with pytest.raises(
-            fusedrope.BackendUnavailableError, match=f"backend '{name}' cannot run these inputs: "
-        ):
+        with pytest.raises(fusedrope.BackendUnavailableError, match=f"backend '{name}' cannot run these inputs: "):
             fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=name)
 
 
@@ -96,13 +91,8 @@ def test_unsupported_inputs_fall_through_to_the_next_backend():
     assert len(calls) == 1  # availability is asked once per device
     ex = reg.explain((dev, 3))
     assert [(d.backend, d.runs, d.reason) for d in ex] == [
-        ("cuda", False, "no CUDA here"),
-        ("triton", False, "no odd sizes"),
-        ("reference", True, "supports these inputs"),
-    ]
-    with pytest.raises(
-        fusedrope.BackendUnavailableError, match="backend 'triton' cannot run these inputs: no odd sizes"
-    ):
+        ("cuda", False, "no CUDA here"), ("triton", False, "no odd sizes"), ("reference", True, "supports these inputs")]
+    with pytest.raises(fusedrope.BackendUnavailableError, match="backend 'triton' cannot run these inputs: no odd sizes"):
         reg.select((dev, 3), "triton")
 
 

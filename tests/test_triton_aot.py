@@ -16,13 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def counts():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "triton_aot.py")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "triton_aot.py")], capture_output=True, text=True,
+                         env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 

@@ -35,17 +35,13 @@ def check(q_out, k_out, q, k, cos, sin, max_ulp=1):
         for out, ref, x in ((q_out, q_ref, q), (k_out, k_ref, k)):
             x, c, s = x.double(), cos.double().unsqueeze(1), sin.double().unsqueeze(1)
             bound = (x.abs() * c.abs() + rotate_half(x).abs() * s.abs()) * 2**-22 + 1e-38
-            assert bool(((out.double() - ref).abs() <= bound).all()), (
-                "fp32 result off by more than 2 roundings"
-            )
+            assert bool(((out.double() - ref).abs() <= bound).all()), "fp32 result off by more than 2 roundings"
         return
     for out, ref, name in ((q_out, q_ref, "q"), (k_out, k_ref, "k")):
         assert_ulp_close(out, ref, max_ulp, name)
         # 1 ulp is allowed only for double-rounding ties (rare); truncation would be off half the time.
         off = int((ulp_diff(out, ref) != 0).sum())
-        assert off <= 2 + out.numel() // 1000, (
-            f"{name}: {off} of {out.numel()} elements not correctly rounded"
-        )
+        assert off <= 2 + out.numel() // 1000, f"{name}: {off} of {out.numel()} elements not correctly rounded"
 
 
 @pytest.mark.parametrize("case", TTS_CASES, ids=lambda c: c.id)
@@ -73,9 +69,8 @@ def test_dtypes_layouts_and_independent_halves(backend, dtype, layout):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("head_dim", [2, 64, 96, 256])
 def test_other_head_dims(backend, head_dim):
-    q, k, cos, sin = make_tts_inputs(
-        TtsCase("hd", 1, 3, 4, 2, head_dim), device=DEVICE, seed=4, random_cos_sin=True
-    )
+    q, k, cos, sin = make_tts_inputs(TtsCase("hd", 1, 3, 4, 2, head_dim), device=DEVICE, seed=4,
+                                     random_cos_sin=True)
     check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
 
 
@@ -85,9 +80,7 @@ def test_cos_sin_broadcast_over_batch(backend):
     check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
     # The same as the batch-expanded cos/sin.
     q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend)
-    q_exp, k_exp = fusedrope.qwen3_tts_rope(
-        q, k, cos.expand(3, -1, -1), sin.expand(3, -1, -1), backend=backend
-    )
+    q_exp, k_exp = fusedrope.qwen3_tts_rope(q, k, cos.expand(3, -1, -1), sin.expand(3, -1, -1), backend=backend)
     assert torch.equal(q_out, q_exp) and torch.equal(k_out, k_exp)
 
 
@@ -146,9 +139,8 @@ def test_torch_op_matches_function():
     q_fn, k_fn = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
     assert torch.equal(q_op, q_fn) and torch.equal(k_op, k_fn)
     torch.library.opcheck(torch.ops.fusedrope.qwen3_tts_rope.default, (q, k, cos, sin, "reference"))
-    torch.library.opcheck(
-        torch.ops.fusedrope.qwen3_tts_rope_.default, (q.clone(), k.clone(), cos, sin, "reference")
-    )
+    torch.library.opcheck(torch.ops.fusedrope.qwen3_tts_rope_.default,
+                          (q.clone(), k.clone(), cos, sin, "reference"))
 
 
 @pytest.mark.parametrize("inplace", [False, True])
@@ -169,16 +161,9 @@ def test_torch_compile_fullgraph_matches_eager(inplace):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    B=st.integers(1, 3),
-    S=st.integers(1, 4),
-    HQ=st.integers(1, 5),
-    HKV=st.integers(1, 3),
-    half=st.sampled_from([1, 3, 8, 64]),
-    pad=st.integers(0, 3),
-    perm=st.booleans(),
-    bcast=st.booleans(),
-    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
-    seed=st.integers(0, 2**16),
+    B=st.integers(1, 3), S=st.integers(1, 4), HQ=st.integers(1, 5), HKV=st.integers(1, 3),
+    half=st.sampled_from([1, 3, 8, 64]), pad=st.integers(0, 3), perm=st.booleans(), bcast=st.booleans(),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]), seed=st.integers(0, 2**16),
 )
 def test_property_random_shapes_and_strides(B, S, HQ, HKV, half, pad, perm, bcast, dtype, seed):
     D = 2 * half
@@ -187,7 +172,7 @@ def test_property_random_shapes_and_strides(B, S, HQ, HKV, half, pad, perm, bcas
     def make(shape):  # a view into a padded buffer, optionally with permuted leading dims
         if perm:
             b = torch.randn(shape[0], shape[2], shape[1] + pad, D + pad, generator=g).to(dtype)
-            return b[:, :, : shape[1], pad : pad + D].transpose(1, 2)
+            return b[:, :, :shape[1], pad:pad + D].transpose(1, 2)
         b = torch.randn(shape[0], shape[1] + pad, shape[2], D + pad, generator=g).to(dtype)
         return b[:, pad:, :, :D]
 

@@ -21,11 +21,8 @@ from triton.compiler import ASTSource  # noqa: E402
 from fusedrope import triton_inverse_rope_quant as irq  # noqa: E402
 from fusedrope import triton_tts_rope as tts  # noqa: E402
 
-TARGETS = {
-    "sm_90": GPUTarget("cuda", 90, 32),
-    "gfx942": GPUTarget("hip", "gfx942", 64),
-    "gfx950": GPUTarget("hip", "gfx950", 64),
-}
+TARGETS = {"sm_90": GPUTarget("cuda", 90, 32), "gfx942": GPUTarget("hip", "gfx942", 64),
+           "gfx950": GPUTarget("hip", "gfx950", 64)}
 
 
 def compile_kernel(fn, pointers: dict, constexprs: dict, divisible: set, target, num_warps: int, **opts):
@@ -58,25 +55,17 @@ def counts(k, target) -> dict:
     if target.backend == "cuda":
         ptx = k.asm["ptx"]
         sass = cuobjdump_sass(k.asm["cubin"])
-        return {
-            "sass_ldg128": len(re.findall(r"LDG\.E\.128", sass)),
-            "sass_stg128": len(re.findall(r"STG\.E\.128", sass)),
-            "sass_local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
-            "ld_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
-            "st_v4": len(re.findall(r"st\.global(?:\.\w+)*\.v4", ptx)),
-            "ld": ptx.count("ld.global"),
-            "st": ptx.count("st.global"),
-            "cvt_e4m3": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2", ptx)),
-        }
+        return {"sass_ldg128": len(re.findall(r"LDG\.E\.128", sass)),
+                "sass_stg128": len(re.findall(r"STG\.E\.128", sass)),
+                "sass_local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),"ld_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
+                "st_v4": len(re.findall(r"st\.global(?:\.\w+)*\.v4", ptx)),
+                "ld": ptx.count("ld.global"), "st": ptx.count("st.global"), "cvt_e4m3": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2", ptx))}
     asm = k.asm["amdgcn"]
     ops = re.findall(r"\b(?:global|buffer)_(load|store)_(\w+)", asm)
-    return {
-        "load_x4": sum(1 for a, b in ops if a == "load" and b == "dwordx4"),
-        "store_x4": sum(1 for a, b in ops if a == "store" and b == "dwordx4"),
-        "loads": sum(1 for a, _ in ops if a == "load"),
-        "stores": sum(1 for a, _ in ops if a == "store"),
-        "scratch": int(bool(re.search(r"\bscratch_(load|store)", asm))),
-    }
+    return {"load_x4": sum(1 for a, b in ops if a == "load" and b == "dwordx4"),
+            "store_x4": sum(1 for a, b in ops if a == "store" and b == "dwordx4"),
+            "loads": sum(1 for a, _ in ops if a == "load"), "stores": sum(1 for a, _ in ops if a == "store"),
+            "scratch": int(bool(re.search(r"\bscratch_(load|store)", asm)))}
 
 
 def tts_kernel(target, dtype="bf16", head_dim=128):
@@ -85,14 +74,8 @@ def tts_kernel(target, dtype="bf16", head_dim=128):
     warps = max(1, block_h * half // (8 * target.warp_size))
     ptrs = {n: f"*{dtype}" for n in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")}
     strides = {n for n in tts._tts_rope_kernel.arg_names if "_s" in n and n not in ptrs}
-    return compile_kernel(
-        tts._tts_rope_kernel,
-        ptrs,
-        dict(HALF=half, BLOCK_D=half, BLOCK_H=block_h, EXACT=False),
-        strides,
-        target,
-        warps,
-    )
+    return compile_kernel(tts._tts_rope_kernel, ptrs,
+                          dict(HALF=half, BLOCK_D=half, BLOCK_H=block_h, EXACT=False), strides, target, warps)
 
 
 def quant_kernel(target, group_size=128, fnuz=False, rope=True):
@@ -101,29 +84,11 @@ def quant_kernel(target, group_size=128, fnuz=False, rope=True):
     fp8 = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
     block_t, block_n = irq._tiles(1024, 16 * 512, group_size)
     ptrs = dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", xq_ptr="*u8", xs_ptr="*u8")
-    consts = dict(
-        HEAD_DIM=512,
-        ROPE_DIM=64,
-        GS=group_size,
-        BLOCK_T=block_t,
-        BLOCK_N=block_n,
-        FP8_MAX=irq.FP8_MAX[fp8],
-        FP8_TYPE=irq._FP8_TL[fp8],
-        FNUZ=fnuz,
-        SCALE_FP32=False,
-        PACKED=False,
-        ROPE=rope,
-        EXACT=False,
-    )
-    return compile_kernel(
-        irq._group_quant_kernel,
-        ptrs,
-        consts,
-        {"ROW", "NBLK", "cos_stride", "sin_stride"},
-        target,
-        irq.num_warps_for(block_t * block_n, target.warp_size),
-        enable_fp_fusion=False,
-    )
+    consts = dict(HEAD_DIM=512, ROPE_DIM=64, GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
+                  FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fnuz, SCALE_FP32=False, PACKED=False, ROPE=rope,
+                  EXACT=False)
+    return compile_kernel(irq._group_quant_kernel, ptrs, consts, {"ROW", "NBLK", "cos_stride", "sin_stride"},
+                          target, irq.num_warps_for(block_t * block_n, target.warp_size), enable_fp_fusion=False)
 
 
 def main() -> dict:
