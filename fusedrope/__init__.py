@@ -57,4 +57,7 @@ def explain(op, *args, **kwargs) -> Explanation:
     return registry(name).explain(facts, backend)
 
 
-__all__ = ["qwen3_tts_rope", "inverse_rope_group_quant", "empty_quant_outputs", "quant_output_shapes", "explain", "BackendUnavailableError", "BACKENDS", "ENV_BACKEND", "__version__"]
+__all__ = [
+    "qwen3_tts_rope", "inverse_rope_group_quant", "empty_quant_outputs", "quant_output_shapes", "explain",
+    "BackendUnavailableError", "BACKENDS", "ENV_BACKEND", "__version__",
+]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .registry import Reason
@@ -65,6 +63,3 @@ def hip_toolkit_reason(device: torch.device) -> Reason:
         return "no ROCm device is visible to torch"
     return None
 
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "0").lower() not in ("", "0", "false", "no", "off")

@@ -10,7 +10,6 @@ import torch
 
 from . import _checks as C
 from .backends import reference_available, triton_available
-from .reference import FP8_MAX
 from .registry import Impl, registry
 from . import cuda_inverse_rope_quant as _cuda  # light: cpp_extension is imported only to build
 from . import hip_inverse_rope_quant as _hip

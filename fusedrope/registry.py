@@ -123,7 +123,7 @@ class OpRegistry:
             raise BackendUnavailableError(f"{self.op}: no backend can run these inputs:\n{self.explain(facts)}")
         by_name = {i.backend: i for i in self.impls}
         if request not in by_name:
-            source = f"argument 'backend'" if backend != "auto" else f"environment variable {ENV_BACKEND}"
+            source = "argument 'backend'" if backend != "auto" else f"environment variable {ENV_BACKEND}"
             raise ValueError(f"{self.op}: {source} expected 'auto' or one of {sorted(by_name)}, got {request!r}")
         reason = self.decide(by_name[request], facts)
         if reason is not None:
