@@ -340,3 +340,38 @@ def test_selection_facts_are_cached_per_layout():
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=15)
     facts = validate(o, pos, cos, sin, 2, 128, True, None, None, None, None)[0]
     assert REGISTRY.select(facts) is REGISTRY.select(facts)
+
+
+# -- property-based: random shapes, layouts and formats -------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def quant_shapes(draw):
+    gs = draw(st.sampled_from([32, 64, 128]))
+    head_dim = draw(st.sampled_from([64, 96, 128, 192, 512]))
+    rope_dim = 2 * draw(st.integers(1, head_dim // 2))
+    heads = draw(st.integers(1, 6))
+    blocks = heads * head_dim // gs
+    if heads * head_dim % gs or blocks == 0:
+        head_dim, rope_dim = 512, 64  # fall back to a shape every group size divides
+        blocks = heads * 512 // gs
+    groups = draw(st.sampled_from([g for g in range(1, blocks + 1) if blocks % g == 0]))
+    return QuantCase(draw(st.integers(1, 5)), heads, groups, head_dim, rope_dim, gs)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=quant_shapes(), transpose_scale=st.booleans(), fp8_dtype=st.sampled_from(FP8),
+       scale_dtype=st.sampled_from([torch.float8_e8m0fnu, torch.float32]), seed=st.integers(0, 2**16))
+def test_property_triton_matches_reference(case, transpose_scale, fp8_dtype, scale_dtype, seed):
+    backend = "triton"
+    impl = next(i for i in REGISTRY.impls if i.backend == backend)
+    if REGISTRY.availability(impl, DEVICE):
+        pytest.skip(f"{backend}: {REGISTRY.availability(impl, DEVICE)}")
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=seed, max_pos=64)
+    pos[0] = 10**6  # out of range: clamped
+    got = run(backend, o, pos, cos, sin, case, transpose_scale, fp8_dtype, scale_dtype)
+    ref = reference(o, pos, cos, sin, case, transpose_scale, fp8_dtype, scale_dtype)
+    assert got[1].stride() == ref[1].stride()
+    assert_quant_close(*got, *ref, rope_blocks(case), backend)
