@@ -41,3 +41,9 @@ def test_inverse_rope_quant_reads_o_and_writes_fp8_in_16_bytes(counts, target, g
         assert c["sass_ldg128"] == 2 and c["sass_stg128"] == 1 and c["sass_local"] == 0 and c["cvt_e4m3"] >= 8
     else:
         assert c["load_x4"] == 2 and c["store_x4"] == 1 and c["scratch"] == 0
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
+def test_every_other_specialisation_compiles(counts, target):
+    # 9 TTS dtype x head_dim variants, 4 quant scale-format variants, the baseline's rope kernel.
+    assert counts[f"variants/{target}"]["compiled"] == 14

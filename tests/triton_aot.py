@@ -91,6 +91,39 @@ def quant_kernel(target, group_size=128, fnuz=False, rope=True):
                           target, irq.num_warps_for(block_t * block_n, target.warp_size), enable_fp_fusion=False)
 
 
+def variants(target) -> int:
+    """Compile every other specialisation a GPU call can hit (dtypes, head_dims, masked halves, fp32 / packed
+    scales, int32 positions, the baseline's rope kernel): a first GPU run must not die in the compiler."""
+    import torch
+
+    n = 0
+    for dt in ("fp16", "fp32", "bf16"):
+        for head_dim in (64, 96, 256):
+            half = head_dim // 2
+            block_d = triton.next_power_of_2(half)
+            ptrs = {p: f"*{dt}" for p in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")}
+            consts = dict(HALF=half, BLOCK_D=block_d, BLOCK_H=max(1, 1024 // block_d), EXACT=False)
+            compile_kernel(tts._tts_rope_kernel, ptrs, consts, set(), target, 4)
+            n += 1
+    fp8 = torch.float8_e4m3fnuz if target.arch == "gfx942" else torch.float8_e4m3fn
+    for (heads, head_dim, rope_dim, gs) in ((3, 192, 32, 64), (16, 512, 64, 256)):
+        for scale_fp32, packed in ((True, False), (False, True)):
+            block_t, block_n = irq._tiles(7, heads * head_dim, gs, packed)
+            ptrs = dict(o_ptr="*fp16", pos_ptr="*i32", cos_ptr="*bf16", sin_ptr="*bf16", xq_ptr="*u8",
+                        xs_ptr="*fp32" if scale_fp32 else "*i32")
+            consts = dict(HEAD_DIM=head_dim, ROPE_DIM=rope_dim, GS=gs, BLOCK_T=block_t, BLOCK_N=block_n,
+                          FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == torch.float8_e4m3fnuz,
+                          SCALE_FP32=scale_fp32, PACKED=packed, ROPE=True, EXACT=False)
+            compile_kernel(irq._group_quant_kernel, ptrs, consts, set(), target, 4, enable_fp_fusion=False)
+            n += 1
+    block_t, block_n = irq._tiles(7, 16 * 512, 512)
+    compile_kernel(irq._rope_tail_inplace_kernel, dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32",
+                                                       sin_ptr="*fp32"),
+                   dict(HEAD_DIM=512, ROPE_DIM=64, BLOCK_T=block_t, BLOCK_N=block_n, EXACT=False), set(), target,
+                   4, enable_fp_fusion=False)
+    return n + 1
+
+
 def main() -> dict:
     out = {}
     for tname, target in TARGETS.items():
@@ -98,6 +131,7 @@ def main() -> dict:
         for gs in (32, 128):
             fnuz = tname == "gfx942"
             out[f"inverse_rope_quant_g{gs}/{tname}"] = counts(quant_kernel(target, gs, fnuz), target)
+        out[f"variants/{tname}"] = {"compiled": variants(target)}
     return out
 
 
