@@ -46,7 +46,8 @@ def machine() -> None:
     print(" ", _versions())
     if HAS_GPU:
         name = torch.cuda.get_device_name(DEVICE)
-        print(f"  GPU: {name} ({gpu_arch(DEVICE)}), torch {'ROCm ' + torch.version.hip if torch.version.hip else 'CUDA ' + str(torch.version.cuda)}")
+        flavour = f"ROCm {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
+        print(f"  GPU: {name} ({gpu_arch(DEVICE)}), torch {flavour}")
     else:
         print("  No GPU here: the GPU kernels (CUDA, HIP, Triton on a GPU) cannot run on this machine.")
         if os.environ.get("TRITON_INTERPRET") == "1":
@@ -84,7 +85,8 @@ def selection() -> None:
         groups.setdefault(("qwen3_tts_rope", str(ex)), []).append(case.id)
     for case in QUANT_CASES[:3] + QUANT_CASES[10:11]:
         ex = fusedrope.explain("inverse_rope_group_quant", *_quant_args(QuantCase(1, case.num_heads, case.num_groups)))
-        groups.setdefault(("inverse_rope_group_quant", str(ex)), []).append(f"(H, G)=({case.num_heads}, {case.num_groups})")
+        label = f"(H, G)=({case.num_heads}, {case.num_groups})"
+        groups.setdefault(("inverse_rope_group_quant", str(ex)), []).append(label)
     for (op, text), ids in groups.items():
         head, *rows = text.splitlines()
         print(f"  {head}   [{', '.join(dict.fromkeys(i.rsplit('-B', 1)[0] if '-B' in i else i for i in ids))}]")
@@ -110,7 +112,8 @@ def self_check() -> bool:
                 q_ref, k_ref = R.qwen3_tts_rope_oracle(q, k, cos, sin)
                 assert_ulp_close(q_out, q_ref, 1, "q")
                 assert_ulp_close(k_out, k_ref, 1, "k")
-            print(f"  PASS qwen3_tts_rope           {backend:<10} within 1 ulp of the fp64 oracle on {len(tts_cases)} seed cases")
+            print(f"  PASS qwen3_tts_rope           {backend:<10} within 1 ulp of the fp64 oracle on "
+                  f"{len(tts_cases)} seed cases")
         except Exception as e:  # noqa: BLE001 - report every backend
             ok = False
             print(f"  FAIL qwen3_tts_rope           {backend:<10} {type(e).__name__}: {str(e).splitlines()[0]}")

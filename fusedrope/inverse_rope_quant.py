@@ -159,7 +159,8 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
         C.fail(OP, "scale_dtype", " or ".join(map(C.dtype_name, SCALE_DTYPES)), scale_dtype, TypeError)
     if scale_dtype == PACKED_UE8M0 and (dg // quant_group_size) % 4:
         C.fail(OP, "scale_dtype", "int32 (packed UE8M0) only when the blocks per group "
-               "Dg/quant_group_size are a multiple of 4", f"{dg}/{quant_group_size}={dg // quant_group_size}", ValueError)
+               "Dg/quant_group_size are a multiple of 4", f"{dg}/{quant_group_size}={dg // quant_group_size}",
+               ValueError)
     fp_shape, sc_shape = quant_output_shapes(S, H, D, num_groups, quant_group_size, scale_dtype)
     if x_fp8 is not None:
         C.check_tensor(OP, "x_fp8", x_fp8)

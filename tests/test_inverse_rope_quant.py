@@ -251,7 +251,8 @@ def test_allocating_call_and_layouts(backend):
     xt, st = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, True, backend=backend)
     S, G, Ks = st.shape
     assert st.stride() == (1, Ks * S, S)
-    assert torch.equal(st.view(torch.uint8), s.view(torch.uint8)) and torch.equal(xt.view(torch.uint8), x.view(torch.uint8))
+    assert torch.equal(st.view(torch.uint8), s.view(torch.uint8))
+    assert torch.equal(xt.view(torch.uint8), x.view(torch.uint8))
     # The column-major storage really is [G, Ks, S] with S fastest.
     storage = torch.as_strided(st.view(torch.uint8), (G, Ks, S), (Ks * S, S, 1))
     assert torch.equal(storage, s.view(torch.uint8).permute(1, 2, 0))

@@ -91,8 +91,12 @@ def test_unsupported_inputs_fall_through_to_the_next_backend():
     assert len(calls) == 1  # availability is asked once per device
     ex = reg.explain((dev, 3))
     assert [(d.backend, d.runs, d.reason) for d in ex] == [
-        ("cuda", False, "no CUDA here"), ("triton", False, "no odd sizes"), ("reference", True, "supports these inputs")]
-    with pytest.raises(fusedrope.BackendUnavailableError, match="backend 'triton' cannot run these inputs: no odd sizes"):
+        ("cuda", False, "no CUDA here"),
+        ("triton", False, "no odd sizes"),
+        ("reference", True, "supports these inputs"),
+    ]
+    with pytest.raises(fusedrope.BackendUnavailableError,
+                       match="backend 'triton' cannot run these inputs: no odd sizes"):
         reg.select((dev, 3), "triton")
 
 

@@ -57,9 +57,11 @@ def counts(k, target) -> dict:
         sass = cuobjdump_sass(k.asm["cubin"])
         return {"sass_ldg128": len(re.findall(r"LDG\.E\.128", sass)),
                 "sass_stg128": len(re.findall(r"STG\.E\.128", sass)),
-                "sass_local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),"ld_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
+                "sass_local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
+                "ld_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
                 "st_v4": len(re.findall(r"st\.global(?:\.\w+)*\.v4", ptx)),
-                "ld": ptx.count("ld.global"), "st": ptx.count("st.global"), "cvt_e4m3": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2", ptx))}
+                "ld": ptx.count("ld.global"), "st": ptx.count("st.global"),
+                "cvt_e4m3": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2", ptx))}
     asm = k.asm["amdgcn"]
     ops = re.findall(r"\b(?:global|buffer)_(load|store)_(\w+)", asm)
     return {"load_x4": sum(1 for a, b in ops if a == "load" and b == "dwordx4"),
@@ -85,7 +87,8 @@ def quant_kernel(target, group_size=128, fnuz=False, rope=True):
     block_t, block_n = irq._tiles(1024, 16 * 512, group_size)
     ptrs = dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", xq_ptr="*u8", xs_ptr="*u8")
     consts = dict(HEAD_DIM=512, ROPE_DIM=64, GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
-                  FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fnuz, SCALE_FP32=False, PACKED=False, ROPE=rope,
+                  FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fnuz, SCALE_FP32=False, PACKED=False,
+                  ROPE=rope,
                   EXACT=False)
     return compile_kernel(irq._group_quant_kernel, ptrs, consts, {"ROW", "NBLK", "cos_stride", "sin_stride"},
                           target, irq.num_warps_for(block_t * block_n, target.warp_size), enable_fp_fusion=False)
