@@ -11,13 +11,11 @@ from typing import Optional
 
 import torch
 
+from ._checks import dtype_name
+
 O_DTYPES = (torch.bfloat16, torch.float16)
 GROUP_SIZES = (32, 64, 128, 256)
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)  # not DeepGEMM's packed int32 UE8M0
-
-
-def dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def envelope_reason(kernel: str, facts: tuple) -> Optional[str]:

@@ -88,6 +88,5 @@ class CudaExtension(jit_ext.Extension):
 
 
 EXT = CudaExtension()
-# kernel_dir, sources, arch_list, ext_name, build_root, load, build, toolkit_reason, available,
-# _loaded, _failure
+# kernel_dir, sources, arch_list, ext_name, build_root, load, build, toolkit_reason, available
 jit_ext.export(__name__, EXT)

@@ -19,7 +19,8 @@ import torch
 
 from . import cuda_ext
 from .backends import gpu_arch
-from .compiled_inverse_rope_quant import CompiledOp, dtype_name, envelope_reason
+from ._checks import dtype_name
+from .compiled_inverse_rope_quant import CompiledOp, envelope_reason
 
 
 def supports(facts: tuple) -> Optional[str]:

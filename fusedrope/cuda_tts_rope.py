@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from . import cuda_ext
+from ._checks import dtype_name
 
 DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128, 256)
@@ -24,8 +25,7 @@ def supports(facts: tuple) -> Optional[str]:
     _, dtype, d, _ = facts
     if dtype in DTYPES and d in HEAD_DIMS:
         return None
-    got = str(dtype).replace("torch.", "")
-    return f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {got} D={d}"
+    return f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {dtype_name(dtype)} D={d}"
 
 
 def available(device: torch.device) -> Optional[str]:

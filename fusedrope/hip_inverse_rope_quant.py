@@ -21,7 +21,8 @@ import torch
 
 from . import hip_ext
 from .backends import gpu_arch
-from .compiled_inverse_rope_quant import CompiledOp, dtype_name, envelope_reason
+from ._checks import dtype_name
+from .compiled_inverse_rope_quant import CompiledOp, envelope_reason
 
 NATIVE_FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 

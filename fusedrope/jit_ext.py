@@ -19,7 +19,6 @@ import importlib.util
 import os
 import sys
 import threading
-import types
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -254,16 +253,9 @@ def env_set(var: str, value: str) -> Iterator[None]:
 
 def export(module_name: str, ext: Extension) -> None:
     """Give the vendor module the extension's interface as module attributes: ``kernel_dir``, ``sources``,
-    ``arch_list``, ``ext_name``, ``build_root``, ``load``, ``build``, ``toolkit_reason``, ``available``, and
-    ``_loaded`` / ``_failure`` reading and writing the extension's state (gpu/ scripts set them after a build
-    of their own)."""
+    ``arch_list``, ``ext_name``, ``build_root``, ``load``, ``build``, ``toolkit_reason``, ``available``.
+    The load state lives on the extension object itself (``EXT.loaded`` / ``EXT.failure``)."""
     module = sys.modules[module_name]
     for attr in ("kernel_dir", "sources", "arch_list", "ext_name", "build_root", "load", "build",
                  "toolkit_reason", "available"):
         setattr(module, attr, getattr(ext, attr))
-
-    class _ExtensionModule(types.ModuleType):
-        _loaded = property(lambda m: ext.loaded, lambda m, v: setattr(ext, "loaded", v))
-        _failure = property(lambda m: ext.failure, lambda m, v: setattr(ext, "failure", v))
-
-    module.__class__ = _ExtensionModule

@@ -219,7 +219,7 @@ def build(res, args):
                                      extra_cflags=list(cuda_ext.CXX_FLAGS),
                                      extra_cuda_cflags=list(cuda_ext.NVCC_FLAGS),
                                      build_directory=str(bdir), is_python_module=False, verbose=False)
-            cuda_ext._loaded, cuda_ext._failure = str(lib), None  # let the backend use it for the checks
+            cuda_ext.EXT.loaded, cuda_ext.EXT.failure = str(lib), None  # let the backend use it for the checks
             info["fallback_qwen3_only"] = "ok"
         except Exception as e2:  # noqa: BLE001
             info["fallback_qwen3_only"] = f"failed: {str(e2)[-5000:]}"
