@@ -4,7 +4,8 @@ AMD GPUs) share.
 * ``source_key(src, suffixes, *parts) -> str``: a short hash of ``parts`` (compiler, its version, flags),
   every file with one of ``suffixes`` beside ``src``, every file reached from ``src`` through
   ``#include "..."`` (``"../kernels_cuda/x.h"`` included) and ``src``'s name.
-* ``compile_once(tool, flags, src, out, on_error) -> Path``: ``tool *flags src -o out`` unless ``out`` exists,
+* ``compile_once(tool, flags, src, out, on_error, env=None) -> Path``: ``tool *flags src -o out`` (``tool`` a
+  path or an argv prefix such as ``[zig, "clang"]``) unless ``out`` exists,
   written under a temporary name and renamed (parallel test processes never see half a file);
   ``on_error(stderr)`` must raise (``pytest.fail`` / ``pytest.skip``) when the compiler fails.
 """
@@ -49,12 +50,14 @@ def source_key(src: Path, suffixes: tuple[str, ...], *parts: str) -> str:
     return h.hexdigest()[:16]
 
 
-def compile_once(tool: str, flags: list[str], src: Path, out: Path, on_error: Callable[[str], None]) -> Path:
+def compile_once(tool: str | list[str], flags: list[str], src: Path, out: Path, on_error: Callable[[str], None],
+                 env: dict[str, str] | None = None) -> Path:
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.stem}.{os.getpid()}.tmp{out.suffix}")
-    proc = subprocess.run([tool, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True)
+    argv = [tool] if isinstance(tool, str) else list(tool)
+    proc = subprocess.run([*argv, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         on_error(proc.stderr)

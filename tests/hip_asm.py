@@ -1,10 +1,10 @@
 """CPU-side checks of HIP kernels: compile a framework-free ``.hip`` source for an AMD GPU with clang (device
 only, no ROCm needed) and read its ISA and code-object metadata. No GPU needed.
 
-* ``find_hip_clang() -> str | None``: ``$HIP_CLANG``, then ``clang++-19``/``-20``/``-21``/``-18``,
-  ``/opt/rocm/llvm/bin/clang++``, ``clang++``; the first that lists the ``amdgcn`` target.
-* ``arch_supported(arch) -> (bool, reason)``: can that clang compile for ``arch`` (e.g. clang-19 and gfx950:
-  no)?
+* ``hip_clang(arch) -> (argv, reason)``: the first clang that compiles device code for ``arch``, tried in the
+  order ``$HIP_CLANG``, ``clang++-19``/``-20``/``-21``/``-18``, ``/opt/rocm/llvm/bin/clang++``, ``clang++``, then
+  the clang that the ``ziglang`` wheel bundles (``zig clang``, LLVM 20+, which knows gfx950 where clang-19 does
+  not); ``argv`` is None with the reason when none can.
 * ``hip_asm(src, arch) -> str``: the assembly (``-S``) of ``clang++ -x hip --offload-arch=ARCH
   --cuda-device-only -nogpulib -nogpuinc -O3``, cached by content; ``kernel_asm(text) -> {kernel symbol: its
   instructions}``; ``mnemonics(kernel_text) -> [str]``.
@@ -14,13 +14,16 @@ only, no ROCm needed) and read its ISA and code-object metadata. No GPU needed.
   ``asm_metadata(text)`` reads the same ``amdhsa.kernels`` block out of the assembly.
 
 Debian/Ubuntu: ``apt-get install -y --no-install-recommends clang-19 lld-19`` (llvm-readelf of any LLVM
-version reads the notes; without one the tests fall back to the assembly's identical metadata block).
+version reads the notes; without one the tests fall back to the assembly's identical metadata block). For gfx950:
+``pip install ziglang`` (in the ``test`` extra); its clang links code objects with zig's own lld, through a
+two-line ``lld`` shim this module writes into its cache (the clang driver looks for ``lld`` on PATH).
 """
 
 from __future__ import annotations
 
 import functools
 import glob
+import importlib.util
 import os
 import re
 import shutil
@@ -36,57 +39,72 @@ DEVICE_FLAGS = ("-x", "hip", "--cuda-device-only", "-nogpulib", "-nogpuinc", "-O
 CACHE_DIR = Path(tempfile.gettempdir()) / f"fusedrope-hip-cache-{os.getuid()}"
 
 
+def _candidates() -> list[tuple[str, ...]]:
+    cands = []
+    for name in (os.environ.get("HIP_CLANG"), "clang++-19", "clang++-20", "clang++-21", "clang++-18",
+                 "/opt/rocm/llvm/bin/clang++", "clang++"):
+        path = shutil.which(name) if name else None
+        if path:
+            cands.append((path,))
+    spec = importlib.util.find_spec("ziglang")
+    if spec is not None and spec.origin:
+        zig = Path(spec.origin).parent / "zig"
+        if zig.is_file():
+            cands.append((str(zig), "clang"))
+    return cands
+
+
+def _zig_env(argv: tuple[str, ...]) -> dict[str, str] | None:
+    """For ``zig clang``: PATH led by a folder whose ``lld`` runs ``zig ld.lld`` (the AMDGPU link step)."""
+    if argv[1:] != ("clang",):
+        return None
+    shim = CACHE_DIR / "zig-lld" / "lld"
+    if not shim.exists():
+        shim.parent.mkdir(parents=True, exist_ok=True)
+        tmp = shim.with_name(f"lld.{os.getpid()}")
+        tmp.write_text(f'#!/bin/sh\n[ "$1" = -flavor ] && shift 2\nexec "{argv[0]}" ld.lld "$@"\n')
+        tmp.chmod(0o755)
+        os.replace(tmp, shim)
+    return {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
 @functools.lru_cache(maxsize=None)
-def find_hip_clang() -> str | None:
-    cands = [os.environ.get("HIP_CLANG"), "clang++-19", "clang++-20", "clang++-21", "clang++-18",
-             "/opt/rocm/llvm/bin/clang++", "clang++"]
-    for cand in cands:
-        path = shutil.which(cand) if cand else None
-        if not path:
-            continue
+def hip_clang(arch: str) -> tuple[tuple[str, ...] | None, str]:
+    """The first clang that compiles device code for ``arch``, or None and why none does."""
+    reasons = []
+    for argv in _candidates():
+        name = " ".join(Path(a).name for a in argv)
         try:
-            out = subprocess.run([path, "--print-targets"], capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.TimeoutExpired):
+            targets = subprocess.run([*argv, "--print-targets"], capture_output=True, text=True,
+                                     timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired) as e:
+            reasons.append(f"{name}: {e}")
             continue
-        if "amdgcn" in out:
-            return path
-    return None
+        if "amdgcn" not in targets:
+            reasons.append(f"{name}: no amdgcn target")
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            src = Path(d) / "probe.hip"
+            src.write_text('extern "C" __attribute__((global)) void probe(int* p) { *p = 1; }\n')
+            proc = subprocess.run([*argv, *DEVICE_FLAGS, f"--offload-arch={arch}", "-S", str(src), "-o",
+                                   str(Path(d) / "probe.s")], capture_output=True, text=True)
+        if proc.returncode == 0:
+            return argv, ""
+        reasons.append(f"{name} cannot compile for {arch}: {(proc.stderr.strip().splitlines() or ['failed'])[0]}")
+    if not reasons:
+        return None, ("no clang with the amdgcn target (apt-get install -y --no-install-recommends clang-19 "
+                      "lld-19, pip install ziglang, or set HIP_CLANG): cannot compile HIP here")
+    return None, "; ".join(reasons)
 
 
-def _require_clang() -> str:
-    clang = find_hip_clang()
-    if clang is None:
-        pytest.skip("no clang with the amdgcn target (apt-get install -y --no-install-recommends clang-19 "
-                    "lld-19, or set HIP_CLANG): cannot compile HIP here")
-    return clang
-
-
-@functools.lru_cache(maxsize=None)
-def arch_supported(arch: str) -> tuple[bool, str]:
-    """Whether the found clang compiles device code for ``arch``; the reason when not."""
-    clang = find_hip_clang()
-    if clang is None:
-        return False, "no clang with the amdgcn target"
-    with tempfile.TemporaryDirectory() as d:
-        src = Path(d) / "probe.hip"
-        src.write_text('extern "C" __attribute__((global)) void probe(int* p) { *p = 1; }\n')
-        proc = subprocess.run([clang, *DEVICE_FLAGS, f"--offload-arch={arch}", "-S", str(src), "-o",
-                               str(Path(d) / "probe.s")], capture_output=True, text=True)
-    if proc.returncode != 0:
-        msg = (proc.stderr.strip().splitlines() or ["failed"])[0]
-        return False, f"{Path(clang).name} cannot compile for {arch}: {msg}"
-    return True, ""
-
-
-def _cache_key(clang: str, src: Path, flags: list[str]) -> str:
-    version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout
-    return source_key(src, (".hip", ".h", ".hpp", ".cuh"), clang, version, " ".join(flags))
+def _cache_key(argv: tuple[str, ...], src: Path, flags: list[str]) -> str:
+    version = subprocess.run([*argv, "--version"], capture_output=True, text=True).stdout
+    return source_key(src, (".hip", ".h", ".hpp", ".cuh"), " ".join(argv), version, " ".join(flags))
 
 
 def _compile(src, arch: str, kind: str, extra_flags=()) -> Path:
-    clang = _require_clang()
-    ok, why = arch_supported(arch)
-    if not ok:
+    argv, why = hip_clang(arch)
+    if argv is None:
         pytest.skip(why)
     src = Path(src).resolve()
     if kind == "asm":
@@ -95,14 +113,20 @@ def _compile(src, arch: str, kind: str, extra_flags=()) -> Path:
     else:
         flags = [*DEVICE_FLAGS, f"--offload-arch={arch}", *extra_flags, "--no-gpu-bundle-output"]
         suffix = ".hsaco"
-    out = CACHE_DIR / f"{src.stem}-{arch}-{_cache_key(clang, src, flags)}{suffix}"
+    out = CACHE_DIR / f"{src.stem}-{arch}-{_cache_key(argv, src, flags)}{suffix}"
 
     def on_error(stderr: str) -> None:
-        if kind == "obj" and "ld.lld" in stderr:
+        if kind == "obj" and "lld" in stderr:
             pytest.skip(f"no ld.lld for the code object (apt-get install lld-19): {stderr.strip()[:300]}")
-        pytest.fail(f"clang failed for {src.name} ({arch}):\n{' '.join([clang, *flags])}\n{stderr[-4000:]}")
+        pytest.fail(f"clang failed for {src.name} ({arch}):\n{' '.join([*argv, *flags])}\n{stderr[-4000:]}")
 
-    return compile_once(clang, flags, src, out, on_error)
+    return compile_once(list(argv), flags, src, out, on_error, env=_zig_env(argv))
+
+
+def compiler_name(arch: str) -> str:
+    """What compiles ``arch`` here, for the tests' printed lines."""
+    argv, why = hip_clang(arch)
+    return " ".join(Path(a).name for a in argv) if argv else f"none ({why})"
 
 
 def hip_asm(src, arch: str, extra_flags=()) -> str:

@@ -5,8 +5,8 @@ compiles the device code (no ROCm, no GPU) and the ISA must show what the design
   whose number grows with the quant group (1 for group 32 ... 4 for group 256; no LDS, no full-wave
   reduction), no scratch (``.private_segment_fixed_size`` 0 in the code object's notes, no scratch_*
   instructions), no spills;
-* gfx950 (OCP e4m3fn in hardware): the same, where a clang that knows gfx950 is installed (clang-19 does not:
-  skipped with the reason);
+* gfx950 (OCP e4m3fn in hardware): the same, with the first clang that knows gfx950 (clang-19 does not; the clang
+  22 of the ``ziglang`` wheel in the test extra does; skipped with the reasons where none is installed);
 * gfx90a (no fp8 instructions): the software fallback compiles, still without scratch.
 
 Its plain-C++ part (the header shared with the CUDA kernel: launcher arguments, e8m0 byte, software fp8 RNE,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hip_asm import asm_metadata, hip_asm, hip_code_object, kernel_asm, kernel_notes, mnemonics
+from hip_asm import asm_metadata, compiler_name, hip_asm, hip_code_object, kernel_asm, kernel_notes, mnemonics
 
 SRC = Path(__file__).resolve().parents[1] / "kernels_hip" / "inverse_rope_group_quant.hip"
 # DPP controls of the butterfly: quad_perm [1,0,3,2], quad_perm [2,3,0,1], row_half_mirror, row_mirror
@@ -67,7 +67,7 @@ def _check_isa(arch: str, hw_fp8: bool) -> dict[str, str]:
             f"{arch} {name}: cross-row / wave-wide lane traffic"
         md = meta.get(name, {})
         assert md.get("private_segment_fixed_size") == "0", f"{arch} {name}: scratch {md}"
-        print(f"{arch} {name}: vgpr {md.get('vgpr_count')}, sgpr {md.get('sgpr_count')}, "
+        print(f"{arch} ({compiler_name(arch)}) {name}: vgpr {md.get('vgpr_count')}, sgpr {md.get('sgpr_count')}, "
               f"scratch {md.get('private_segment_fixed_size')} B, "
               f"lds {md.get('group_segment_fixed_size')} B, "
               f"{cvt} v_cvt_pk_fp8_f32, {ops.count('global_load_dwordx4')} global_load_dwordx4")
