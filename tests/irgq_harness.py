@@ -1,10 +1,20 @@
-"""The CPU harness of the inverse_rope_group_quant kernels' plain C++ (tests/irgq_host_harness.cpp), built
-with g++ and loaded with ctypes; and the probe values the scalar-math checks run over.
+"""The CPU harnesses of the inverse_rope_group_quant kernels, loaded with ctypes; the inputs, poisoned outputs and
+bit-exact comparison against fusedrope.reference that both kernels' emulations share; and the probe values the
+scalar-math checks run over.
 
-* ``harness() -> ctypes.CDLL``: ``irgq_host_run`` (the CUDA kernel emulated on the CPU), ``irgq_host_e8m0``,
-  ``irgq_host_encode``, ``irgq_host_kargs``, ``irgq_host_fastdiv_mismatches``. Cached by content in a temp
-  dir; ``pytest.skip`` when there is no C++ compiler, ``pytest.fail`` with the compiler's message on an error.
+* ``harness() -> ctypes.CDLL``: tests/irgq_host_harness.cpp built with g++: ``irgq_host_run`` (the CUDA kernel's
+  per-chunk functions emulated on the CPU), ``irgq_host_e8m0``, ``irgq_host_encode``, ``irgq_host_kargs``,
+  ``irgq_host_fastdiv_mismatches``.
+* ``hip_harness(source=HIP_SRC, asan=False) -> ctypes.CDLL``: the whole HIP kernel and its launcher under the
+  wave emulator (tests/hip_emul/), built with clang: ``irgq_host_run`` (same arguments), ``hip_emul_stats``,
+  ``hip_emul_reset``.
+* ``emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q)`` -> the launcher's status code;
+  ``quant_inputs(S, H, ...)``, ``quant_outputs(o, G, q, transpose, ...)`` (poisoned),
+  ``check_emulated(lib, o, positions, cos, sin, G, q, transpose, ...)``: scale and fp8 bytes bit-exact.
 * ``e8m0_probe_values()``, ``fp8_probe_values(fp8_max)``: float32 tensors.
+
+Each library is cached by content in a temp dir; ``pytest.skip`` when the compiler is missing, ``pytest.fail``
+with the compiler's message on an error.
 """
 
 from __future__ import annotations
@@ -18,31 +28,44 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
+
+from fusedrope import reference as ref
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = Path(__file__).resolve().parent / "irgq_host_harness.cpp"
 COMMON_H = ROOT / "kernels_cuda" / "inverse_rope_group_quant_common.h"  # shared by both kernels
 CUDA_H = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cuh"
 HIP_H = ROOT / "kernels_hip" / "inverse_rope_group_quant.h"
+HIP_SRC = ROOT / "kernels_hip" / "inverse_rope_group_quant.hip"
+HIP_EMUL = Path(__file__).resolve().parent / "hip_emul"
+DT = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+
+
+def _build(cmd: list[str], inputs: list[Path], name: str) -> Path:
+    """``cmd -o OUT.so``, once per content of ``inputs`` and ``cmd``."""
+    h = hashlib.sha256()
+    for f in inputs:
+        h.update(str(f).encode())
+        h.update(f.read_bytes())
+    h.update(" ".join(cmd).encode())
+    out = Path(tempfile.gettempdir()) / f"fusedrope-{name}-{os.getuid()}-{h.hexdigest()[:16]}.so"
+    if not out.exists():
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        proc = subprocess.run([*cmd, "-o", str(tmp)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"{name} build failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+        os.replace(tmp, out)
+    return out
 
 
 def harness() -> ctypes.CDLL:
     gxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not gxx:
         pytest.skip("no C++ compiler (g++) to build the CPU harness of the kernels' plain C++")
-    h = hashlib.sha256()
-    for f in (HARNESS, COMMON_H, CUDA_H, HIP_H):
-        h.update(f.read_bytes())
-    h.update(gxx.encode())
-    out = Path(tempfile.gettempdir()) / f"fusedrope-irgq-harness-{os.getuid()}-{h.hexdigest()[:16]}.so"
-    if not out.exists():
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [gxx, "-std=c++17", "-O2", "-ffp-contract=off", "-Wall", "-Werror", "-shared", "-fPIC",
-               "-I", str(CUDA_H.parent), "-I", str(HIP_H.parent), str(HARNESS), "-o", str(tmp)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.fail(f"harness build failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
-        os.replace(tmp, out)
+    out = _build([gxx, "-std=c++17", "-O2", "-ffp-contract=off", "-Wall", "-Werror", "-shared", "-fPIC",
+                  "-I", str(CUDA_H.parent), "-I", str(HIP_H.parent), "-I", str(HARNESS.parent), str(HARNESS)],
+                 [HARNESS, HARNESS.with_name("irgq_params.h"), COMMON_H, CUDA_H, HIP_H], "irgq-harness")
     lib = ctypes.CDLL(str(out))
     lib.irgq_host_run.restype = ctypes.c_int
     lib.irgq_host_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong)]
@@ -51,11 +74,108 @@ def harness() -> ctypes.CDLL:
     return lib
 
 
+def host_clang() -> str | None:
+    """A clang++ for the host (the HIP source uses clang's vector extensions, so g++ cannot compile it)."""
+    for name in (os.environ.get("HOST_CLANG"), "clang++-19", "clang++-20", "clang++-21", "clang++-18", "clang++"):
+        path = shutil.which(name) if name else None
+        if path:
+            return path
+    return None
+
+
+def hip_harness(source: Path = HIP_SRC, asan: bool = False) -> ctypes.CDLL:
+    clang = host_clang()
+    if clang is None:
+        pytest.skip("no host clang++ (apt-get install clang-19) to run the HIP kernel under the wave emulator")
+    source = Path(source).resolve()
+    flags = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-shared-libasan"] if asan else []
+    common = source.parents[1] / "kernels_cuda" / COMMON_H.name  # the copy beside a mutated source, if any
+    deps = [source, source.with_suffix(".h"), common, HIP_EMUL / "hip_emul.h", HIP_EMUL / "harness.cpp",
+            HARNESS.with_name("irgq_params.h")]
+    out = _build([clang, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-Wall",
+                  "-Werror", "-Wno-unknown-attributes", "-Wno-ignored-attributes", *flags,
+                  "-I", str(HARNESS.parent), "-I", str(HIP_EMUL), "-I", str(common.parent),
+                  f'-DKERNEL_SOURCE="{source}"', str(HIP_EMUL / "harness.cpp")],
+                 [d for d in deps if d.exists()], "hip-emul-asan" if asan else "hip-emul")
+    lib = ctypes.CDLL(str(out))
+    lib.irgq_host_run.restype = ctypes.c_int
+    lib.irgq_host_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong)]
+    lib.hip_emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
+    return lib
+
+
+def hip_emul_stats(lib) -> dict:
+    out = (ctypes.c_longlong * 5)()
+    msg = ctypes.create_string_buffer(256)
+    lib.hip_emul_stats(out, msg, 256)
+    return dict(errors=out[0], launches=out[1], grid=out[2], block=out[3], dpp_calls=out[4],
+                first_error=msg.value.decode())
+
+
+def emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q, *, head_dim=None, rope_dim=None) -> int:
+    S, H, D = o.shape
+    ptrs = (ctypes.c_void_p * 6)(o.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                 x_fp8.data_ptr(), x_scale.data_ptr())
+    ints = [S, H, head_dim or D, DT[o.dtype], int(positions.dtype == torch.int64), positions.stride(0),
+            DT[cos.dtype], cos.stride(0), sin.stride(0), cos.shape[0], rope_dim or 2 * cos.shape[1],
+            int(x_fp8.dtype == torch.float8_e4m3fnuz), x_fp8.shape[1], q, int(x_scale.dtype == torch.float32),
+            x_scale.stride(0), x_scale.stride(2)]
+    return lib.irgq_host_run(ptrs, (ctypes.c_longlong * len(ints))(*ints))
+
+
+def quant_inputs(S, H, *, dtype=torch.bfloat16, cache_dtype=torch.bfloat16, pos_dtype=torch.int64, max_pos=64,
+                 strided_cache=False, strided_pos=False, misaligned=False, seed=0):
+    """o [S, H, 512], positions (some out of range: clamped), cos/sin [max_pos, 32]; ``misaligned`` puts o one
+    element past a 16-byte boundary (the kernels' narrow path)."""
+    g = torch.Generator().manual_seed(seed)
+    # Per-(token, head) magnitudes over a wide range so scales, subnormal fp8 codes and ties all occur.
+    mag = torch.exp2(torch.randint(-30, 12, (S, H, 1), generator=g).float())
+    o = (torch.randn(S, H, 512, generator=g) * mag).to(dtype)
+    if misaligned:
+        o = torch.empty(o.numel() + 1, dtype=dtype)[1:].view(o.shape).copy_(o)
+    ang = torch.rand(max_pos, 32, generator=g) * 6.3
+    if strided_cache:  # cos and sin as views into one [max_pos, 80] cache: row stride 80, odd offsets
+        big = torch.zeros(max_pos, 80, dtype=cache_dtype)
+        big[:, 3:35] = ang.cos().to(cache_dtype)
+        big[:, 41:73] = ang.sin().to(cache_dtype)
+        cos, sin = big[:, 3:35], big[:, 41:73]
+    else:
+        cos, sin = ang.cos().to(cache_dtype), ang.sin().to(cache_dtype)
+    pos = torch.randint(-5, max_pos + 5, (S * (3 if strided_pos else 1),), generator=g).to(pos_dtype)
+    positions = pos[::3] if strided_pos else pos
+    return o, positions, cos, sin
+
+
+def quant_outputs(o, G, q, transpose, fp8_dtype=torch.float8_e4m3fn, scale_dtype=torch.float8_e8m0fnu):
+    from fusedrope.inverse_rope_quant import empty_quant_outputs
+
+    x, s = empty_quant_outputs(o, G, q, transpose, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
+    x.view(torch.uint8).fill_(0xA5)  # poison: every byte must be written
+    s.view(torch.uint8).fill_(0xA5) if s.dtype != torch.float32 else s.fill_(-1.0)
+    return x, s
+
+
+def check_emulated(lib, o, positions, cos, sin, G, q, transpose, fp8_dtype=torch.float8_e4m3fn,
+                   scale_dtype=torch.float8_e8m0fnu):
+    """The emulated kernel's scale and fp8 bytes equal fusedrope.reference's, every byte written."""
+    x, s = quant_outputs(o, G, q, transpose, fp8_dtype, scale_dtype)
+    xr, sr = quant_outputs(o, G, q, transpose, fp8_dtype, scale_dtype)
+    assert emulate(lib, o, positions, cos, sin, x, s, q) == 0
+    ref.inverse_rope_group_quant(o, positions, cos, sin, xr, sr, q)
+    if scale_dtype == torch.float32:
+        got, want = s.view(torch.int32), sr.view(torch.int32)
+    else:
+        got, want = s.view(torch.uint8), sr.view(torch.uint8)
+    assert torch.equal(got, want), f"scale mismatch at {(got != want).nonzero()[:5].tolist()}"
+    xb, xrb = x.view(torch.uint8), xr.view(torch.uint8)
+    bad = (xb != xrb).nonzero()
+    assert bad.numel() == 0, (f"{bad.shape[0]} fp8 bytes differ, first at {bad[:5].tolist()}: "
+                              f"{xb[tuple(bad[0])].item():#x} vs {xrb[tuple(bad[0])].item():#x}")
+
+
 def e8m0_probe_values():
     """amax values around every scale boundary (FP8_MAX * 2^k and its fp32 neighbours), random magnitudes,
     values at and below the 1e-8 floor, zero."""
-    import torch
-
     k = torch.arange(-40, 120, dtype=torch.float64)
     edges = torch.cat([(m * torch.exp2(k)) for m in (448.0, 240.0, 1.0)]).float()
     edges = edges[torch.isfinite(edges)]
@@ -71,8 +191,6 @@ def e8m0_probe_values():
 def fp8_probe_values(fp8_max: float):
     """Every bf16 and fp16 bit pattern, every fp8 code's value and the midpoints between neighbouring codes
     (ties) with their fp32 neighbours, random fp32; clamped to [-FP8_MAX, FP8_MAX] as the kernel does."""
-    import torch
-
     bf = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     hf = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)

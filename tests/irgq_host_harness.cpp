@@ -19,6 +19,7 @@
 #include "inverse_rope_group_quant.cuh"  // kernels_cuda: the CUDA kernel's header (includes the shared one)
 #define FUSEDROPE_HIP_NO_RUNTIME_HEADERS 1
 #include "inverse_rope_group_quant.h"  // kernels_hip: the HIP kernel's header (includes the shared one)
+#include "irgq_params.h"               // tests: Params from the ctypes arrays
 
 using namespace fusedrope::irgq;
 
@@ -28,36 +29,7 @@ void load_bytes(const void* base, long long off, void* dst, size_t n) {
   memcpy(dst, static_cast<const unsigned char*>(base) + off, n);
 }
 
-// ptrs: o, positions, cos, sin, x_fp8, x_scale.
-// ints: S, H, head_dim, o_dtype, pos_is_int64, pos_stride, cache_dtype, cos_stride, sin_stride, max_pos,
-//       rope_dim, fp8_fnuz, num_groups, quant_group_size, scale_is_f32, scale_stride_s, scale_stride_b.
-Params params_from(void** ptrs, const long long* ints) {
-  Params p;
-  p.o = ptrs[0];
-  p.positions = ptrs[1];
-  p.cos = ptrs[2];
-  p.sin = ptrs[3];
-  p.x_fp8 = ptrs[4];
-  p.x_scale = ptrs[5];
-  p.num_tokens = ints[0];
-  p.num_heads = (int32_t)ints[1];
-  p.head_dim = (int32_t)ints[2];
-  p.o_dtype = (int32_t)ints[3];
-  p.pos_is_int64 = (int32_t)ints[4];
-  p.pos_stride = ints[5];
-  p.cache_dtype = (int32_t)ints[6];
-  p.cos_stride = ints[7];
-  p.sin_stride = ints[8];
-  p.max_pos = ints[9];
-  p.rope_dim = (int32_t)ints[10];
-  p.fp8_fnuz = (int32_t)ints[11];
-  p.num_groups = (int32_t)ints[12];
-  p.quant_group_size = (int32_t)ints[13];
-  p.scale_is_f32 = (int32_t)ints[14];
-  p.scale_stride_s = ints[15];
-  p.scale_stride_b = ints[16];
-  return p;
-}
+using irgq_test::params_from;
 
 }  // namespace
 

@@ -16,7 +16,6 @@ The hardware conversion path itself runs only on a GPU: gpu/check_inverse_rope_g
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import re
@@ -27,8 +26,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusedrope import reference as ref
+from irgq_harness import check_emulated as _check
+from irgq_harness import emulate as _emulate
 from irgq_harness import harness as _harness
+from irgq_harness import quant_inputs as _inputs
+from irgq_harness import quant_outputs as _outputs
 from kernel_asm import nvcc_cubin, opcodes, resource_usage, sass, sass_functions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,65 +98,6 @@ def test_sm80_sass_software_fp8_no_local_memory():
 
 
 # ---------------------------------------------------------------------------------------- CPU emulation (g++)
-DT = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
-
-
-def _emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q, *, head_dim=None, rope_dim=None) -> int:
-    S, H, D = o.shape
-    ptrs = (ctypes.c_void_p * 6)(o.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                                 x_fp8.data_ptr(), x_scale.data_ptr())
-    ints = [S, H, head_dim or D, DT[o.dtype], int(positions.dtype == torch.int64), positions.stride(0),
-            DT[cos.dtype], cos.stride(0), sin.stride(0), cos.shape[0], rope_dim or 2 * cos.shape[1],
-            int(x_fp8.dtype == torch.float8_e4m3fnuz), x_fp8.shape[1], q, int(x_scale.dtype == torch.float32),
-            x_scale.stride(0), x_scale.stride(2)]
-    return lib.irgq_host_run(ptrs, (ctypes.c_longlong * len(ints))(*ints))
-
-
-def _inputs(S, H, *, dtype=torch.bfloat16, cache_dtype=torch.bfloat16, pos_dtype=torch.int64, max_pos=64,
-            strided_cache=False, strided_pos=False, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    # Per-(token, head) magnitudes over a wide range so scales, subnormal fp8 codes and ties all occur.
-    mag = torch.exp2(torch.randint(-30, 12, (S, H, 1), generator=g).float())
-    o = (torch.randn(S, H, 512, generator=g) * mag).to(dtype)
-    ang = torch.rand(max_pos, 32, generator=g) * 6.3
-    if strided_cache:  # cos and sin as views into one [max_pos, 80] cache: row stride 80, odd offsets
-        big = torch.zeros(max_pos, 80, dtype=cache_dtype)
-        big[:, 3:35] = ang.cos().to(cache_dtype)
-        big[:, 41:73] = ang.sin().to(cache_dtype)
-        cos, sin = big[:, 3:35], big[:, 41:73]
-    else:
-        cos, sin = ang.cos().to(cache_dtype), ang.sin().to(cache_dtype)
-    pos = torch.randint(-5, max_pos + 5, (S * (3 if strided_pos else 1),), generator=g).to(pos_dtype)
-    positions = pos[::3] if strided_pos else pos
-    return o, positions, cos, sin
-
-
-def _outputs(o, G, q, transpose, fp8_dtype=torch.float8_e4m3fn, scale_dtype=torch.float8_e8m0fnu):
-    from fusedrope.inverse_rope_quant import empty_quant_outputs
-
-    x, s = empty_quant_outputs(o, G, q, transpose, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
-    x.view(torch.uint8).fill_(0xA5)  # poison: every byte must be written
-    s.view(torch.uint8).fill_(0xA5) if s.dtype != torch.float32 else s.fill_(-1.0)
-    return x, s
-
-
-def _check(lib, o, positions, cos, sin, G, q, transpose, fp8_dtype=torch.float8_e4m3fn,
-           scale_dtype=torch.float8_e8m0fnu):
-    x, s = _outputs(o, G, q, transpose, fp8_dtype, scale_dtype)
-    xr, sr = _outputs(o, G, q, transpose, fp8_dtype, scale_dtype)
-    assert _emulate(lib, o, positions, cos, sin, x, s, q) == 0
-    ref.inverse_rope_group_quant(o, positions, cos, sin, xr, sr, q)
-    if scale_dtype == torch.float32:
-        got, want = s.view(torch.int32), sr.view(torch.int32)
-    else:
-        got, want = s.view(torch.uint8), sr.view(torch.uint8)
-    assert torch.equal(got, want), f"scale mismatch at {(got != want).nonzero()[:5].tolist()}"
-    xb, xrb = x.view(torch.uint8), xr.view(torch.uint8)
-    bad = (xb != xrb).nonzero()
-    assert bad.numel() == 0, (f"{bad.shape[0]} fp8 bytes differ, first at {bad[:5].tolist()}: "
-                              f"{xb[tuple(bad[0])].item():#x} vs {xrb[tuple(bad[0])].item():#x}")
-
-
 def test_emulated_kernel_matches_reference_seed_shapes():
     lib = _harness()
     for (H, G) in ((16, 2), (8, 1)):

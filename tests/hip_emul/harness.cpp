@@ -1,0 +1,51 @@
+// C entry points around the HIP kernel source run under the wave emulator (hip_emul.h), for ctypes
+// (tests/irgq_harness.py: hip_harness()). The kernel and its launcher are the repository's own code, unchanged;
+// only hipLaunchKernel is provided here.
+// Build: clang++ -std=c++20 -O1 -shared -fPIC -pthread -ffp-contract=off -I tests -I tests/hip_emul
+//        tests/hip_emul/harness.cpp -DKERNEL_SOURCE='"/abs/kernels_hip/inverse_rope_group_quant.hip"'
+#include "hip_emul.h"
+
+#define FUSEDROPE_HIP_NO_RUNTIME_HEADERS 1
+#include KERNEL_SOURCE
+
+#include "irgq_params.h"
+
+extern "C" hipError_t hipLaunchKernel(const void* function_address, dim3 numBlocks, dim3 dimBlocks, void** args,
+                                      unsigned long sharedMemBytes, hipStream_t stream) {
+  (void)sharedMemBytes;
+  (void)stream;
+  if (numBlocks.y != 1 || numBlocks.z != 1 || dimBlocks.y != 1 || dimBlocks.z != 1 || dimBlocks.x % 64 != 0 ||
+      dimBlocks.x > 1024 || numBlocks.x == 0)
+    return 1;  // the kernel is written for a 1-D grid of whole wave64 blocks
+  using Kernel = void (*)(fusedrope::irgq::KArgs);
+  hip_emul::launch(reinterpret_cast<Kernel>(const_cast<void*>(function_address)), numBlocks.x, dimBlocks.x,
+                   *static_cast<const fusedrope::irgq::KArgs*>(args[0]));
+  return hipSuccess;
+}
+
+extern "C" {
+
+// The launcher on the CPU (ptrs and ints as for irgq_test::params_from); returns its status code.
+int irgq_host_run(void** ptrs, const long long* ints) {
+  const fusedrope::irgq::Params p = irgq_test::params_from(ptrs, ints);
+  int hip_error = 0;
+  return fusedrope_hip::launch_inverse_rope_group_quant(p, nullptr, &hip_error);
+}
+
+// Emulator state: errors (0 when every DPP call was well-formed), launches, last grid and block sizes, DPP
+// calls made in all; the first error's text into `msg` (n bytes).
+void hip_emul_stats(long long* out, char* msg, int n) {
+  out[0] = hip_emul::errors.load();
+  out[1] = hip_emul::launches;
+  out[2] = hip_emul::last_grid;
+  out[3] = hip_emul::last_block;
+  out[4] = hip_emul::dpp_total;
+  std::snprintf(msg, (size_t)n, "%s", hip_emul::first_error);
+}
+
+void hip_emul_reset() {
+  hip_emul::errors = 0;
+  hip_emul::first_error[0] = 0;
+  hip_emul::launches = hip_emul::dpp_total = 0;
+}
+}
