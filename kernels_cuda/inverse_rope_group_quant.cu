@@ -142,15 +142,18 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
   }
 }
 
+// cudaLaunchKernel rather than <<<>>>: the same launch, and plain C++, so tests/test_emulated_quant_kernels.py
+// compiles this file with g++ against tests/cuda_emul and runs the whole kernel on the CPU.
 template <int kDtype>
 cudaError_t launch_q(int q, dim3 grid, cudaStream_t stream, const KArgs& a) {
+  KArgs args_copy = a;
+  void* args[] = {&args_copy};
   switch (q) {
-    case 32: irgq_kernel<kDtype, 32><<<grid, kThreads, 0, stream>>>(a); break;
-    case 64: irgq_kernel<kDtype, 64><<<grid, kThreads, 0, stream>>>(a); break;
-    case 128: irgq_kernel<kDtype, 128><<<grid, kThreads, 0, stream>>>(a); break;
-    default: irgq_kernel<kDtype, 256><<<grid, kThreads, 0, stream>>>(a); break;
+    case 32: return cudaLaunchKernel(irgq_kernel<kDtype, 32>, grid, dim3(kThreads), args, 0, stream);
+    case 64: return cudaLaunchKernel(irgq_kernel<kDtype, 64>, grid, dim3(kThreads), args, 0, stream);
+    case 128: return cudaLaunchKernel(irgq_kernel<kDtype, 128>, grid, dim3(kThreads), args, 0, stream);
+    default: return cudaLaunchKernel(irgq_kernel<kDtype, 256>, grid, dim3(kThreads), args, 0, stream);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace

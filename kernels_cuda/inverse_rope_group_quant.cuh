@@ -5,9 +5,9 @@
 // Framework-free: raw pointers, element strides, a cudaStream_t. The torch binding is
 // inverse_rope_group_quant_torch.cpp. Parameters, status codes, kernel arguments and the scalar math the HIP
 // kernel shares (amax, e8m0 byte, software fp8 RNE, token division) are in inverse_rope_group_quant_common.h;
-// the CUDA-only per-chunk math below is plain C++ marked __host__ __device__ too, so that
-// tests/test_cuda_quant_kernels.py compiles both with g++ and runs the kernel's per-chunk / per-block pipeline
-// on the CPU against fusedrope.reference (bit-exact scale bytes and fp8 bytes).
+// the CUDA-only per-chunk math below is plain C++ marked __host__ __device__ too, so that the whole kernel
+// compiles with g++ against tests/cuda_emul and runs on the CPU in tests/test_emulated_quant_kernels.py
+// (bit-exact scale bytes and fp8 bytes against fusedrope.reference).
 //
 // Contract: fusedrope.reference.inverse_rope_group_quant (SPEC.md "Op 2"); the parameters are described at
 // Params in inverse_rope_group_quant_common.h. e4m3fnuz output takes the software path only.

@@ -2,12 +2,11 @@
 bit-exact comparison against fusedrope.reference that both kernels' emulations share; and the probe values the
 scalar-math checks run over.
 
-* ``harness() -> ctypes.CDLL``: tests/irgq_host_harness.cpp built with g++: ``irgq_host_run`` (the CUDA kernel's
-  per-chunk functions emulated on the CPU), ``irgq_host_e8m0``, ``irgq_host_encode``, ``irgq_host_kargs``,
-  ``irgq_host_fastdiv_mismatches``.
-* ``hip_harness(source=HIP_SRC, asan=False) -> ctypes.CDLL``: the whole HIP kernel and its launcher under the
-  wave emulator (tests/hip_emul/), built with clang: ``irgq_host_run`` (same arguments), ``hip_emul_stats``,
-  ``hip_emul_reset``.
+* ``harness() -> ctypes.CDLL``: tests/irgq_host_harness.cpp built with g++: the shared scalar math
+  ``irgq_host_e8m0``, ``irgq_host_encode``, ``irgq_host_kargs``, ``irgq_host_fastdiv_mismatches``.
+* ``emulated_kernel(vendor, source=None, asan=False) -> ctypes.CDLL``: the whole CUDA (g++) or HIP (clang)
+  kernel and its launcher in lockstep host emulation (tests/lockstep.h, tests/cuda_emul/, tests/hip_emul/):
+  ``irgq_host_run``, ``emul_stats``, ``emul_reset``; ``emul_stats(lib)`` as a dict; ``asan_runtime(vendor)``.
 * ``emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q)`` -> the launcher's status code;
   ``quant_inputs(S, H, ...)``, ``quant_outputs(o, G, q, transpose, ...)`` (poisoned),
   ``check_emulated(lib, o, positions, cos, sin, G, q, transpose, ...)``: scale and fp8 bytes bit-exact.
@@ -38,7 +37,9 @@ COMMON_H = ROOT / "kernels_cuda" / "inverse_rope_group_quant_common.h"  # shared
 CUDA_H = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cuh"
 HIP_H = ROOT / "kernels_hip" / "inverse_rope_group_quant.h"
 HIP_SRC = ROOT / "kernels_hip" / "inverse_rope_group_quant.hip"
+CUDA_SRC = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cu"
 HIP_EMUL = Path(__file__).resolve().parent / "hip_emul"
+CUDA_EMUL = Path(__file__).resolve().parent / "cuda_emul"
 DT = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 
@@ -67,8 +68,6 @@ def harness() -> ctypes.CDLL:
                   "-I", str(CUDA_H.parent), "-I", str(HIP_H.parent), "-I", str(HARNESS.parent), str(HARNESS)],
                  [HARNESS, HARNESS.with_name("irgq_params.h"), COMMON_H, CUDA_H, HIP_H], "irgq-harness")
     lib = ctypes.CDLL(str(out))
-    lib.irgq_host_run.restype = ctypes.c_int
-    lib.irgq_host_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong)]
     lib.irgq_host_fastdiv_mismatches.restype = ctypes.c_longlong
     lib.irgq_host_fastdiv_mismatches.argtypes = [ctypes.c_longlong, ctypes.c_longlong, ctypes.c_ulonglong]
     return lib
@@ -83,32 +82,59 @@ def host_clang() -> str | None:
     return None
 
 
-def hip_harness(source: Path = HIP_SRC, asan: bool = False) -> ctypes.CDLL:
-    clang = host_clang()
-    if clang is None:
-        pytest.skip("no host clang++ (apt-get install clang-19) to run the HIP kernel under the wave emulator")
-    source = Path(source).resolve()
-    flags = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-shared-libasan"] if asan else []
+def _host_cxx(vendor: str) -> str:
+    if vendor == "hip":
+        cxx = host_clang()
+        if cxx is None:
+            pytest.skip("no host clang++ (apt-get install clang-19) to run the HIP kernel under the wave emulator")
+    else:
+        cxx = os.environ.get("CXX") or shutil.which("g++")
+        if cxx is None:
+            pytest.skip("no g++ to run the CUDA kernel in host emulation")
+    return cxx
+
+
+def asan_runtime(vendor: str) -> str | None:
+    """The AddressSanitizer runtime to LD_PRELOAD into Python for ``emulated_kernel(vendor, asan=True)``."""
+    cxx = _host_cxx(vendor)
+    name = "libclang_rt.asan-x86_64.so" if vendor == "hip" else "libasan.so"
+    path = subprocess.run([cxx, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+    return path if Path(path).is_file() else None
+
+
+def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False) -> ctypes.CDLL:
+    """The whole ``vendor`` ("cuda" or "hip") kernel and its launcher, unchanged, built for lockstep host
+    emulation (tests/lockstep.h with tests/cuda_emul or tests/hip_emul); ``source`` defaults to the
+    repository's file (tests pass a mutated copy)."""
+    cxx = _host_cxx(vendor)
+    source = Path(source or (HIP_SRC if vendor == "hip" else CUDA_SRC)).resolve()
     common = source.parents[1] / "kernels_cuda" / COMMON_H.name  # the copy beside a mutated source, if any
-    deps = [source, source.with_suffix(".h"), common, HIP_EMUL / "hip_emul.h", HIP_EMUL / "harness.cpp",
-            HARNESS.with_name("irgq_params.h")]
-    out = _build([clang, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-Wall",
-                  "-Werror", "-Wno-unknown-attributes", "-Wno-ignored-attributes", *flags,
-                  "-I", str(HARNESS.parent), "-I", str(HIP_EMUL), "-I", str(common.parent),
-                  f'-DKERNEL_SOURCE="{source}"', str(HIP_EMUL / "harness.cpp")],
-                 [d for d in deps if d.exists()], "hip-emul-asan" if asan else "hip-emul")
+    emul = HIP_EMUL if vendor == "hip" else CUDA_EMUL
+    harness_cpp = emul / ("harness.cpp" if vendor == "hip" else "irgq_harness.cpp")
+    flags = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"] if asan else []
+    if vendor == "hip":
+        flags += ["-Wno-unknown-attributes", "-Wno-ignored-attributes"] + (["-shared-libasan"] if asan else [])
+    else:
+        flags += ["-Wno-unknown-pragmas", "-x", "c++"]
+    here = HARNESS.parent
+    deps = [source, source.with_suffix(".h"), source.with_suffix(".cuh"), common, harness_cpp,
+            *emul.glob("*.h"), here / "lockstep.h", here / "irgq_params.h", here / "emul_stats.inc"]
+    out = _build([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-Wall",
+                  "-Werror", *flags, "-I", str(here), "-I", str(emul), "-I", str(common.parent),
+                  f'-DKERNEL_SOURCE="{source}"', str(harness_cpp)],
+                 [d for d in deps if d.exists()], f"{vendor}-emul{'-asan' if asan else ''}")
     lib = ctypes.CDLL(str(out))
     lib.irgq_host_run.restype = ctypes.c_int
     lib.irgq_host_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong)]
-    lib.hip_emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
+    lib.emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
     return lib
 
 
-def hip_emul_stats(lib) -> dict:
+def emul_stats(lib) -> dict:
     out = (ctypes.c_longlong * 5)()
     msg = ctypes.create_string_buffer(256)
-    lib.hip_emul_stats(out, msg, 256)
-    return dict(errors=out[0], launches=out[1], grid=out[2], block=out[3], dpp_calls=out[4],
+    lib.emul_stats(out, msg, 256)
+    return dict(errors=out[0], launches=out[1], grid=out[2], block=out[3], exchanges=out[4],
                 first_error=msg.value.decode())
 
 

@@ -4,12 +4,9 @@
   hardware E4M3 conversions (F2FP.SATFINITE.E4M3.F32.PACK_AB...), butterfly shuffles whose count grows with
   the quant group (group 32 needs fewer than group 128: the seed's weakness), and no local memory;
 * sm_80 compiles too (software fp8, no F2FP E4M3 there);
-* the kernel's own per-chunk / per-block math (the __host__ __device__ functions of the .cuh and of the header
-  it shares with the HIP kernel, magic-number token division included) compiled with g++ and run on the CPU
-  gives bit-exact scale bytes and fp8 bytes against fusedrope.reference, over both scale layouts, all group
-  sizes, dtypes, strides, clamped positions and NaN / Inf / zero blocks. The shared scalar math alone (every
-  bf16/fp16 value, fp8 ties, scale boundaries), the launcher's arguments and the token division are checked in
-  tests/test_irgq_common.py.
+* the whole kernel runs on the CPU in lockstep host emulation (tests/test_emulated_quant_kernels.py, shared with
+  the HIP kernel), and the shared scalar math alone (every bf16/fp16 value, fp8 ties, scale boundaries), the
+  launcher's arguments and the token division are checked in tests/test_irgq_common.py.
 
 The hardware conversion path itself runs only on a GPU: gpu/check_inverse_rope_group_quant.py checks it.
 """
@@ -26,11 +23,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from irgq_harness import check_emulated as _check
-from irgq_harness import emulate as _emulate
-from irgq_harness import harness as _harness
-from irgq_harness import quant_inputs as _inputs
-from irgq_harness import quant_outputs as _outputs
 from kernel_asm import nvcc_cubin, opcodes, resource_usage, sass, sass_functions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,67 +87,6 @@ def test_sm80_sass_software_fp8_no_local_memory():
         assert not [o for o in ops if o.startswith("F2FP") and "E4M3" in o], "sm_80 has no E4M3 conversion"
         assert usage[name]["local"] == 0 and usage[name]["stack"] == 0, usage[name]
         print(f"sm_80 {name}: {usage[name]['registers']} registers")
-
-
-# ---------------------------------------------------------------------------------------- CPU emulation (g++)
-def test_emulated_kernel_matches_reference_seed_shapes():
-    lib = _harness()
-    for (H, G) in ((16, 2), (8, 1)):
-        for q in GROUPS:
-            for transpose in (False, True):
-                o, p, c, s = _inputs(7, H, seed=q + H)
-                _check(lib, o, p, c, s, G, q, transpose)
-
-
-@pytest.mark.parametrize("case", [
-    dict(dtype=torch.float16, cache_dtype=torch.float32, pos_dtype=torch.int32, strided_cache=True,
-         strided_pos=True, H=3, G=3, q=64),
-    dict(dtype=torch.bfloat16, cache_dtype=torch.float16, pos_dtype=torch.int64, strided_cache=True, H=5, G=1,
-         q=32, transpose=True),
-    dict(dtype=torch.bfloat16, cache_dtype=torch.float32, H=4, G=4, q=256, fp8=torch.float8_e4m3fnuz),
-    dict(dtype=torch.float16, cache_dtype=torch.bfloat16, H=16, G=2, q=128, scale=torch.float32,
-         transpose=True),
-    dict(dtype=torch.bfloat16, cache_dtype=torch.bfloat16, H=16, G=8, q=32, fp8=torch.float8_e4m3fnuz,
-         scale=torch.uint8),
-], ids=["fp16-f32cache-int32pos-H3", "bf16-f16cache-colmajor-H5", "fnuz-q256", "f32scale-colmajor",
-        "fnuz-uint8scale-q32"])
-def test_emulated_kernel_matches_reference_layouts(case):
-    lib = _harness()
-    o, p, c, s = _inputs(6, case["H"], dtype=case["dtype"], cache_dtype=case["cache_dtype"],
-                         pos_dtype=case.get("pos_dtype", torch.int64),
-                         strided_cache=case.get("strided_cache", False),
-                         strided_pos=case.get("strided_pos", False), seed=len(str(case)))
-    _check(lib, o, p, c, s, case["G"], case["q"], case.get("transpose", False),
-           case.get("fp8", torch.float8_e4m3fn), case.get("scale", torch.float8_e8m0fnu))
-
-
-@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
-def test_emulated_kernel_special_blocks(fp8_dtype):
-    """NaN / Inf only poison their own block (byte 0xFF, fp8 NaN); a zero block gets byte 92; blocks of tiny
-    and huge values; negative values rounding to zero (-0 in e4m3fn, +0 in fnuz)."""
-    lib = _harness()
-    o, p, c, s = _inputs(4, 8, dtype=torch.float16, seed=3)
-    o[0, 0, 0:32] = 0
-    o[0, 1, 5] = float("nan")
-    o[1, 2, 100] = float("inf")
-    o[1, 3, 500] = float("-inf")       # inside the rope tail
-    o[2, 4, 480] = float("nan")        # tail pair partner of 481: both values of the pair become NaN
-    o[2, 5, 0:32] = torch.linspace(-6e-8, 6e-8, 32).half()  # below the 1e-8 floor's reach: fp16 subnormals
-    o[3, 6, 64:96] = 65504.0
-    o[3, 7, 0] = 1.0
-    o[3, 7, 1:32] = -1e-6              # x 2^-8 < half the smallest subnormal: -0 (e4m3fn) / +0 (fnuz)
-    for q in (32, 128):
-        for transpose in (False, True):
-            _check(lib, o, p, c, s, 2, q, transpose, fp8_dtype)
-
-
-def test_emulated_status_codes():
-    lib = _harness()
-    o, p, c, s = _inputs(2, 4)
-    x, sc = _outputs(o, 1, 128, False)
-    assert _emulate(lib, o, p, c, s, x, sc, 128, head_dim=256) == 1  # kUnsupportedShape
-    assert _emulate(lib, o, p, c, s, x, sc, 128, rope_dim=128) == 1
-    assert _emulate(lib, o, p, c, s, x, sc, 48) == 2                  # kBadGroup
 
 
 # ------------------------------------------------------------------------------------ binding and selection

@@ -8,7 +8,7 @@ kernels_hip/inverse_rope_group_quant.h), compiled with g++ together with both ve
 * the launcher's argument derivation: status codes, byte strides, alignment flags;
 * the multiply-shift token division against '/' and '%'.
 
-The CUDA kernel's whole per-chunk pipeline is emulated in tests/test_cuda_quant_kernels.py.
+Both whole kernels run in lockstep host emulation in tests/test_emulated_quant_kernels.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
 // Host emulation of the small part of the CUDA runtime and device API that fusedrope's framework-free kernels
-// use, so a kernel source compiles with a plain C++ compiler (g++ -x c++) and runs on the CPU, one thread after
-// another. Valid only for kernels whose threads do not communicate (no __syncthreads, shared memory, warp
-// shuffles or atomics): such a kernel computes the same result in any thread order. Used by
-// tests/test_cuda_kernels.py to check the kernels' indexing, vector paths and rounding without a GPU.
+// use, so a kernel source compiles with a plain C++ compiler (g++ -x c++) and runs on the CPU. Two modes:
+//
+//   * default: one thread after another. Valid only for kernels whose threads do not communicate (no
+//     __syncthreads, shared memory, warp shuffles or atomics): such a kernel computes the same result in any
+//     thread order. tests/test_cuda_kernels.py runs qwen3_tts_rope this way.
+//   * CUDA_EMUL_LOCKSTEP defined before the include: 1-D launches only; each thread of a block runs on its own
+//     std::thread (../lockstep.h) and __shfl_xor_sync exchanges values in lockstep inside its warp of 32, a
+//     divergent shuffle being reported. tests/test_emulated_quant_kernels.py runs inverse_rope_group_quant so.
 //
 // The conversions are bit-exact models of the CUDA intrinsics: round-to-nearest-even, NaN kept quiet.
 #pragma once
@@ -11,6 +15,10 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+
+#ifdef CUDA_EMUL_LOCKSTEP
+#include "lockstep.h"
+#endif
 
 // ---- qualifiers ---------------------------------------------------------------------------------------------
 #define __global__
@@ -29,7 +37,7 @@ struct dim3 {
   unsigned int x, y, z;
   constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
 };
-inline uint3 threadIdx, blockIdx;
+inline thread_local uint3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
 
 // ---- runtime ------------------------------------------------------------------------------------------------
@@ -46,6 +54,11 @@ inline dim3 emu_last_grid, emu_last_block;
 inline int emu_max_threads_per_block = 1024;
 
 namespace cuda_emul_detail {
+template <class... A, std::size_t... I>
+void call(void (*f)(A...), void** args, std::index_sequence<I...>) {
+  f(*static_cast<A*>(args[I])...);
+}
+
 template <class... A, std::size_t... I>
 void run(void (*f)(A...), dim3 g, dim3 b, void** args, std::index_sequence<I...>) {
   gridDim = g;
@@ -76,7 +89,18 @@ cudaError_t cudaLaunchKernel(void (*f)(A...), dim3 g, dim3 b, void** args, std::
   ++emu_launches;
   emu_last_grid = g;
   emu_last_block = b;
+#ifdef CUDA_EMUL_LOCKSTEP
+  if (g.y != 1 || g.z != 1 || b.y != 1 || b.z != 1) return cudaErrorInvalidConfiguration;
+  gridDim = g;
+  blockDim = b;
+  lockstep::run(g.x, b.x, [&] {
+    threadIdx = uint3{lockstep::tid, 0, 0};
+    blockIdx = uint3{lockstep::bid, 0, 0};
+    cuda_emul_detail::call(f, args, std::index_sequence_for<A...>{});
+  });
+#else
   cuda_emul_detail::run(f, g, b, args, std::index_sequence_for<A...>{});
+#endif
   return cudaSuccess;
 }
 
@@ -116,3 +140,16 @@ inline __half __float2half_rn(float f) {
 }
 inline __half2 __float22half2_rn(float2 f) { return __half2{__float2half_rn(f.x), __float2half_rn(f.y)}; }
 inline float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __half2float(h.y)}; }
+
+// ---- lockstep-only device functions ------------------------------------------------------------------------
+inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }
+inline unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; }
+
+#ifdef CUDA_EMUL_LOCKSTEP
+// Full-warp xor shuffle (width 32); a partial mask or width is reported, as is a lane whose partner did not
+// shuffle with it.
+inline unsigned int __shfl_xor_sync(unsigned int mask, unsigned int var, int lane_mask, int width = 32) {
+  if (mask != 0xFFFFFFFFu || width != 32) lockstep::report("__shfl_xor_sync with a partial mask or width", lane_mask);
+  return (unsigned int)lockstep::exchange(var, lane_mask, 32, [&](int l) { return l ^ lane_mask; }, var);
+}
+#endif

@@ -1,7 +1,7 @@
 // C entry points around the HIP kernel source run under the wave emulator (hip_emul.h), for ctypes
 // (tests/irgq_harness.py: hip_harness()). The kernel and its launcher are the repository's own code, unchanged;
 // only hipLaunchKernel is provided here.
-// Build: clang++ -std=c++20 -O1 -shared -fPIC -pthread -ffp-contract=off -I tests -I tests/hip_emul
+// Build: clang++ -std=c++20 -O1 -shared -fPIC -pthread -ffp-contract=off -I tests -I tests/hip_emul -I kernels_cuda
 //        tests/hip_emul/harness.cpp -DKERNEL_SOURCE='"/abs/kernels_hip/inverse_rope_group_quant.hip"'
 #include "hip_emul.h"
 
@@ -18,8 +18,9 @@ extern "C" hipError_t hipLaunchKernel(const void* function_address, dim3 numBloc
       dimBlocks.x > 1024 || numBlocks.x == 0)
     return 1;  // the kernel is written for a 1-D grid of whole wave64 blocks
   using Kernel = void (*)(fusedrope::irgq::KArgs);
-  hip_emul::launch(reinterpret_cast<Kernel>(const_cast<void*>(function_address)), numBlocks.x, dimBlocks.x,
-                   *static_cast<const fusedrope::irgq::KArgs*>(args[0]));
+  const Kernel kernel = reinterpret_cast<Kernel>(const_cast<void*>(function_address));
+  const fusedrope::irgq::KArgs a = *static_cast<const fusedrope::irgq::KArgs*>(args[0]);
+  lockstep::run(numBlocks.x, dimBlocks.x, [&] { kernel(a); });
   return hipSuccess;
 }
 
@@ -32,20 +33,5 @@ int irgq_host_run(void** ptrs, const long long* ints) {
   return fusedrope_hip::launch_inverse_rope_group_quant(p, nullptr, &hip_error);
 }
 
-// Emulator state: errors (0 when every DPP call was well-formed), launches, last grid and block sizes, DPP
-// calls made in all; the first error's text into `msg` (n bytes).
-void hip_emul_stats(long long* out, char* msg, int n) {
-  out[0] = hip_emul::errors.load();
-  out[1] = hip_emul::launches;
-  out[2] = hip_emul::last_grid;
-  out[3] = hip_emul::last_block;
-  out[4] = hip_emul::dpp_total;
-  std::snprintf(msg, (size_t)n, "%s", hip_emul::first_error);
-}
-
-void hip_emul_reset() {
-  hip_emul::errors = 0;
-  hip_emul::first_error[0] = 0;
-  hip_emul::launches = hip_emul::dpp_total = 0;
-}
+#include "emul_stats.inc"
 }

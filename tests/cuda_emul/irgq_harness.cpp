@@ -1,0 +1,21 @@
+// C entry points around the inverse_rope_group_quant CUDA source run in lockstep host emulation (cuda_emul.h,
+// ../lockstep.h), for ctypes (tests/irgq_harness.py: cuda_harness()). The kernel and its launcher are the
+// repository's own code, unchanged.
+// Build: g++ -std=c++20 -O1 -shared -fPIC -pthread -ffp-contract=off -I tests -I tests/cuda_emul -x c++
+//        tests/cuda_emul/irgq_harness.cpp -DKERNEL_SOURCE='"/abs/kernels_cuda/inverse_rope_group_quant.cu"'
+#define CUDA_EMUL_LOCKSTEP 1
+#include "cuda_emul.h"
+#include KERNEL_SOURCE
+
+#include "irgq_params.h"
+
+extern "C" {
+
+// The launcher on the CPU (ptrs and ints as for irgq_test::params_from); returns its status code.
+int irgq_host_run(void** ptrs, const long long* ints) {
+  int cuda_error = 0;
+  return fusedrope::irgq::launch(irgq_test::params_from(ptrs, ints), nullptr, &cuda_error);
+}
+
+#include "emul_stats.inc"
+}

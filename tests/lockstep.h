@@ -1,0 +1,105 @@
+// Lockstep execution of a GPU kernel's work-items on the CPU, for kernels whose lanes talk to each other (warp
+// shuffles, DPP): every work-item of a block runs on its own std::thread, and a cross-lane read is an
+// exchange: each lane publishes its value, all meet at a barrier, each reads its source lane's value, all meet
+// again before the slots are reused. Shared by tests/hip_emul/hip_emul.h (DPP, wave64) and
+// tests/cuda_emul/cuda_emul.h (__shfl_xor_sync, warp32).
+//
+// A lane whose source did not make the same exchange (divergent control flow, or a lane that has already
+// returned) is an error, as is a warp/wave whose lanes disagree on the pattern: both are undefined on the
+// hardware, so they are recorded (errors, first_error) instead of being given a value.
+#pragma once
+
+#include <atomic>
+#include <barrier>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+namespace lockstep {
+
+inline thread_local unsigned tid = 0, bid = 0;
+inline thread_local long long calls = 0;  // exchanges this work-item has made
+
+struct Block {
+  explicit Block(unsigned n) : bar(n), vals(n), pattern(n), call(n, 0) {}
+  std::barrier<> bar;
+  std::vector<unsigned long long> vals;
+  std::vector<int> pattern;
+  std::vector<long long> call;  // which exchange (1, 2, ...) each lane's published value belongs to
+};
+inline Block* block = nullptr;
+
+inline std::atomic<long long> errors{0};
+inline char first_error[256] = "";
+inline long long launches = 0, exchanges = 0;
+inline unsigned last_grid = 0, last_block = 0;
+
+inline void report(const char* what, int pattern) {
+  if (errors.fetch_add(1) == 0)
+    std::snprintf(first_error, sizeof first_error, "%s (block %u, work-item %u, pattern %#x, exchange %lld)",
+                  what, bid, tid, pattern, calls);
+}
+
+inline void reset() {
+  errors = 0;
+  first_error[0] = 0;
+  launches = exchanges = 0;
+}
+
+// The value `src_lane(lane)` published, inside this work-item's group of `width` lanes (a warp or wave);
+// `src_lane` returns -1 for a lane that reads nothing (the caller's fallback is returned).
+template <class F>
+unsigned long long exchange(unsigned long long value, int pattern, unsigned width, F src_lane,
+                            unsigned long long fallback) {
+  Block& b = *block;
+  const unsigned t = tid;
+  const long long k = ++calls;
+  b.vals[t] = value;
+  b.pattern[t] = pattern;
+  b.call[t] = k;
+  b.bar.arrive_and_wait();
+
+  const unsigned lane = t % width, base = t - lane;
+  for (unsigned l = 0; l < width; ++l) {
+    const unsigned u = base + l;
+    if (u < b.call.size() && b.call[u] == k && b.pattern[u] != pattern)
+      report("lanes of one warp/wave disagree on the exchange pattern", pattern);
+  }
+  unsigned long long result = fallback;
+  const int s = src_lane((int)lane);
+  if (s >= 0) {
+    const unsigned u = base + (unsigned)s;
+    if (s >= (int)width || u >= b.call.size() || b.call[u] != k) report("the source lane did not make this exchange", pattern);
+    else result = b.vals[u];
+  }
+  b.bar.arrive_and_wait();  // nobody overwrites a slot before every lane has read it
+  return result;
+}
+
+// Runs `body()` for every work-item of `grid` blocks of `threads`, one block at a time, each work-item on its
+// own thread with lockstep::tid / bid set.
+template <class Body>
+void run(unsigned grid, unsigned threads, Body body) {
+  ++launches;
+  last_grid = grid;
+  last_block = threads;
+  for (unsigned g = 0; g < grid; ++g) {
+    Block blk(threads);
+    block = &blk;
+    std::vector<std::thread> pool;
+    pool.reserve(threads);
+    for (unsigned t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        tid = t;
+        bid = g;
+        calls = 0;
+        body();
+        blk.bar.arrive_and_drop();  // a returned work-item no longer takes part in exchanges
+      });
+    for (auto& th : pool) th.join();
+    for (unsigned t = 0; t < threads; ++t) exchanges += blk.call[t];
+    block = nullptr;
+  }
+}
+
+}  // namespace lockstep

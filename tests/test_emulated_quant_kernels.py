@@ -1,0 +1,191 @@
+"""Both hand-written inverse_rope_group_quant kernels, whole and unchanged (kernels_cuda/...cu with its launcher,
+kernels_hip/...hip with its launcher), run on the CPU in lockstep host emulation: every work-item is a thread,
+cross-lane reads (CUDA __shfl_xor_sync in warps of 32, HIP DPP in 16-lane rows of a wave64) happen in lockstep,
+and a read from a lane that did not take part is an error (tests/lockstep.h, tests/cuda_emul/, tests/hip_emul/).
+
+The output must equal fusedrope.reference byte for byte, every output byte written (poisoned buffers), over the
+seed shapes, all group sizes, both scale layouts and formats, both fp8 types, bf16/fp16 o, bf16/fp16/fp32
+strided caches, int32/int64 strided positions (some out of range), the narrow paths for a misaligned o,
+NaN/Inf blocks and partial last blocks; under AddressSanitizer on exact-size allocations; and mutated copies of
+each kernel's block reduction must fail.
+
+Not covered here: the hardware fp8 conversions (cvt.rn.satfinite.e4m3x2, v_cvt_pk_fp8_f32: the host builds take
+the kernels' exact software path; the SASS/ISA tests check the instructions are used), timing, and the CUDA/HIP
+runtimes and torch bindings. The CUDA kernel's GPU run is owed (gpu/); the HIP kernel has never run on AMD.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from irgq_harness import (CUDA_SRC, HIP_SRC, asan_runtime, check_emulated, emul_stats, emulate, emulated_kernel,
+                          quant_inputs, quant_outputs)
+
+GROUPS = (32, 64, 128, 256)
+VENDORS = ("cuda", "hip")
+
+
+@pytest.fixture(scope="module", params=VENDORS)
+def lib(request):
+    return emulated_kernel(request.param)
+
+
+def _run_checked(lib, *args, **kw):
+    lib.emul_reset()
+    check_emulated(lib, *args, **kw)
+    st = emul_stats(lib)
+    assert st["errors"] == 0, st["first_error"]
+    return st
+
+
+@pytest.mark.parametrize("q", GROUPS)
+def test_seed_shapes_all_groups_both_layouts(lib, q):
+    for H, G in ((16, 2), (8, 1)):
+        for transpose in (False, True):
+            o, p, c, s = quant_inputs(5, H, seed=q + H + transpose)
+            st = _run_checked(lib, o, p, c, s, G, q, transpose)
+            chunks = 5 * H * 32  # 16 elements per lane, 2 chunks per lane, 256 lanes per block
+            assert st["launches"] == 1 and st["block"] == 256 and st["grid"] == -(-chunks // 512), st
+            # every work-item does log2(q/16) cross-lane steps for each of its 2 chunks, valid or not
+            steps = (q // 16).bit_length() - 1
+            assert st["exchanges"] == st["grid"] * 256 * 2 * steps, st
+
+
+@pytest.mark.parametrize("case", [
+    dict(dtype=torch.float16, cache_dtype=torch.float32, pos_dtype=torch.int32, strided_cache=True,
+         strided_pos=True, H=3, G=3, q=64),
+    dict(dtype=torch.bfloat16, cache_dtype=torch.float16, strided_cache=True, H=5, G=1, q=32, transpose=True),
+    dict(dtype=torch.bfloat16, cache_dtype=torch.float32, H=4, G=4, q=256, fp8=torch.float8_e4m3fnuz),
+    dict(dtype=torch.float16, cache_dtype=torch.bfloat16, H=16, G=2, q=128, scale=torch.float32, transpose=True),
+    dict(dtype=torch.bfloat16, cache_dtype=torch.bfloat16, H=16, G=8, q=32, fp8=torch.float8_e4m3fnuz,
+         scale=torch.uint8),
+    dict(dtype=torch.bfloat16, cache_dtype=torch.bfloat16, H=16, G=2, q=128, misaligned=True),
+    dict(dtype=torch.float16, cache_dtype=torch.float32, H=7, G=7, q=256, misaligned=True, transpose=True,
+         scale=torch.float32),
+], ids=["fp16-f32cache-int32pos-H3", "bf16-f16cache-colmajor-H5", "fnuz-q256", "f32scale-colmajor",
+        "fnuz-uint8scale-q32", "misaligned-o", "misaligned-o-f32scale-colmajor-H7"])
+def test_layouts_dtypes_and_narrow_paths(lib, case):
+    o, p, c, s = quant_inputs(3, case["H"], dtype=case["dtype"], cache_dtype=case["cache_dtype"],
+                              pos_dtype=case.get("pos_dtype", torch.int64),
+                              strided_cache=case.get("strided_cache", False),
+                              strided_pos=case.get("strided_pos", False), misaligned=case.get("misaligned", False),
+                              seed=len(str(case)))
+    _run_checked(lib, o, p, c, s, case["G"], case["q"], case.get("transpose", False),
+                 case.get("fp8", torch.float8_e4m3fn), case.get("scale", torch.float8_e8m0fnu))
+
+
+@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_special_blocks(lib, fp8_dtype):
+    """NaN / Inf only poison their own block (byte 0xFF, fp8 NaN); a zero block gets byte 92; blocks of tiny and
+    huge values; negative values rounding to zero (-0 in e4m3fn, +0 in fnuz)."""
+    o, p, c, s = quant_inputs(4, 8, dtype=torch.float16, seed=3)
+    o[0, 0, 0:32] = 0
+    o[0, 1, 5] = float("nan")
+    o[1, 2, 100] = float("inf")
+    o[1, 3, 500] = float("-inf")  # inside the rope tail
+    o[2, 4, 480] = float("nan")   # a tail pair: both values become NaN
+    o[2, 5, 0:32] = torch.linspace(-6e-8, 6e-8, 32).half()
+    o[3, 6, 64:96] = 65504.0
+    o[3, 7, 0] = 1.0
+    o[3, 7, 1:32] = -1e-6  # x 2^-8 < half the smallest subnormal
+    for q in (32, 128, 256):
+        for transpose in (False, True):
+            _run_checked(lib, o, p, c, s, 2, q, transpose, fp8_dtype)
+
+
+def test_token_count_not_a_multiple_of_the_block(lib):
+    """S*H*32 chunks not a multiple of 512: the last block's idle lanes still take part in every cross-lane step
+    and store nothing (the poisoned buffers prove it); S = 1 fills less than one block."""
+    for S, H in ((1, 1), (1, 3), (3, 5)):
+        o, p, c, s = quant_inputs(S, H, seed=S * 10 + H)
+        st = _run_checked(lib, o, p, c, s, 1, 64, False)
+        assert st["grid"] == -(-(S * H * 32) // 512)
+
+
+def test_empty_and_status_codes(lib):
+    o, p, c, s = quant_inputs(2, 4)
+    x, sc = quant_outputs(o, 1, 128, False)
+    lib.emul_reset()
+    assert emulate(lib, o, p, c, s, x, sc, 128, head_dim=256) == 1  # kUnsupportedShape
+    assert emulate(lib, o, p, c, s, x, sc, 128, rope_dim=128) == 1
+    assert emulate(lib, o, p, c, s, x, sc, 48) == 2                  # kBadGroup
+    o0 = o[:0]
+    x0, s0 = quant_outputs(o0, 1, 128, False)
+    assert emulate(lib, o0, p, c, s, x0, s0, 128) == 0
+    assert emul_stats(lib)["launches"] == 0  # S == 0: no launch
+
+
+MUTATIONS = [
+    ("hip", "0x140, 0xF, 0xF", "0x141, 0xF, 0xF"),  # the 16-lane step mirrors half rows: group 256 wrong
+    ("hip", "0xB1, 0xF, 0xF", "0xE4, 0xF, 0xF"),    # the first step reads its own lane (identity quad_perm)
+    ("cuda", "off <<= 1) m = max", "off <<= 2) m = max"),  # skips every other butterfly step
+    ("cuda", "__shfl_xor_sync(0xFFFFFFFFu, m, off)", "__shfl_xor_sync(0xFFFFFFFFu, m, 0)"),  # reads itself
+]
+
+
+@pytest.mark.parametrize("vendor,old,new", MUTATIONS,
+                         ids=["hip-row-mirror-as-half-mirror", "hip-identity-quad-perm", "cuda-skipped-steps",
+                              "cuda-self-shuffle"])
+def test_a_broken_block_reduction_is_caught(tmp_path, vendor, old, new):
+    """The check can fail: a copy of the kernel with its reduction broken gives wrong scale bytes."""
+    src_file = HIP_SRC if vendor == "hip" else CUDA_SRC
+    src = src_file.read_text()
+    assert old in src
+    kdir = tmp_path / src_file.parent.name
+    kdir.mkdir()
+    for f in src_file.parent.glob("inverse_rope_group_quant*"):
+        shutil.copy(f, kdir)
+    (kdir / src_file.name).write_text(src.replace(old, new))
+    (tmp_path / "kernels_cuda").mkdir(exist_ok=True)
+    shutil.copy(CUDA_SRC.with_name("inverse_rope_group_quant_common.h"), tmp_path / "kernels_cuda")
+    bad = emulated_kernel(vendor, kdir / src_file.name)
+    o, p, c, s = quant_inputs(2, 16, seed=7)
+    with pytest.raises(AssertionError, match="scale mismatch"):
+        check_emulated(bad, o, p, c, s, 2, 256, False)
+
+
+ASAN_SCRIPT = r"""
+import sys, torch
+from irgq_harness import check_emulated, emul_stats, emulated_kernel, quant_inputs
+lib = emulated_kernel(sys.argv[1], asan=True)
+def exact(t):  # a copy in its own allocation of exactly its size (torch's CPU allocator goes through malloc)
+    return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t) if t.is_contiguous() else t
+n = 0
+for S, H, G, q, kw in ((3, 16, 2, 32, {}), (1, 3, 1, 256, dict(misaligned=True)),
+                       (2, 5, 5, 64, dict(cache_dtype=torch.float32, pos_dtype=torch.int32)), (4, 8, 1, 128, {})):
+    o, p, c, s = quant_inputs(S, H, seed=n, **kw)
+    if not kw.get("misaligned"):
+        o = exact(o)
+    p, c, s = exact(p), exact(c), exact(s)
+    for transpose in (False, True):
+        for scale in (torch.float8_e8m0fnu, torch.float32):
+            check_emulated(lib, o, p, c, s, G, q, transpose, scale_dtype=scale)
+            n += 1
+st = emul_stats(lib)
+assert st["errors"] == 0, st
+print("ASAN RUN OK", n)
+"""
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_stays_in_bounds_under_asan(tmp_path, vendor):
+    """The kernel built with AddressSanitizer, on tensors in allocations of exactly their size: a read or write
+    past the end of o, positions, cos, sin, x_fp8 or x_scale aborts the run."""
+    rt = asan_runtime(vendor)
+    if rt is None:
+        pytest.skip("no AddressSanitizer runtime for the host compiler (apt-get install libclang-rt-19-dev for "
+                    "clang, libasan for g++)")
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, LD_PRELOAD=rt, ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0",
+               PYTHONPATH=os.pathsep.join([str(here.parent), str(here)]))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", ASAN_SCRIPT, vendor], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0 and "ASAN RUN OK" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
