@@ -7,8 +7,8 @@ the contenders of a case side by side. What is timed and how comes from ``fusedr
   3x the L2 on a GPU), with a timer that synchronises the GPU before reading the clock, so a round ends when
   the device work ends (host overhead included: the seeds' method);
 * ``extra_info`` (in ``--benchmark-json``) adds the device time per call from CUDA-graph replay
-  (``device_us``), ``tbps`` (from device time on a GPU, per-call time on a CPU) and ``frac_copy`` against a
-  device-to-device copy measured once per session.
+  (``device_us``), ``tbps`` (from device time on a GPU, per-call time on a CPU), ``frac_copy`` against a
+  device-to-device copy measured once per session and ``frac_peak`` against the GPU's spec-sheet bandwidth.
 
 A contender that cannot run here is skipped with the reason (no GPU, backend unavailable, liger_kernel
 missing, Triton only in its CPU interpreter). On a CPU, op-2 cases above ``FUSEDROPE_BENCH_CPU_MAX_TOKENS``
@@ -76,6 +76,9 @@ def run_contender(benchmark, copy_tbps, contenders_here):
         seconds = (info.get("device_us") or info["per_call_us"]) * 1e-6
         info["tbps"] = set_bytes / seconds / 1e12
         info["frac_copy"] = info["tbps"] / copy_tbps
+        peak = B.spec_peak(torch.cuda.get_device_name(DEVICE)) if DEVICE.type == "cuda" else None
+        if peak:
+            info["frac_peak"] = info["tbps"] / peak[0]
         benchmark.extra_info.update(info)
 
     return run

@@ -10,7 +10,8 @@ Timing on a GPU (both per call, in microseconds, median over ``reps`` samples):
 
 Each call takes the next of ``n`` input sets whose inputs together hold at least 3x the L2 (60 MB on an H200),
 so bandwidth numbers are not L2 hits. A device-to-device copy measured in the same run is the roofline (bytes
-read plus written); ``tbps`` = the case's ``bytes_moved()`` / time, ``frac_copy`` = ``tbps`` / copy TB/s.
+read plus written); ``tbps`` = the case's ``bytes_moved()`` / time, ``frac_copy`` = ``tbps`` / copy TB/s, and
+``frac_peak`` = ``tbps`` / the GPU's spec-sheet memory bandwidth (:data:`SPEC_PEAK_TBPS`) where it is known.
 
 On a CPU-only machine the same code runs on tiny sizes with the wall clock, and every output says
 "CPU, not representative".
@@ -68,6 +69,39 @@ QUANT_CACHE_DTYPE = torch.float32
 # Op 2's "fused" column: the backend auto picks, else the first measured in this order.
 FAST_BACKENDS = ("cuda", "hip", "triton", "reference")
 
+# Vendor spec-sheet memory bandwidth, TB/s, by a lower-case substring of torch's device name (first match wins:
+# the more specific names come first). The fraction of the copy measured in the same run is the roofline this
+# project reports first; this one says how far the copy itself is from the datasheet.
+SPEC_PEAK_TBPS = (
+    ("h200", 4.8, "NVIDIA H200 datasheet (HBM3e)"),
+    ("h100 nvl", 3.9, "NVIDIA H100 NVL datasheet"),
+    ("h100 pcie", 2.0, "NVIDIA H100 PCIe datasheet"),
+    ("h100", 3.35, "NVIDIA H100 SXM5 datasheet (HBM3)"),
+    ("h20", 4.0, "NVIDIA H20 spec (HBM3)"),
+    ("gb200", 8.0, "NVIDIA GB200 datasheet, per B200 GPU"),
+    ("b200", 8.0, "NVIDIA B200 datasheet (HBM3e)"),
+    ("a100-sxm4-80gb", 2.039, "NVIDIA A100 80GB SXM datasheet"),
+    ("a100 80gb pcie", 1.935, "NVIDIA A100 80GB PCIe datasheet"),
+    ("a100", 1.555, "NVIDIA A100 40GB datasheet"),
+    ("mi355x", 8.0, "AMD Instinct MI355X datasheet (HBM3E)"),
+    ("mi350x", 8.0, "AMD Instinct MI350X datasheet (HBM3E)"),
+    ("mi325x", 6.0, "AMD Instinct MI325X datasheet (HBM3E)"),
+    ("mi300x", 5.3, "AMD Instinct MI300X datasheet (HBM3)"),
+)
+
+
+def spec_peak(device_name: str) -> Optional[tuple[float, str]]:
+    """``(TB/s, source)`` of the spec-sheet memory bandwidth for a device name, or None when unknown.
+
+    >>> spec_peak("NVIDIA H200")
+    (4.8, 'NVIDIA H200 datasheet (HBM3e)')
+    >>> spec_peak("NVIDIA H100 80GB HBM3")[0], spec_peak("AMD Instinct MI300X")[0], spec_peak("Tesla T4")
+    (3.35, 5.3, None)
+    """
+    name = device_name.lower()
+    return next(((tbps, src) for key, tbps, src in SPEC_PEAK_TBPS if key in name), None)
+
+
 TIMING = {
     "per_call_us": "(a) CUDA events around n back-to-back calls over n rotating input sets, host overhead "
                    "included (the seeds' method); median of reps",
@@ -77,6 +111,7 @@ TIMING = {
             "per_call_us",
     "frac_copy": "tbps / bandwidth of a device-to-device copy measured in the same run (bytes read + "
                  "written)",
+    "frac_peak": "tbps / the GPU's spec-sheet memory bandwidth (hbm_peak_tbps, where known)",
 }
 CPU_TIMING = {
     "per_call_us": ("time.perf_counter around back-to-back calls on the CPU, torch on one thread; median of "
@@ -574,14 +609,15 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
     -------
     list of dict
         One row per contender: the case's fields, ``contender``, ``status`` ("ok", "skipped" or "error"),
-        ``reason``, ``per_call_us``, ``device_us`` (GPU), ``tbps``, ``frac_copy``, ``n_sets``,
-        ``auto_backend``.
+        ``reason``, ``per_call_us``, ``device_us`` (GPU), ``tbps``, ``frac_copy``, ``frac_peak`` (GPUs in
+        :data:`SPEC_PEAK_TBPS`), ``n_sets``, ``auto_backend``.
     """
     sets = sets if sets is not None else make_sets(op, case, device, transpose_scale=transpose_scale)
     n = len(sets)
     moved, set_bytes = case_fields(op, case)["bytes_moved"], input_bytes(op, case)
     base = {"op": op, **case_fields(op, case), "n_sets": n, "rotated_mb": round(n * set_bytes / 2**20, 2),
             "auto_backend": auto_backend(op, case, sets), "device": device.type}
+    peak = spec_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     if device.type == "cuda":  # below 2, small cases (capped at MAX_SETS sets) partly hit the L2
         base["rotated_over_l2"] = round(n * set_bytes / l2_bytes(device), 2)
     if op == QUANT:
@@ -616,6 +652,8 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
         row["tbps"] = _sig(moved / (t * 1e-6) / 1e12)
         if copy_tbps:
             row["frac_copy"] = _sig(row["tbps"] / copy_tbps)
+        if peak:
+            row["frac_peak"] = _sig(row["tbps"] / peak[0])
         log(f"  {case.id:<28} {c.name:<10} per call {row['per_call_us']:>10.2f} us"
             + (f"   device {row['device_us']:>9.2f} us" if row.get("device_us") else "")
             + f"   {row['tbps']:.3f} TB/s")
@@ -680,6 +718,9 @@ def machine_info(device: torch.device, command: Optional[str] = None) -> dict:
         p = torch.cuda.get_device_properties(device)
         info.update(gpu=p.name, gpu_arch=gpu_arch(device), multiprocessors=p.multi_processor_count,
                     l2_bytes=l2_bytes(device), gpu_memory_bytes=p.total_memory)
+        peak = spec_peak(p.name)
+        if peak:
+            info.update(hbm_peak_tbps=peak[0], hbm_peak_source=peak[1])
         smi = ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"]
         if not torch.version.hip:
             try:
@@ -786,7 +827,7 @@ def _run(cfg: RunConfig, out: Path, device: torch.device, command: Optional[str]
 # ------------------------------------------------------------------------------------------------------------
 # result files
 # ------------------------------------------------------------------------------------------------------------
-CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "tbps", "frac_copy",
+CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "tbps", "frac_copy", "frac_peak",
              "tbps_basis", "graph_calls", "graph_l2_resident", "n_sets", "rotated_mb", "rotated_over_l2",
              "bytes_moved", "auto_backend", "device"]
 
@@ -950,7 +991,8 @@ def contender_tables(rows: list[dict], op: str) -> str:
     out = []
     for key, title, nd, scale in (("per_call_us", "per call, us", 2, 1),
                                   ("device_us", "device time, us", 2, 1),
-                                  ("tbps", "TB/s", 3, 1), ("frac_copy", "% of copy", 0, 100)):
+                                  ("tbps", "TB/s", 3, 1), ("frac_copy", "% of copy", 0, 100),
+                                  ("frac_peak", "% of spec-sheet bandwidth", 0, 100)):
         if not any(key in r for cr in by_case.values() for r in cr.values()):
             continue
         lines = [[cid] + [_f(None if cr.get(n, {}).get(key) is None else scale * cr[n][key], nd) for n in ran]
@@ -975,7 +1017,11 @@ def markdown(results: dict) -> str:
               f"python {m['python']}"),
              f"- commit: {m['git_commit']}{dirty}",
              f"- command: `{m['command']}`", f"- time: {m['time_utc']}",
-             f"- copy roofline: {cp.get('tbps', 0):.3f} TB/s ({cp.get('timing', '')})", ""]
+             f"- copy roofline: {cp.get('tbps', 0):.3f} TB/s ({cp.get('timing', '')})"]
+    if m.get("hbm_peak_tbps"):
+        frac = f", the copy reaches {cp['tbps'] / m['hbm_peak_tbps']:.0%} of it" if cp.get("tbps") else ""
+        lines.append(f"- spec-sheet memory bandwidth: {m['hbm_peak_tbps']} TB/s ({m['hbm_peak_source']}){frac}")
+    lines.append("")
     lines += [f"- {k}: {v}" for k, v in m["timing"].items()]
     if not gpu:
         lines += ["", (f"**{CPU_LABEL}.** These numbers show the format and that the harness runs; they say "

@@ -108,6 +108,23 @@ def test_quant_fused_column_prefers_autos_pick():
     assert "| 8 | 2.00 | 2.000 | 5.00 | 0.800 | 2.50x | 50 |" in text
 
 
+def test_spec_peak_and_its_report_line():
+    """The datasheet bandwidth is matched by name (specific names first) and reported beside the copy."""
+    assert B.spec_peak("NVIDIA H200")[0] == 4.8
+    assert B.spec_peak("NVIDIA H100 80GB HBM3")[0] == 3.35
+    assert B.spec_peak("NVIDIA H100 PCIe")[0] == 2.0
+    assert B.spec_peak("NVIDIA H20")[0] == 4.0
+    assert B.spec_peak("AMD Instinct MI300X")[0] == 5.3 and B.spec_peak("AMD Instinct MI355X")[0] == 8.0
+    assert B.spec_peak("NVIDIA GeForce RTX 4090") is None
+    results = {"meta": {**B.machine_info(CPU), "gpu": "NVIDIA H200", "gpu_arch": "sm_90", "l2_bytes": 60 * 2**20,
+                        "hbm_peak_tbps": 4.8, "hbm_peak_source": "NVIDIA H200 datasheet (HBM3e)"},
+               "rows": [], "copy": {"tbps": 4.0, "timing": "x"}}
+    assert "- spec-sheet memory bandwidth: 4.8 TB/s (NVIDIA H200 datasheet (HBM3e)), the copy reaches 83% of it" \
+        in B.markdown(results)
+    rows = [_row("cuda", device_us=2.0, tbps=3.6, frac_copy=0.9, frac_peak=0.75)]
+    assert "% of spec-sheet bandwidth" in B.contender_tables(rows, B.TTS)
+
+
 def test_measure_records_skips_and_errors():
     def broken(case, sets):
         raise RuntimeError("boom")
