@@ -8,17 +8,26 @@ from __future__ import annotations
 
 import torch
 
+__all__ = [
+    "rotate_half", "neox_rope", "qwen3_tts_rope", "qwen3_tts_rope_oracle",
+    "FP8_MAX", "AMAX_FLOOR", "E8M0_NAN", "clamp_positions", "inverse_rope_tail", "e8m0_scale_bytes",
+    "e8m0_to_float", "group_quant_e8m0", "pack_ue8m0", "store_scale", "inverse_rope_group_quant",
+    "inverse_rope_oracle",
+]
+
 
 # --------------------------------------------------------------------------------------------------------
 # qwen3_tts_rope: NeoX rotate_half RoPE on standalone Q and K
 # --------------------------------------------------------------------------------------------------------
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``cat(-x[..., h:], x[..., :h])`` along the last dim, ``h = D/2`` (the NeoX / Hugging Face helper)."""
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
 def neox_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin`` for ``x: [B, H, S, D]`` and ``cos, sin: [B or 1, S, D]``."""
+    """``x * cos + rotate_half(x) * sin`` for ``x: [B, H, S, D]`` and ``cos, sin: [B or 1, S, D]``, computed in
+    and returned as ``compute_dtype`` (a new ``[B, H, S, D]`` tensor)."""
     x = x.to(compute_dtype)
     cos = cos.to(compute_dtype).unsqueeze(1)  # broadcast over heads
     sin = sin.to(compute_dtype).unsqueeze(1)
@@ -26,13 +35,75 @@ def neox_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, compute_dty
 
 
 def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
-    """Reference backend: fp32 math, one round-to-nearest-even to the output dtype (``copy_``)."""
+    """Reference backend: fp32 math, one round-to-nearest-even to the output dtype (``copy_``).
+
+    ``out = x * cos + rotate_half(x) * sin`` for every row ``x`` of ``q`` and ``k`` (see :func:`neox_rope`).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[B, Hq, S, D]``, bf16 / fp16 / fp32, ``D`` even; any strides.
+    k : torch.Tensor
+        ``[B, Hkv, S, D]``, same dtype and device as ``q``.
+    cos, sin : torch.Tensor
+        ``[B or 1, S, D]`` (batch 1 broadcasts), same dtype and device. Both halves are read.
+    q_out, k_out : torch.Tensor
+        Shaped like ``q`` and ``k``, written in place through their own strides (may be ``q`` and ``k``).
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.reference import qwen3_tts_rope
+    >>> from fusedrope.testing import qwen3_tts_cos_sin
+    >>> q = torch.randn(1, 4, 8, 64, dtype=torch.bfloat16)
+    >>> k = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
+    >>> cos, sin = qwen3_tts_cos_sin(torch.arange(8)[None], head_dim=64)  # [1, 8, 64] bf16 each
+    >>> q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    >>> qwen3_tts_rope(q, k, cos, sin, q_out, k_out)
+    >>> q_out.shape, k_out.shape, k_out.dtype
+    (torch.Size([1, 4, 8, 64]), torch.Size([1, 2, 8, 64]), torch.bfloat16)
+    >>> torch.equal(q_out[:, :, 0], q[:, :, 0])  # position 0: cos 1, sin 0
+    True
+    """
     q_out.copy_(neox_rope(q, cos, sin, torch.float32))
     k_out.copy_(neox_rope(k, cos, sin, torch.float32))
 
 
 def qwen3_tts_rope_oracle(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact result in float64 (products of bf16/fp16 values are exact there)."""
+    """The exact result in float64 (products of bf16/fp16 values are exact there).
+
+    ``x * cos + rotate_half(x) * sin`` for ``q`` and ``k``, for ulp-distance checks of a kernel's output.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[B, Hq, S, D]``, any floating dtype, ``D`` even; any strides.
+    k : torch.Tensor
+        ``[B, Hkv, S, D]``.
+    cos, sin : torch.Tensor
+        ``[B or 1, S, D]`` (batch 1 broadcasts).
+
+    Returns
+    -------
+    (q_ref, k_ref) : tuple of torch.Tensor
+        float64, ``[B, Hq, S, D]`` and ``[B, Hkv, S, D]``, contiguous.
+
+    Examples
+    --------
+    >>> import fusedrope
+    >>> from fusedrope.reference import qwen3_tts_rope_oracle
+    >>> from fusedrope.testing import TtsCase, make_tts_inputs, assert_ulp_close
+    >>> q, k, cos, sin = make_tts_inputs(TtsCase("tiny", 2, 4, 4, 2, 64))  # bf16, q/k strided
+    >>> q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    >>> q_ref.shape, k_ref.shape, q_ref.dtype
+    (torch.Size([2, 4, 4, 64]), torch.Size([2, 2, 4, 64]), torch.float64)
+    >>> q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin)
+    >>> assert_ulp_close(q_out, q_ref, max_ulp=1); assert_ulp_close(k_out, k_ref, max_ulp=1)
+    """
     return neox_rope(q, cos, sin, torch.float64), neox_rope(k, cos, sin, torch.float64)
 
 
@@ -45,6 +116,7 @@ E8M0_NAN = 0xFF  # the scale byte of a block that holds NaN or +-Inf
 
 
 def clamp_positions(positions: torch.Tensor, num_tokens: int, max_pos: int) -> torch.Tensor:
+    """``positions[:num_tokens]`` as int64, clamped to ``[0, max_pos - 1]`` (as every backend treats them)."""
     return positions[:num_tokens].long().clamp(0, max_pos - 1)
 
 
@@ -67,7 +139,30 @@ def inverse_rope_tail(o: torch.Tensor, positions, cos_cache, sin_cache) -> torch
 
 def e8m0_scale_bytes(amax: torch.Tensor, fp8_max: float) -> torch.Tensor:
     """The e8m0 byte of ``scale = 2^ceil(log2(amax / fp8_max))``, read off fp32 bits (exact at powers of two):
-    the biased exponent of ``t = amax * fp32(1/fp8_max)``, plus one when t's mantissa is non-zero."""
+    the biased exponent of ``t = amax * fp32(1/fp8_max)``, plus one when t's mantissa is non-zero.
+
+    ``amax`` is first raised to ``AMAX_FLOOR`` (1e-8), so an all-zero block gets byte 92; a NaN or +-Inf
+    ``amax`` gets ``E8M0_NAN`` (0xFF).
+
+    Parameters
+    ----------
+    amax : torch.Tensor
+        Block maxima ``max|v| >= 0``, any shape, any floating dtype (computed in fp32).
+    fp8_max : float
+        The largest finite value of the fp8 type: ``FP8_MAX[fp8_dtype]``, 448.0 (e4m3fn) or 240.0 (e4m3fnuz).
+
+    Returns
+    -------
+    torch.Tensor
+        uint8, ``amax``'s shape: ``scale = 2^(byte - 127)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.reference import e8m0_scale_bytes
+    >>> e8m0_scale_bytes(torch.tensor([448.0, 449.0, 1.0, 0.0, float("nan")]), 448.0)
+    tensor([127, 128, 119,  92, 255], dtype=torch.uint8)
+    """
     t = amax.float().clamp_min(AMAX_FLOOR) * torch.tensor(1.0 / fp8_max, dtype=torch.float32)
     bits = t.view(torch.int32)
     byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).int()
@@ -75,13 +170,46 @@ def e8m0_scale_bytes(amax: torch.Tensor, fp8_max: float) -> torch.Tensor:
 
 
 def e8m0_to_float(byte: torch.Tensor) -> torch.Tensor:
-    """2^(byte - 127) as fp32 (NaN for 0xFF)."""
+    """``2^(byte - 127)`` as fp32, ``byte``'s shape (NaN for 0xFF): the scales of uint8 e8m0 bytes."""
     return torch.where(byte == E8M0_NAN, float("nan"), torch.exp2(byte.float() - 127.0))
 
 
 def group_quant_e8m0(x: torch.Tensor, num_groups: int, group_size: int, fp8_dtype: torch.dtype):
     """Per-block FP8 quant of ``x [S, ...]`` viewed as ``[S, G, Dg]``: returns ``(fp8 [S, G, Dg], byte
-    [S, G, Dg/group_size])``. A block with NaN or Inf gets byte 0xFF and NaN in all its fp8 values."""
+    [S, G, Dg/group_size])``. A block with NaN or Inf gets byte 0xFF and NaN in all its fp8 values.
+
+    Each block of ``group_size`` consecutive elements of a group row gets ``byte = e8m0_scale_bytes(amax,
+    FP8_MAX[fp8_dtype])`` and ``fp8 = fp8_rne(clamp(v / 2^(byte - 127), -FP8_MAX, FP8_MAX))``, in fp32.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[S, ...]``, any floating dtype; each token's ``numel / S`` elements are split into ``num_groups``
+        rows of ``Dg``. The inverse-RoPE step gives ``[S, H, head_dim]`` fp32 (:func:`inverse_rope_tail`).
+    num_groups : int
+        ``G``; must divide the elements per token.
+    group_size : int
+        Elements per scale block; must divide ``Dg``.
+    fp8_dtype : torch.dtype
+        ``torch.float8_e4m3fn`` (FP8_MAX 448) or ``torch.float8_e4m3fnuz`` (240).
+
+    Returns
+    -------
+    (fp8, byte) : tuple of torch.Tensor
+        ``[S, G, Dg]`` in ``fp8_dtype`` and ``[S, G, Dg/group_size]`` uint8 e8m0 bytes, contiguous.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.reference import group_quant_e8m0
+    >>> x = torch.zeros(2, 256)
+    >>> x[0, :128] = 448.0; x[0, 128] = 1.0  # token 1 stays all zero
+    >>> fp8, byte = group_quant_e8m0(x, 1, 128, torch.float8_e4m3fn)
+    >>> fp8.shape, fp8.dtype, byte.shape
+    (torch.Size([2, 1, 256]), torch.float8_e4m3fn, torch.Size([2, 1, 2]))
+    >>> byte.flatten().tolist(), fp8[0, 0, 0].item(), fp8[0, 0, 128].item()
+    ([127, 119, 92, 92], 448.0, 256.0)
+    """
     fp8_max = FP8_MAX[fp8_dtype]
     S = x.shape[0]
     blocks = x.float().reshape(S, num_groups, -1, group_size)
@@ -95,13 +223,33 @@ def group_quant_e8m0(x: torch.Tensor, num_groups: int, group_size: int, fp8_dtyp
 def pack_ue8m0(byte: torch.Tensor) -> torch.Tensor:
     """``[..., Ks]`` bytes -> ``[..., Ks/4]`` int32, byte ``i`` of word ``j`` = ``byte[4j+i]`` (DeepGEMM's UE8M0
     packing: word = b0 | b1 << 8 | b2 << 16 | b3 << 24; the view relies on little-endian memory, as on every
-    GPU and x86 / Arm host)."""
+    GPU and x86 / Arm host).
+
+    Parameters
+    ----------
+    byte : torch.Tensor
+        uint8 e8m0 bytes ``[..., Ks]``, ``Ks`` a multiple of 4; any strides.
+
+    Returns
+    -------
+    torch.Tensor
+        int32 ``[..., Ks/4]`` (a view of ``byte``'s memory when ``byte`` is contiguous).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.reference import pack_ue8m0
+    >>> words = pack_ue8m0(torch.tensor([[127, 0, 0, 0, 1, 2, 3, 4]], dtype=torch.uint8))
+    >>> words, hex(int(words[0, 1]))
+    (tensor([[     127, 67305985]], dtype=torch.int32), '0x4030201')
+    """
     return byte.reshape(*byte.shape[:-1], -1, 4).contiguous().view(torch.int32).squeeze(-1)
 
 
 def store_scale(byte: torch.Tensor, x_scale: torch.Tensor) -> None:
-    """Write scale bytes into ``x_scale`` through its strides, in its format (e8m0, raw uint8, fp32 or packed
-    int32)."""
+    """Write scale bytes ``byte [S, G, Ks]`` (uint8) into ``x_scale`` through its strides, in its format: e8m0 or
+    raw uint8 ``[S, G, Ks]`` (the bytes), fp32 ``[S, G, Ks]`` (:func:`e8m0_to_float`) or packed int32
+    ``[S, G, Ks/4]`` (:func:`pack_ue8m0`)."""
     if x_scale.dtype == torch.float32:
         x_scale.copy_(e8m0_to_float(byte))
     elif x_scale.dtype == torch.int32:
@@ -111,7 +259,43 @@ def store_scale(byte: torch.Tensor, x_scale: torch.Tensor) -> None:
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size) -> None:
-    """Reference backend: inverse RoPE of each head's tail, then per-block e8m0 FP8 quant, fp32 throughout."""
+    """Reference backend: inverse RoPE of each head's tail, then per-block e8m0 FP8 quant, fp32 throughout.
+
+    Step 1 is :func:`inverse_rope_tail`, step 2 :func:`group_quant_e8m0` with ``G = x_fp8.shape[1]`` and
+    ``FP8_MAX[x_fp8.dtype]``; the results are written into ``x_fp8`` and ``x_scale`` (:func:`store_scale`).
+
+    Parameters
+    ----------
+    o : torch.Tensor
+        ``[S, H, head_dim]``, bf16 or fp16 (DeepSeek-V4: head_dim 512).
+    positions : torch.Tensor
+        int64 or int32, 1-D, at least ``S`` elements; the first ``S`` are used, clamped to ``[0, max_pos)``.
+    cos_cache, sin_cache : torch.Tensor
+        ``[max_pos, rope_dim/2]``, bf16 / fp16 / fp32; ``rope_dim = 2 * cos_cache.shape[1] <= head_dim``.
+    x_fp8 : torch.Tensor
+        Output ``[S, G, Dg]``, ``Dg = H * head_dim / G``, ``torch.float8_e4m3fn`` or ``torch.float8_e4m3fnuz``.
+    x_scale : torch.Tensor
+        Output ``[S, G, Ks]``, ``Ks = Dg / quant_group_size``, ``torch.float8_e8m0fnu``, ``torch.uint8`` or
+        ``torch.float32``, or ``[S, G, Ks/4]`` ``torch.int32`` (packed UE8M0); row- or column-major.
+    quant_group_size : int
+        Elements per scale block; divides ``Dg``.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> import torch, fusedrope
+    >>> from fusedrope.reference import inverse_rope_group_quant
+    >>> from fusedrope.testing import deepseek_rope_cache
+    >>> o = torch.randn(4, 2, 128, dtype=torch.bfloat16)
+    >>> cos_cache, sin_cache = deepseek_rope_cache(64)  # [64, 32] fp32 each
+    >>> x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2, 64)
+    >>> inverse_rope_group_quant(o, torch.arange(4), cos_cache, sin_cache, x_fp8, x_scale, 64)
+    >>> x_fp8.shape, x_fp8.dtype, x_scale.shape, x_scale.dtype
+    (torch.Size([4, 2, 128]), torch.float8_e4m3fn, torch.Size([4, 2, 2]), torch.float8_e8m0fnu)
+    """
     x = inverse_rope_tail(o, positions, cos_cache, sin_cache)
     q, byte = group_quant_e8m0(x, x_fp8.shape[1], quant_group_size, x_fp8.dtype)
     x_fp8.copy_(q)
@@ -120,7 +304,38 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
 
 def inverse_rope_oracle(o, positions, cos_cache, sin_cache) -> torch.Tensor:
     """Independent float64 formulation of step 1, as DeepSeek-V4 writes it: view the tail as complex
-    numbers ``x[2j] + i*x[2j+1]`` and multiply by ``conj(cos + i*sin)``. Returns ``[S, H, head_dim]`` fp64."""
+    numbers ``x[2j] + i*x[2j+1]`` and multiply by ``conj(cos + i*sin)``. Returns ``[S, H, head_dim]`` fp64.
+
+    Parameters
+    ----------
+    o : torch.Tensor
+        ``[S, H, head_dim]``, any floating dtype.
+    positions : torch.Tensor
+        int64 or int32, 1-D, at least ``S`` elements; the first ``S`` are used, clamped to ``[0, max_pos)``.
+    cos_cache, sin_cache : torch.Tensor
+        ``[max_pos, rope_dim/2]``, any floating dtype; ``rope_dim = 2 * cos_cache.shape[1] <= head_dim``.
+
+    Returns
+    -------
+    torch.Tensor
+        float64 ``[S, H, head_dim]``: ``o`` with the last ``rope_dim`` dims of every head rotated back; the
+        other ``head_dim - rope_dim`` dims are ``o``'s values.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.reference import inverse_rope_oracle, inverse_rope_tail
+    >>> from fusedrope.testing import deepseek_rope_cache
+    >>> o = torch.randn(4, 2, 128, dtype=torch.bfloat16)
+    >>> cos_cache, sin_cache = deepseek_rope_cache(64)  # rope_dim 64
+    >>> ref = inverse_rope_oracle(o, torch.tensor([0, 5, 63, 99]), cos_cache, sin_cache)  # 99 -> 63
+    >>> ref.shape, ref.dtype
+    (torch.Size([4, 2, 128]), torch.float64)
+    >>> torch.equal(ref[..., :64], o[..., :64].double()), torch.equal(ref[0], o[0].double())
+    (True, True)
+    >>> torch.equal(ref[2], ref[3])  # positions 63 and 99 both read row 63 ...
+    False
+    """
     S, _, head_dim = o.shape
     rope_dim = 2 * cos_cache.shape[1]
     p = clamp_positions(positions, S, cos_cache.shape[0])
