@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import fusedrope
+from fusedrope import benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,8 +19,8 @@ def test_readme_quick_start_runs():
         exec(compile(code, "README.md", "exec"), {})
 
 
-@pytest.mark.parametrize("module", [fusedrope, fusedrope.tts_rope, fusedrope.inverse_rope_quant, fusedrope.testing],
-                         ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [fusedrope, fusedrope.tts_rope, fusedrope.inverse_rope_quant, fusedrope.testing,
+                                    fusedrope.reference, benchmark], ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert failures == 0
