@@ -83,7 +83,7 @@ def host_clang() -> str | None:
 
 
 def _host_cxx(vendor: str) -> str:
-    if vendor == "hip":
+    if vendor.startswith("hip"):
         cxx = host_clang()
         if cxx is None:
             pytest.skip("no host clang++ (apt-get install clang-19) to run the HIP kernel under the wave emulator")
@@ -97,23 +97,27 @@ def _host_cxx(vendor: str) -> str:
 def asan_runtime(vendor: str) -> str | None:
     """The AddressSanitizer runtime to LD_PRELOAD into Python for ``emulated_kernel(vendor, asan=True)``."""
     cxx = _host_cxx(vendor)
-    name = "libclang_rt.asan-x86_64.so" if vendor == "hip" else "libasan.so"
+    name = "libclang_rt.asan-x86_64.so" if vendor.startswith("hip") else "libasan.so"
     path = subprocess.run([cxx, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
     return path if Path(path).is_file() else None
 
 
 def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False) -> ctypes.CDLL:
-    """The whole ``vendor`` ("cuda" or "hip") kernel and its launcher, unchanged, built for lockstep host
-    emulation (tests/lockstep.h with tests/cuda_emul or tests/hip_emul); ``source`` defaults to the
-    repository's file (tests pass a mutated copy)."""
+    """The whole kernel and its launcher, unchanged, built for lockstep host emulation (tests/lockstep.h with
+    tests/cuda_emul or tests/hip_emul). ``vendor``: "cuda"; "hip" (the HIP kernel's software fp8 path); or
+    "hip-gfx942" / "hip-gfx950" (its hardware path, through tests/hip_emul's model of v_cvt_pk_fp8_f32).
+    ``source`` defaults to the repository's file (tests pass a mutated copy)."""
     cxx = _host_cxx(vendor)
-    source = Path(source or (HIP_SRC if vendor == "hip" else CUDA_SRC)).resolve()
+    hip = vendor.startswith("hip")
+    source = Path(source or (HIP_SRC if hip else CUDA_SRC)).resolve()
     common = source.parents[1] / "kernels_cuda" / COMMON_H.name  # the copy beside a mutated source, if any
-    emul = HIP_EMUL if vendor == "hip" else CUDA_EMUL
-    harness_cpp = emul / ("harness.cpp" if vendor == "hip" else "irgq_harness.cpp")
+    emul = HIP_EMUL if hip else CUDA_EMUL
+    harness_cpp = emul / ("harness.cpp" if hip else "irgq_harness.cpp")
     flags = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g"] if asan else []
-    if vendor == "hip":
+    if hip:
         flags += ["-Wno-unknown-attributes", "-Wno-ignored-attributes"] + (["-shared-libasan"] if asan else [])
+        if vendor != "hip":
+            flags += [f"-DHIP_EMUL_GFX={vendor.removeprefix('hip-gfx')}", "-Wno-builtin-macro-redefined"]
     else:
         flags += ["-Wno-unknown-pragmas", "-x", "c++"]
     here = HARNESS.parent
@@ -127,6 +131,8 @@ def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False)
     lib.irgq_host_run.restype = ctypes.c_int
     lib.irgq_host_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong)]
     lib.emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
+    if hip:
+        lib.hip_emul_hw_cvts.restype = ctypes.c_longlong
     return lib
 
 

@@ -9,9 +9,14 @@ strided caches, int32/int64 strided positions (some out of range), the narrow pa
 NaN/Inf blocks and partial last blocks; under AddressSanitizer on exact-size allocations; and mutated copies of
 each kernel's block reduction must fail.
 
-Not covered here: the hardware fp8 conversions (cvt.rn.satfinite.e4m3x2, v_cvt_pk_fp8_f32: the host builds take
-the kernels' exact software path; the SASS/ISA tests check the instructions are used), timing, and the CUDA/HIP
-runtimes and torch bindings. The CUDA kernel's GPU run is owed (gpu/); the HIP kernel has never run on AMD.
+The HIP kernel runs three ways: built plainly (its software fp8 path), and as for gfx942 and for gfx950, where it
+takes its hardware path through a model of v_cvt_pk_fp8_f32 (RNE, src0/src1 into the low/high byte of the word
+selected; tests/hip_emul/hip_emul.h): that checks the kernel's use of the instruction (clamping first, FNUZ on
+gfx942 and OCP on gfx950, byte and word order), not the silicon's rounding.
+
+Not covered here: CUDA's cvt.rn.satfinite.e4m3x2 (the host build takes the software path; the SASS tests check
+the instruction is used), the real conversion instructions' rounding, timing, and the CUDA/HIP runtimes and
+torch bindings. The CUDA kernel's GPU run is owed (gpu/); the HIP kernel has never run on AMD.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from irgq_harness import (CUDA_SRC, HIP_SRC, asan_runtime, check_emulated, emul_
                           quant_inputs, quant_outputs)
 
 GROUPS = (32, 64, 128, 256)
-VENDORS = ("cuda", "hip")
+VENDORS = ("cuda", "hip", "hip-gfx942", "hip-gfx950")  # hip: software fp8; -gfxN: its v_cvt_pk_fp8_f32 path
 
 
 @pytest.fixture(scope="module", params=VENDORS)
@@ -100,6 +105,19 @@ def test_special_blocks(lib, fp8_dtype):
             _run_checked(lib, o, p, c, s, 2, q, transpose, fp8_dtype)
 
 
+@pytest.mark.parametrize("arch,hw_fp8", [("942", torch.float8_e4m3fnuz), ("950", torch.float8_e4m3fn)])
+def test_hip_hardware_fp8_path_is_taken_for_its_format_only(arch, hw_fp8):
+    """As for gfx942 the kernel converts FNUZ with the instruction and OCP in software; gfx950 the other way."""
+    lib = emulated_kernel(f"hip-gfx{arch}")
+    o, p, c, s = quant_inputs(2, 16, seed=int(arch))
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        lib.hip_emul_hw_cvts()
+        _run_checked(lib, o, p, c, s, 2, 128, False, fp8)
+        n = lib.hip_emul_hw_cvts()
+        # 8 instructions per 16-element chunk: every chunk of every token (2 * 16 * 32 chunks) when hardware
+        assert n == (2 * 16 * 32 * 8 if fp8 == hw_fp8 else 0), (arch, fp8, n)
+
+
 def test_token_count_not_a_multiple_of_the_block(lib):
     """S*H*32 chunks not a multiple of 512: the last block's idle lanes still take part in every cross-lane step
     and store nothing (the poisoned buffers prove it); S = 1 fills less than one block."""
@@ -122,20 +140,26 @@ def test_empty_and_status_codes(lib):
     assert emul_stats(lib)["launches"] == 0  # S == 0: no launch
 
 
-MUTATIONS = [
-    ("hip", "0x140, 0xF, 0xF", "0x141, 0xF, 0xF"),  # the 16-lane step mirrors half rows: group 256 wrong
-    ("hip", "0xB1, 0xF, 0xF", "0xE4, 0xF, 0xF"),    # the first step reads its own lane (identity quad_perm)
-    ("cuda", "off <<= 1) m = max", "off <<= 2) m = max"),  # skips every other butterfly step
-    ("cuda", "__shfl_xor_sync(0xFFFFFFFFu, m, off)", "__shfl_xor_sync(0xFFFFFFFFu, m, 0)"),  # reads itself
+E4M3, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
+MUTATIONS = [  # (vendor, text, replacement, fp8 dtype, what goes wrong)
+    ("hip", "0x140, 0xF, 0xF", "0x141, 0xF, 0xF", E4M3, "scale mismatch"),  # 16-lane step mirrors half rows
+    ("hip", "0xB1, 0xF, 0xF", "0xE4, 0xF, 0xF", E4M3, "scale mismatch"),    # first step reads its own lane
+    ("cuda", "off <<= 1) m = max", "off <<= 2) m = max", E4M3, "scale mismatch"),  # every other step skipped
+    ("cuda", "__shfl_xor_sync(0xFFFFFFFFu, m, off)", "__shfl_xor_sync(0xFFFFFFFFu, m, 0)", E4M3,
+     "scale mismatch"),  # reads itself
+    ("hip-gfx942", "cvt_pk_fp8_f32(v2, v3, w, true)", "cvt_pk_fp8_f32(v3, v2, w, true)", FNUZ,
+     "fp8 bytes differ"),  # the hardware path's bytes 2 and 3 swapped
+    ("hip-gfx950", "cvt_pk_fp8_f32(v0, v1, 0, false)", "cvt_pk_fp8_f32(v0, v1, 0, true)", E4M3,
+     "fp8 bytes differ"),  # the first pair written to the high word, then overwritten
 ]
 
 
-@pytest.mark.parametrize("vendor,old,new", MUTATIONS,
+@pytest.mark.parametrize("vendor,old,new,fp8,what", MUTATIONS,
                          ids=["hip-row-mirror-as-half-mirror", "hip-identity-quad-perm", "cuda-skipped-steps",
-                              "cuda-self-shuffle"])
-def test_a_broken_block_reduction_is_caught(tmp_path, vendor, old, new):
-    """The check can fail: a copy of the kernel with its reduction broken gives wrong scale bytes."""
-    src_file = HIP_SRC if vendor == "hip" else CUDA_SRC
+                              "cuda-self-shuffle", "gfx942-swapped-bytes", "gfx950-wrong-word"])
+def test_a_broken_kernel_is_caught(tmp_path, vendor, old, new, fp8, what):
+    """The check can fail: a copy of the kernel with its reduction or its fp8 packing broken is caught."""
+    src_file = HIP_SRC if vendor.startswith("hip") else CUDA_SRC
     src = src_file.read_text()
     assert old in src
     kdir = tmp_path / src_file.parent.name
@@ -147,8 +171,8 @@ def test_a_broken_block_reduction_is_caught(tmp_path, vendor, old, new):
     shutil.copy(CUDA_SRC.with_name("inverse_rope_group_quant_common.h"), tmp_path / "kernels_cuda")
     bad = emulated_kernel(vendor, kdir / src_file.name)
     o, p, c, s = quant_inputs(2, 16, seed=7)
-    with pytest.raises(AssertionError, match="scale mismatch"):
-        check_emulated(bad, o, p, c, s, 2, 256, False)
+    with pytest.raises(AssertionError, match=what):
+        check_emulated(bad, o, p, c, s, 2, 256, False, fp8)
 
 
 ASAN_SCRIPT = r"""

@@ -34,4 +34,7 @@ int irgq_host_run(void** ptrs, const long long* ints) {
 }
 
 #include "emul_stats.inc"
+
+// v_cvt_pk_fp8_f32 calls made through the model (builds with -DHIP_EMUL_GFX), since the last reset.
+long long hip_emul_hw_cvts() { return hip_emul::hw_cvts.exchange(0); }
 }

@@ -9,13 +9,26 @@
 //   * __builtin_amdgcn_workitem_id_x / workgroup_id_x: the thread's ids; __builtin_amdgcn_fmed3f: the median;
 //     address_space(1) pointers become plain pointers, and the launch bounds attribute is dropped.
 //
-// Not emulated: v_cvt_pk_fp8_f32 (the host compile has no gfx9 macros, so the kernel's exact software fp8 path
-// runs; the hardware path is checked in the ISA tests and owed on AMD hardware).
+// The fp8 conversion: built plainly, the host compile has no gfx9 macros and the kernel takes its exact software
+// fp8 path. Built with -DHIP_EMUL_GFX=942 or 950, the kernel sees __gfx942__ / __gfx950__ and the builtin, and
+// takes its hardware path through a model of v_cvt_pk_fp8_f32 (below): what that checks is the kernel's use of
+// the instruction (clamping first, which format on which arch, byte and word order), not the silicon's rounding.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 
 #include "lockstep.h"
+
+#ifdef HIP_EMUL_GFX
+#include "inverse_rope_group_quant_common.h"  // fp8_encode_sw: the RNE the model rounds with
+#if HIP_EMUL_GFX == 942
+#define __gfx942__ 1
+#elif HIP_EMUL_GFX == 950
+#define __gfx950__ 1
+#endif
+#endif
 
 namespace hip_emul {
 
@@ -41,7 +54,35 @@ inline int update_dpp(int old, int src, int ctrl, int row_mask, int bank_mask, b
 
 inline float fmed3(float a, float b, float c) { return std::max(std::min(a, b), std::min(std::max(a, b), c)); }
 
+inline std::atomic<long long> hw_cvts{0};
+
+#ifdef HIP_EMUL_GFX
+// v_cvt_pk_fp8_f32 dst, src0, src1 (the AMD CDNA3 ISA guide; LLVM's llvm.amdgcn.cvt.pk.fp8.f32): src0 and src1
+// rounded to nearest even into fp8 (FNUZ e4m3 on gfx942, OCP e4m3fn on gfx950); word_sel false writes them to
+// bytes 0 and 1 of dst, true to bytes 2 and 3; the other 16 bits keep `old`. Without the clamp modifier, values
+// beyond the format's range are out of contract here: the kernel must have clamped them (reported if not).
+inline int cvt_pk_fp8_f32(float src0, float src1, int old, bool word_sel) {
+  constexpr bool fnuz = HIP_EMUL_GFX == 942;
+  constexpr float fp8_max = fnuz ? 240.0f : 448.0f;
+  ++hw_cvts;
+  for (float x : {src0, src1})
+    if (!std::isnan(x) && std::fabs(x) > fp8_max) lockstep::report("v_cvt_pk_fp8_f32 input beyond the fp8 range", 0);
+  const unsigned pair = fusedrope::irgq::fp8_encode_sw(src0, fnuz) | (fusedrope::irgq::fp8_encode_sw(src1, fnuz) << 8);
+  const unsigned o = (unsigned)old;
+  return (int)(word_sel ? (o & 0x0000FFFFu) | (pair << 16) : (o & 0xFFFF0000u) | pair);
+}
+#endif
+
 }  // namespace hip_emul
+
+#ifdef HIP_EMUL_GFX
+// The kernel asks __has_builtin before using the fp8 builtin; on the host target clang answers no, so the
+// answer comes from this list (the kernel asks about nothing else).
+#undef __has_builtin
+#define __has_builtin(x) HIP_EMUL_HAS_##x
+#define HIP_EMUL_HAS___builtin_amdgcn_cvt_pk_fp8_f32 1
+#define __builtin_amdgcn_cvt_pk_fp8_f32 hip_emul::cvt_pk_fp8_f32
+#endif
 
 #define __builtin_amdgcn_workitem_id_x() (lockstep::tid)
 #define __builtin_amdgcn_workgroup_id_x() (lockstep::bid)
