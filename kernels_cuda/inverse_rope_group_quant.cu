@@ -57,9 +57,19 @@ __device__ __forceinline__ void load_cache8(const unsigned char* p, int dtype, b
   cache8_from_words(w, dtype, c);
 }
 
+// The hardware packed e4m3 conversion exists from sm_89. tests/cuda_emul defines the switch to run this path on
+// the CPU through its model of __nv_cvt_float2_to_fp8x2.
+#ifndef FUSEDROPE_IRGQ_HW_E4M3
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define FUSEDROPE_IRGQ_HW_E4M3 1
+#else
+#define FUSEDROPE_IRGQ_HW_E4M3 0
+#endif
+#endif
+
 template <bool kFnuz>
 __device__ __forceinline__ void quant16(const float (&v)[16], uint32_t byte, uint32_t (&out)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#if FUSEDROPE_IRGQ_HW_E4M3
   if (!kFnuz) {
     const float inv = inv_scale(byte == 0xFFu ? 127u : byte);
 #pragma unroll

@@ -104,8 +104,9 @@ def asan_runtime(vendor: str) -> str | None:
 
 def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False) -> ctypes.CDLL:
     """The whole kernel and its launcher, unchanged, built for lockstep host emulation (tests/lockstep.h with
-    tests/cuda_emul or tests/hip_emul). ``vendor``: "cuda"; "hip" (the HIP kernel's software fp8 path); or
-    "hip-gfx942" / "hip-gfx950" (its hardware path, through tests/hip_emul's model of v_cvt_pk_fp8_f32).
+    tests/cuda_emul or tests/hip_emul). ``vendor``: "cuda" / "hip" (the kernels' software fp8 paths);
+    "cuda-sm90" (the sm_89+ path through tests/cuda_emul's model of __nv_cvt_float2_to_fp8x2); "hip-gfx942" /
+    "hip-gfx950" (the hardware path through tests/hip_emul's model of v_cvt_pk_fp8_f32).
     ``source`` defaults to the repository's file (tests pass a mutated copy)."""
     cxx = _host_cxx(vendor)
     hip = vendor.startswith("hip")
@@ -119,7 +120,7 @@ def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False)
         if vendor != "hip":
             flags += [f"-DHIP_EMUL_GFX={vendor.removeprefix('hip-gfx')}", "-Wno-builtin-macro-redefined"]
     else:
-        flags += ["-Wno-unknown-pragmas", "-x", "c++"]
+        flags += ["-Wno-unknown-pragmas", "-x", "c++"] + (["-DFUSEDROPE_IRGQ_HW_E4M3=1"] if vendor != "cuda" else [])
     here = HARNESS.parent
     deps = [source, source.with_suffix(".h"), source.with_suffix(".cuh"), common, harness_cpp,
             *emul.glob("*.h"), here / "lockstep.h", here / "irgq_params.h", here / "emul_stats.inc"]
@@ -131,8 +132,8 @@ def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False)
     lib.irgq_host_run.restype = ctypes.c_int
     lib.irgq_host_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong)]
     lib.emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
-    if hip:
-        lib.hip_emul_hw_cvts.restype = ctypes.c_longlong
+    lib.hw_cvts = getattr(lib, "hip_emul_hw_cvts" if hip else "cuda_emul_hw_cvts")
+    lib.hw_cvts.restype = ctypes.c_longlong
     return lib
 
 

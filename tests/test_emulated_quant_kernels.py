@@ -9,14 +9,13 @@ strided caches, int32/int64 strided positions (some out of range), the narrow pa
 NaN/Inf blocks and partial last blocks; under AddressSanitizer on exact-size allocations; and mutated copies of
 each kernel's block reduction must fail.
 
-The HIP kernel runs three ways: built plainly (its software fp8 path), and as for gfx942 and for gfx950, where it
-takes its hardware path through a model of v_cvt_pk_fp8_f32 (RNE, src0/src1 into the low/high byte of the word
-selected; tests/hip_emul/hip_emul.h): that checks the kernel's use of the instruction (clamping first, FNUZ on
-gfx942 and OCP on gfx950, byte and word order), not the silicon's rounding.
+Each kernel also runs with its hardware fp8 path switched on, through a model of the conversion: the CUDA kernel
+as for sm_90 (__nv_cvt_float2_to_fp8x2, tests/cuda_emul/cuda_fp8.h), the HIP kernel as for gfx942 and gfx950
+(v_cvt_pk_fp8_f32, tests/hip_emul/hip_emul.h). That checks the kernels' use of the instructions (format per
+arch, clamping or saturation, byte and word order), not the silicon's rounding.
 
-Not covered here: CUDA's cvt.rn.satfinite.e4m3x2 (the host build takes the software path; the SASS tests check
-the instruction is used), the real conversion instructions' rounding, timing, and the CUDA/HIP runtimes and
-torch bindings. The CUDA kernel's GPU run is owed (gpu/); the HIP kernel has never run on AMD.
+Not covered here: the real conversion instructions (the SASS/ISA tests check they are used), timing, and the
+CUDA/HIP runtimes and torch bindings. The CUDA kernel's GPU run is owed (gpu/); the HIP kernel has never run on AMD.
 """
 
 from __future__ import annotations
@@ -34,7 +33,8 @@ from irgq_harness import (CUDA_SRC, HIP_SRC, asan_runtime, check_emulated, emul_
                           quant_inputs, quant_outputs)
 
 GROUPS = (32, 64, 128, 256)
-VENDORS = ("cuda", "hip", "hip-gfx942", "hip-gfx950")  # hip: software fp8; -gfxN: its v_cvt_pk_fp8_f32 path
+# cuda / hip: the software fp8 paths; cuda-sm90, hip-gfxN: the hardware conversion paths, through models
+VENDORS = ("cuda", "cuda-sm90", "hip", "hip-gfx942", "hip-gfx950")
 
 
 @pytest.fixture(scope="module", params=VENDORS)
@@ -105,17 +105,19 @@ def test_special_blocks(lib, fp8_dtype):
             _run_checked(lib, o, p, c, s, 2, q, transpose, fp8_dtype)
 
 
-@pytest.mark.parametrize("arch,hw_fp8", [("942", torch.float8_e4m3fnuz), ("950", torch.float8_e4m3fn)])
-def test_hip_hardware_fp8_path_is_taken_for_its_format_only(arch, hw_fp8):
-    """As for gfx942 the kernel converts FNUZ with the instruction and OCP in software; gfx950 the other way."""
-    lib = emulated_kernel(f"hip-gfx{arch}")
-    o, p, c, s = quant_inputs(2, 16, seed=int(arch))
+@pytest.mark.parametrize("vendor,hw_fp8,per_chunk", [("cuda-sm90", torch.float8_e4m3fn, 8),
+                                                    ("hip-gfx942", torch.float8_e4m3fnuz, 8),
+                                                    ("hip-gfx950", torch.float8_e4m3fn, 8)])
+def test_hardware_fp8_path_is_taken_for_its_format_only(vendor, hw_fp8, per_chunk):
+    """sm_90 and gfx950 convert OCP e4m3fn with the instruction and FNUZ in software; gfx942 the other way."""
+    lib = emulated_kernel(vendor)
+    o, p, c, s = quant_inputs(2, 16, seed=len(vendor))
     for fp8 in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
-        lib.hip_emul_hw_cvts()
+        lib.hw_cvts()
         _run_checked(lib, o, p, c, s, 2, 128, False, fp8)
-        n = lib.hip_emul_hw_cvts()
-        # 8 instructions per 16-element chunk: every chunk of every token (2 * 16 * 32 chunks) when hardware
-        assert n == (2 * 16 * 32 * 8 if fp8 == hw_fp8 else 0), (arch, fp8, n)
+        n = lib.hw_cvts()
+        # 8 conversions (pairs of pairs) per 16-element chunk, every chunk of every token, when hardware
+        assert n == (2 * 16 * 32 * per_chunk if fp8 == hw_fp8 else 0), (vendor, fp8, n)
 
 
 def test_token_count_not_a_multiple_of_the_block(lib):
@@ -151,12 +153,14 @@ MUTATIONS = [  # (vendor, text, replacement, fp8 dtype, what goes wrong)
      "fp8 bytes differ"),  # the hardware path's bytes 2 and 3 swapped
     ("hip-gfx950", "cvt_pk_fp8_f32(v0, v1, 0, false)", "cvt_pk_fp8_f32(v0, v1, 0, true)", E4M3,
      "fp8 bytes differ"),  # the first pair written to the high word, then overwritten
+    ("cuda-sm90", "out[i] = byte == 0xFFu ? 0x7F7F7F7Fu : (lo | (hi << 16));",
+     "out[i] = byte == 0xFFu ? 0x7F7F7F7Fu : (hi | (lo << 16));", E4M3, "fp8 bytes differ"),  # pairs swapped
 ]
 
 
 @pytest.mark.parametrize("vendor,old,new,fp8,what", MUTATIONS,
                          ids=["hip-row-mirror-as-half-mirror", "hip-identity-quad-perm", "cuda-skipped-steps",
-                              "cuda-self-shuffle", "gfx942-swapped-bytes", "gfx950-wrong-word"])
+                              "cuda-self-shuffle", "gfx942-swapped-bytes", "gfx950-wrong-word", "sm90-swapped-pairs"])
 def test_a_broken_kernel_is_caught(tmp_path, vendor, old, new, fp8, what):
     """The check can fail: a copy of the kernel with its reduction or its fp8 packing broken is caught."""
     src_file = HIP_SRC if vendor.startswith("hip") else CUDA_SRC
