@@ -18,6 +18,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128, 256)
 
 _op = None
+_op_new = None
 
 
 def supports(facts: tuple) -> Optional[str]:
@@ -39,6 +40,15 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
         cuda_ext.load()
         _op = torch.ops.fusedrope_cuda.qwen3_tts_rope_out.default
     _op(q, k, cos, sin, q_out, k_out)
+
+
+def qwen3_tts_rope_new(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q``/``k`` into new contiguous tensors, allocated by the compiled op (one Python -> C++ call)."""
+    global _op_new
+    if _op_new is None:
+        cuda_ext.load()
+        _op_new = torch.ops.fusedrope_cuda.qwen3_tts_rope.default
+    return _op_new(q, k, cos, sin)
 
 
 def qwen3_tts_rope_config(q, k, cos, sin, q_out, k_out, *, vec: int = 0, warps_per_token: int = 0,

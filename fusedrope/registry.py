@@ -41,19 +41,33 @@ def forced_backend() -> str:
 
 @dataclass
 class Impl:
-    """One backend's implementation of one op. ``run`` is "module:function", imported on first use."""
+    """One backend's implementation of one op. ``run`` is "module:function", imported on first use; it writes
+    into output tensors the caller passes. ``run_alloc``, optional, is a variant that allocates and returns the
+    outputs itself (a compiled op does that in C++, cheaper than Python allocating them first)."""
 
     backend: str
     run: str
     supports: Callable[[tuple], Reason]
     available: Callable[[torch.device], Reason]
+    run_alloc: str = ""
     _fn: Optional[Callable] = field(default=None, repr=False)
+    _fn_alloc: Optional[Callable] = field(default=None, repr=False)
 
     def fn(self) -> Callable:
         if self._fn is None:
-            module, name = self.run.split(":")
-            self._fn = getattr(importlib.import_module(module, __package__), name)
+            self._fn = _resolve(self.run)
         return self._fn
+
+    def fn_alloc(self) -> Optional[Callable]:
+        """The allocating variant, or None when the backend has none."""
+        if self._fn_alloc is None and self.run_alloc:
+            self._fn_alloc = _resolve(self.run_alloc)
+        return self._fn_alloc
+
+
+def _resolve(target: str) -> Callable:
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module, __package__), name)
 
 
 @dataclass

@@ -243,10 +243,15 @@ def _ulp_check(out, q_ref):
     return ok, f"max {worst} ulp, {off}/{out.numel()} not correctly rounded"
 
 
+def _sync(t) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize()
+
+
 def _verify(res, section, name, q_out, k_out, q, k, cos, sin):
     from fusedrope.reference import qwen3_tts_rope_oracle
 
-    torch.cuda.synchronize()
+    _sync(q)
     q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
     okq, dq = _ulp_check(q_out, q_ref)
     okk, dk = _ulp_check(k_out, k_ref)
@@ -339,11 +344,19 @@ def _correct_backend(res, backend, run, dev):
         _verify(res, "correct", f"{backend}/{case.id}", *run(backend, q, k, cos, sin), q, k, cos, sin)
     for name, q, k, cos, sin in _extra_inputs(dev):
         _verify(res, "correct", f"{backend}/{name}", *run(backend, q, k, cos, sin), q, k, cos, sin)
+    # new outputs through the public API (the cuda backend allocates them inside its C++ op): contiguous, right
+    for case in [*TTS_CASES[::3], TtsCase("pub", 3, 17, 16, 8)]:
+        q, k, cos, sin = make_tts_inputs(case, device=dev, seed=3)
+        qo, ko = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend)
+        shapes = (qo.shape == q.shape and ko.shape == k.shape and qo.is_contiguous() and ko.is_contiguous()
+                  and qo.dtype == q.dtype and ko.device == k.device)
+        ok = _verify(res, "correct", f"{backend}/public/{case.id}", qo, ko, q, k, cos, sin)
+        res.check("correct", f"{backend}/public/{case.id}/layout", shapes and ok)
     # in place through the projection view, public API
     q, k, cos, sin = make_tts_inputs(TtsCase("ip", 8, 17, 16, 8), device=dev, seed=7)
     q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
     qo, ko = fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True, backend=backend)
-    torch.cuda.synchronize()
+    _sync(q)
     ok = qo is q and ko is k and int(ulp_diff(q, q_ref).max()) <= 1 and int(ulp_diff(k, k_ref).max()) <= 1
     res.check("correct", f"{backend}/inplace", ok)
     for shape in ((0, 4, 3, 128), (2, 4, 0, 128), (2, 0, 3, 128)):
@@ -353,6 +366,18 @@ def _correct_backend(res, backend, run, dev):
         ce = torch.randn(max(B, 1), S, D, device=dev, dtype=torch.bfloat16)
         qo, ko = fusedrope.qwen3_tts_rope(qe, ke, ce, ce, backend=backend)
         res.check("correct", f"{backend}/empty{shape}", qo.shape == qe.shape and ko.shape == ke.shape)
+
+
+def _correct_reference_cpu(res, args):
+    """--fake: the correctness machinery of _correct_backend, on the CPU with the reference backend."""
+    from fusedrope.tts_rope import REGISTRY, validate
+
+    def run(backend, q, k, cos, sin):
+        q_out, k_out = _poisoned_outputs(q, k)
+        REGISTRY.select(validate(q, k, cos, sin, False), backend).fn()(q, k, cos, sin, q_out, k_out)
+        return q_out, k_out
+
+    _correct_backend(res, "reference", run, torch.device("cpu"))
 
 
 def _correct_cuda_only(res, dev):
@@ -680,6 +705,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)  # as the engine on a CPU: a shared VM's parallel regions wait tens of ms
         for name, fn in (("env", env_info), ("copy", copy_section), ("bench", bench)):
             res.section(name, fn, args)
+        res.section("correct_reference", _correct_reference_cpu, args)
         eager = [r for r in res["rows"] if r["contender"] == "eager"]
         res.check("fake", "eager_timed_on_every_case", len(eager) == len(TTS_CASES)
                   and all(r["status"] == "ok" for r in eager), [r.get("reason") for r in eager][:3])

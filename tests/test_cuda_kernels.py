@@ -444,6 +444,10 @@ def test_gpu_check_script_cpu_parts(tmp_path):
 
     res = json.loads((tmp_path / "results.json").read_text())
     assert {r["case"] for r in res["rows"]} == {c.id for c in TTS_CASES} and res["checks"][0]["ok"]
+    # the correctness machinery, run with the reference backend on the CPU: seed cases, extras, public API
+    correct = {c["name"]: c["ok"] for c in res["checks"] if c["section"] == "correct"}
+    assert len(correct) >= 40 and all(correct.values()), [n for n, ok in correct.items() if not ok]
+    assert "reference/public/pub-B3/layout" in correct and "reference/inplace" in correct
 
 
 ASAN_SCRIPT = r"""

@@ -106,3 +106,37 @@ def test_a_broken_backend_probe_becomes_a_reason():
     reg.register(Impl("cuda", "x:y", lambda f: None, lambda d: 1 / 0))
     assert reg.select((torch.device("cpu"),)).backend == "reference"
     assert "ZeroDivisionError" in reg.explain((torch.device("cpu"),))[0].reason
+
+
+def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monkeypatch):
+    """``Impl.run_alloc`` (the cuda backend's C++-allocating op): used for new outputs, never for in place or
+    for empty inputs; the writing variant serves in place."""
+    from fusedrope import tts_rope
+
+    calls = []
+
+    def writes(q, k, cos, sin, q_out, k_out):
+        calls.append(("writes", q_out is q))
+        fusedrope.reference.qwen3_tts_rope(q, k, cos, sin, q_out, k_out)
+
+    def allocates(q, k, cos, sin):
+        calls.append(("allocates",))
+        return fusedrope.reference.qwen3_tts_rope_oracle(q, k, cos, sin)
+
+    import types
+    mod = types.ModuleType("fake_alloc_backend")
+    mod.writes, mod.allocates = writes, allocates
+    monkeypatch.setitem(__import__("sys").modules, "fake_alloc_backend", mod)
+    impl = Impl("fake", "fake_alloc_backend:writes", lambda f: None, lambda d: None,
+                run_alloc="fake_alloc_backend:allocates")
+    monkeypatch.setattr(tts_rope.REGISTRY, "select", lambda facts, backend: impl)
+    q, k, cos, sin = tts_args()
+    q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin)
+    assert calls == [("allocates",)] and q_out.dtype == torch.float64  # the oracle's outputs, returned as is
+    calls.clear()
+    fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True)
+    assert calls == [("writes", True)]
+    calls.clear()
+    q0, k0 = q[:, :, :0], k[:, :, :0]
+    out = fusedrope.qwen3_tts_rope(q0, k0, cos[:, :0], sin[:, :0])
+    assert calls == [] and out[0].shape == q0.shape and out[1].shape == k0.shape
