@@ -75,10 +75,7 @@ def run_contender(benchmark, copy_tbps, contenders_here):
         info["per_call_us"] = benchmark.stats.stats.median * 1e6
         seconds = (info.get("device_us") or info["per_call_us"]) * 1e-6
         info["tbps"] = set_bytes / seconds / 1e12
-        info["frac_copy"] = info["tbps"] / copy_tbps
-        peak = B.spec_peak(torch.cuda.get_device_name(DEVICE)) if DEVICE.type == "cuda" else None
-        if peak:
-            info["frac_peak"] = info["tbps"] / peak[0]
+        info.update(B.bandwidth_fields(info["tbps"], copy_tbps, DEVICE))
         benchmark.extra_info.update(info)
 
     return run

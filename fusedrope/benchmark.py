@@ -73,6 +73,8 @@ FAST_BACKENDS = ("cuda", "hip", "triton", "reference")
 # the more specific names come first). The fraction of the copy measured in the same run is the roofline this
 # project reports first; this one says how far the copy itself is from the datasheet.
 SPEC_PEAK_TBPS = (
+    ("gh200 144g", 4.9, "NVIDIA GH200 144GB HBM3e datasheet"),
+    ("gh200", 4.0, "NVIDIA GH200 96GB HBM3 datasheet"),
     ("h200", 4.8, "NVIDIA H200 datasheet (HBM3e)"),
     ("h100 nvl", 3.9, "NVIDIA H100 NVL datasheet"),
     ("h100 pcie", 2.0, "NVIDIA H100 PCIe datasheet"),
@@ -88,6 +90,17 @@ SPEC_PEAK_TBPS = (
     ("mi325x", 6.0, "AMD Instinct MI325X datasheet (HBM3E)"),
     ("mi300x", 5.3, "AMD Instinct MI300X datasheet (HBM3)"),
 )
+
+
+def bandwidth_fields(tbps: float, copy_tbps: Optional[float], device: torch.device) -> dict:
+    """``frac_copy`` (against the copy of this run) and ``frac_peak`` (against the spec sheet), where known."""
+    out = {}
+    if copy_tbps:
+        out["frac_copy"] = _sig(tbps / copy_tbps)
+    peak = spec_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    if peak:
+        out["frac_peak"] = _sig(tbps / peak[0])
+    return out
 
 
 def spec_peak(device_name: str) -> Optional[tuple[float, str]]:
@@ -617,7 +630,6 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
     moved, set_bytes = case_fields(op, case)["bytes_moved"], input_bytes(op, case)
     base = {"op": op, **case_fields(op, case), "n_sets": n, "rotated_mb": round(n * set_bytes / 2**20, 2),
             "auto_backend": auto_backend(op, case, sets), "device": device.type}
-    peak = spec_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     if device.type == "cuda":  # below 2, small cases (capped at MAX_SETS sets) partly hit the L2
         base["rotated_over_l2"] = round(n * set_bytes / l2_bytes(device), 2)
     if op == QUANT:
@@ -650,10 +662,7 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
         t = row.get("device_us") or row["per_call_us"]
         row["tbps_basis"] = "device_us" if row.get("device_us") else "per_call_us"
         row["tbps"] = _sig(moved / (t * 1e-6) / 1e12)
-        if copy_tbps:
-            row["frac_copy"] = _sig(row["tbps"] / copy_tbps)
-        if peak:
-            row["frac_peak"] = _sig(row["tbps"] / peak[0])
+        row.update(bandwidth_fields(row["tbps"], copy_tbps, device))
         log(f"  {case.id:<28} {c.name:<10} per call {row['per_call_us']:>10.2f} us"
             + (f"   device {row['device_us']:>9.2f} us" if row.get("device_us") else "")
             + f"   {row['tbps']:.3f} TB/s")

@@ -82,7 +82,9 @@ def _run(q, k, cos, sin, inplace: bool, backend: str):
     work = q.numel() or k.numel()
     if inplace:
         q_out, k_out = q, k
-    elif work and impl.run_alloc:  # the backend allocates (in C++: a few us less per call than here)
+    elif work and impl.run_alloc and not (q.requires_grad or k.requires_grad):
+        # the backend allocates (in C++: two Python calls fewer); not for inputs that require grad, whose
+        # outputs would come back from the compiled op with an autograd placeholder instead of plain tensors
         return impl.fn_alloc()(q, k, cos, sin)
     else:
         q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)  # contiguous

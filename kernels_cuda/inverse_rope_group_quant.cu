@@ -189,6 +189,7 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
   const dim3 grid((unsigned)((num_chunks + per_block - 1) / per_block));
   const cudaError_t err = p.o_dtype == kBF16 ? launch_q<kBF16>(p.quant_group_size, grid, stream, a)
                                              : launch_q<kF16>(p.quant_group_size, grid, stream, a);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave the error for the next launch check
   if (cuda_error) *cuda_error = (int)err;
   return err == cudaSuccess ? kOk : kLaunchFailed;
 }

@@ -304,11 +304,13 @@ cudaError_t qwen3_tts_rope_launch(const TtsRopeParams& p, TtsRopeDtype dtype, cu
   int64_t blocks = std::min<int64_t>((tokens + tpc - 1) / tpc, INT32_MAX);
   if (cfg.max_blocks > 0) blocks = std::min<int64_t>(blocks, cfg.max_blocks);  // the kernel loops over tokens
   const dim3 grid{unsigned(blocks)}, block{unsigned(32 * wpt), unsigned(tpc)};
+  cudaError_t err = cudaErrorInvalidValue;
   switch (dtype) {
-    case TtsRopeDtype::kBFloat16: return launch_t<__nv_bfloat16>(vec, p, grid, block, stream);
-    case TtsRopeDtype::kFloat16: return launch_t<__half>(vec, p, grid, block, stream);
+    case TtsRopeDtype::kBFloat16: err = launch_t<__nv_bfloat16>(vec, p, grid, block, stream); break;
+    case TtsRopeDtype::kFloat16: err = launch_t<__half>(vec, p, grid, block, stream); break;
   }
-  return cudaErrorInvalidValue;
+  if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave the error for the next launch check
+  return err;
 }
 
 }  // namespace fusedrope

@@ -27,48 +27,49 @@
 namespace {
 
 constexpr const char* kOp = "fusedrope_cuda::qwen3_tts_rope_out";
+constexpr const char* kOpNew = "fusedrope_cuda::qwen3_tts_rope";
 
-void check_tensor(const at::Tensor& t, const char* name, int64_t dim, const at::Tensor& q) {
-  TORCH_CHECK(t.defined(), kOp, ": argument '", name, "' is an undefined tensor");
-  TORCH_CHECK(t.is_cuda(), kOp, ": argument '", name, "' expected a CUDA tensor, got a tensor on ", t.device());
-  TORCH_CHECK(t.device() == q.device(), kOp, ": argument '", name, "' expected a tensor on ", q.device(),
+void check_tensor(const char* op, const at::Tensor& t, const char* name, int64_t dim, const at::Tensor& q) {
+  TORCH_CHECK(t.defined(), op, ": argument '", name, "' is an undefined tensor");
+  TORCH_CHECK(t.is_cuda(), op, ": argument '", name, "' expected a CUDA tensor, got a tensor on ", t.device());
+  TORCH_CHECK(t.device() == q.device(), op, ": argument '", name, "' expected a tensor on ", q.device(),
               " (same device as 'q'), got ", t.device());
-  TORCH_CHECK(t.scalar_type() == q.scalar_type(), kOp, ": argument '", name, "' expected dtype ",
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), op, ": argument '", name, "' expected dtype ",
               q.scalar_type(), " (same as 'q'), got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == dim, kOp, ": argument '", name, "' expected a ", dim, "-D tensor, got ", t.dim(),
+  TORCH_CHECK(t.dim() == dim, op, ": argument '", name, "' expected a ", dim, "-D tensor, got ", t.dim(),
               "-D shape ", t.sizes());
-  TORCH_CHECK(t.size(dim - 1) <= 1 || t.stride(dim - 1) == 1, kOp, ": argument '", name,
+  TORCH_CHECK(t.size(dim - 1) <= 1 || t.stride(dim - 1) == 1, op, ": argument '", name,
               "' expected a contiguous last dimension (stride 1), got strides ", t.strides());
 }
 
-void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+void run(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
          const at::Tensor& q_out, const at::Tensor& k_out, const fusedrope::TtsRopeLaunchConfig& cfg) {
-  TORCH_CHECK(q.defined() && q.is_cuda(), kOp, ": argument 'q' expected a CUDA tensor");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, kOp,
+  TORCH_CHECK(q.defined() && q.is_cuda(), op, ": argument 'q' expected a CUDA tensor");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, op,
               ": argument 'q' expected dtype bfloat16 or float16, got ", q.scalar_type());
-  check_tensor(q, "q", 4, q);
-  check_tensor(k, "k", 4, q);
-  check_tensor(cos, "cos", 3, q);
-  check_tensor(sin, "sin", 3, q);
-  check_tensor(q_out, "q_out", 4, q);
-  check_tensor(k_out, "k_out", 4, q);
+  check_tensor(op, q, "q", 4, q);
+  check_tensor(op, k, "k", 4, q);
+  check_tensor(op, cos, "cos", 3, q);
+  check_tensor(op, sin, "sin", 3, q);
+  check_tensor(op, q_out, "q_out", 4, q);
+  check_tensor(op, k_out, "k_out", 4, q);
 
   const int64_t B = q.size(0), Hq = q.size(1), S = q.size(2), D = q.size(3), Hkv = k.size(1);
-  TORCH_CHECK(D == 64 || D == 128 || D == 256, kOp, ": argument 'q' expected head_dim (last dim) 64, 128 or 256, got ",
+  TORCH_CHECK(D == 64 || D == 128 || D == 256, op, ": argument 'q' expected head_dim (last dim) 64, 128 or 256, got ",
               D);
-  TORCH_CHECK(k.size(0) == B && k.size(2) == S && k.size(3) == D, kOp, ": argument 'k' expected shape [", B,
+  TORCH_CHECK(k.size(0) == B && k.size(2) == S && k.size(3) == D, op, ": argument 'k' expected shape [", B,
               ", Hkv, ", S, ", ", D, "], got ", k.sizes());
-  TORCH_CHECK(cos.size(0) == B || cos.size(0) == 1, kOp, ": argument 'cos' expected shape [", B, " or 1, ", S,
+  TORCH_CHECK(cos.size(0) == B || cos.size(0) == 1, op, ": argument 'cos' expected shape [", B, " or 1, ", S,
               ", ", D, "], got ", cos.sizes());
-  TORCH_CHECK(cos.size(1) == S && cos.size(2) == D, kOp, ": argument 'cos' expected shape [", B, " or 1, ", S,
+  TORCH_CHECK(cos.size(1) == S && cos.size(2) == D, op, ": argument 'cos' expected shape [", B, " or 1, ", S,
               ", ", D, "], got ", cos.sizes());
-  TORCH_CHECK(sin.sizes() == cos.sizes(), kOp, ": argument 'sin' expected shape ", cos.sizes(),
+  TORCH_CHECK(sin.sizes() == cos.sizes(), op, ": argument 'sin' expected shape ", cos.sizes(),
               " (same as 'cos'), got ", sin.sizes());
-  TORCH_CHECK(q_out.sizes() == q.sizes(), kOp, ": argument 'q_out' expected shape ", q.sizes(), ", got ",
+  TORCH_CHECK(q_out.sizes() == q.sizes(), op, ": argument 'q_out' expected shape ", q.sizes(), ", got ",
               q_out.sizes());
-  TORCH_CHECK(k_out.sizes() == k.sizes(), kOp, ": argument 'k_out' expected shape ", k.sizes(), ", got ",
+  TORCH_CHECK(k_out.sizes() == k.sizes(), op, ": argument 'k_out' expected shape ", k.sizes(), ", got ",
               k_out.sizes());
-  TORCH_CHECK(B * S <= INT32_MAX && Hq + Hkv <= (int64_t(1) << 30), kOp,
+  TORCH_CHECK(B * S <= INT32_MAX && Hq + Hkv <= (int64_t(1) << 30), op,
               ": expected B*S < 2^31 and Hq+Hkv <= 2^30, got B*S=", B * S, ", Hq+Hkv=", Hq + Hkv);
   if (B == 0 || S == 0 || Hq + Hkv == 0) return;
 
@@ -92,24 +93,24 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const 
   const auto dtype = q.scalar_type() == at::kBFloat16 ? fusedrope::TtsRopeDtype::kBFloat16
                                                       : fusedrope::TtsRopeDtype::kFloat16;
   const cudaError_t err = fusedrope::qwen3_tts_rope_launch(p, dtype, stream, &cfg);
-  TORCH_CHECK(err == cudaSuccess, kOp, ": kernel launch failed: ", cudaGetErrorString(err),
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err),
               err == cudaErrorInvalidValue ? " (arguments the kernel does not serve, or a forced launch config out of range)"
                                            : "");
 }
 
 void qwen3_tts_rope_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                         at::Tensor& q_out, at::Tensor& k_out) {
-  run(q, k, cos, sin, q_out, k_out, fusedrope::TtsRopeLaunchConfig{});
+  run(kOp, q, k, cos, sin, q_out, k_out, fusedrope::TtsRopeLaunchConfig{});
 }
 
-// Allocating the outputs here rather than in Python saves a few microseconds per call, which is most of the
-// cost of the small, launch-bound Qwen3-TTS shapes.
+// Allocating the outputs here rather than in Python saves two Python calls per call, a large part of the
+// host cost of the small, launch-bound Qwen3-TTS shapes (by design; not yet measured on a GPU).
 std::tuple<at::Tensor, at::Tensor> qwen3_tts_rope_new(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                                       const at::Tensor& sin) {
-  TORCH_CHECK(q.defined() && k.defined(), kOp, ": arguments 'q' and 'k' must be defined tensors");
+  TORCH_CHECK(q.defined() && k.defined(), kOpNew, ": arguments 'q' and 'k' must be defined tensors");
   at::Tensor q_out = at::empty(q.sizes(), q.options());  // contiguous
   at::Tensor k_out = at::empty(k.sizes(), k.options());
-  run(q, k, cos, sin, q_out, k_out, fusedrope::TtsRopeLaunchConfig{});
+  run(kOpNew, q, k, cos, sin, q_out, k_out, fusedrope::TtsRopeLaunchConfig{});
   return {q_out, k_out};
 }
 
@@ -125,7 +126,7 @@ void qwen3_tts_rope_out_config(const at::Tensor& q, const at::Tensor& k, const a
   cfg.warps_per_token = int(warps_per_token);
   cfg.tokens_per_cta = int(tokens_per_cta);
   cfg.max_blocks = int(max_blocks);
-  run(q, k, cos, sin, q_out, k_out, cfg);
+  run(kOp, q, k, cos, sin, q_out, k_out, cfg);
 }
 
 }  // namespace

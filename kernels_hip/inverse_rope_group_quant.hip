@@ -40,6 +40,7 @@ struct dim3 {
 };
 extern "C" hipError_t hipLaunchKernel(const void* function_address, dim3 numBlocks, dim3 dimBlocks,
                                       void** args, unsigned long sharedMemBytes, hipStream_t stream);
+extern "C" hipError_t hipGetLastError(void);
 #endif
 
 namespace fusedrope_hip {
@@ -300,6 +301,7 @@ int launch_inverse_rope_group_quant(const Params& p, hipStream_t stream, int* hi
   const dim3 block(kThreads);
   void* args[] = {&a};
   const hipError_t err = hipLaunchKernel(kernel, grid, block, args, 0, stream);
+  if (err != hipSuccess) (void)hipGetLastError();  // do not leave the error for the next launch check
   if (hip_error) *hip_error = (int)err;
   return err == hipSuccess ? kOk : kLaunchFailed;
 }

@@ -20,6 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+# Versioned Debian/Ubuntu clang names first (the ones CI installs), then the unversioned one.
+CLANG_NAMES = ("clang++-19", "clang++-20", "clang++-21", "clang++-18", "clang++")
+
+
 def quoted_includes(src: Path) -> set[Path]:
     """Every file reached through ``#include "..."`` from ``src`` (resolved beside the including file)."""
     seen: set[Path] = set()

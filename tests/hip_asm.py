@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import hashlib
 import importlib.util
 import os
 import re
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from compile_cache import compile_once, source_key
+from compile_cache import CLANG_NAMES, compile_once, source_key
 
 DEVICE_FLAGS = ("-x", "hip", "--cuda-device-only", "-nogpulib", "-nogpuinc", "-O3", "-std=c++17")
 CACHE_DIR = Path(tempfile.gettempdir()) / f"fusedrope-hip-cache-{os.getuid()}"
@@ -41,8 +42,7 @@ CACHE_DIR = Path(tempfile.gettempdir()) / f"fusedrope-hip-cache-{os.getuid()}"
 
 def _candidates() -> list[tuple[str, ...]]:
     cands = []
-    for name in (os.environ.get("HIP_CLANG"), "clang++-19", "clang++-20", "clang++-21", "clang++-18",
-                 "/opt/rocm/llvm/bin/clang++", "clang++"):
+    for name in (os.environ.get("HIP_CLANG"), *CLANG_NAMES[:-1], "/opt/rocm/llvm/bin/clang++", CLANG_NAMES[-1]):
         path = shutil.which(name) if name else None
         if path:
             cands.append((path,))
@@ -55,14 +55,17 @@ def _candidates() -> list[tuple[str, ...]]:
 
 
 def _zig_env(argv: tuple[str, ...]) -> dict[str, str] | None:
-    """For ``zig clang``: PATH led by a folder whose ``lld`` runs ``zig ld.lld`` (the AMDGPU link step)."""
+    """For ``zig clang``: PATH led by a folder whose ``lld`` runs this zig's ``ld.lld`` (the AMDGPU link step).
+    The folder is named by a hash of the zig path, and the script rewritten when it differs, so another
+    environment's zig is never used."""
     if argv[1:] != ("clang",):
         return None
-    shim = CACHE_DIR / "zig-lld" / "lld"
-    if not shim.exists():
+    text = f'#!/bin/sh\n[ "$1" = -flavor ] && shift 2\nexec "{argv[0]}" ld.lld "$@"\n'
+    shim = CACHE_DIR / f"zig-lld-{hashlib.sha256(argv[0].encode()).hexdigest()[:12]}" / "lld"
+    if not shim.exists() or shim.read_text() != text:
         shim.parent.mkdir(parents=True, exist_ok=True)
         tmp = shim.with_name(f"lld.{os.getpid()}")
-        tmp.write_text(f'#!/bin/sh\n[ "$1" = -flavor ] && shift 2\nexec "{argv[0]}" ld.lld "$@"\n')
+        tmp.write_text(text)
         tmp.chmod(0o755)
         os.replace(tmp, shim)
     return {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -116,7 +119,8 @@ def _compile(src, arch: str, kind: str, extra_flags=()) -> Path:
     out = CACHE_DIR / f"{src.stem}-{arch}-{_cache_key(argv, src, flags)}{suffix}"
 
     def on_error(stderr: str) -> None:
-        if kind == "obj" and "lld" in stderr:
+        missing = ("unable to execute", "not found", "No such file")
+        if kind == "obj" and "lld" in stderr and any(m in stderr for m in missing):
             pytest.skip(f"no ld.lld for the code object (apt-get install lld-19): {stderr.strip()[:300]}")
         pytest.fail(f"clang failed for {src.name} ({arch}):\n{' '.join([*argv, *flags])}\n{stderr[-4000:]}")
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from compile_cache import CLANG_NAMES
 from fusedrope import reference as ref
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +76,7 @@ def harness() -> ctypes.CDLL:
 
 def host_clang() -> str | None:
     """A clang++ for the host (the HIP source uses clang's vector extensions, so g++ cannot compile it)."""
-    for name in (os.environ.get("HOST_CLANG"), "clang++-19", "clang++-20", "clang++-21", "clang++-18", "clang++"):
+    for name in (os.environ.get("HOST_CLANG"), *CLANG_NAMES):
         path = shutil.which(name) if name else None
         if path:
             return path

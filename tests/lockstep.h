@@ -4,14 +4,18 @@
 // again before the slots are reused. Shared by tests/hip_emul/hip_emul.h (DPP, wave64) and
 // tests/cuda_emul/cuda_emul.h (__shfl_xor_sync, warp32).
 //
-// A lane whose source did not make the same exchange (divergent control flow, or a lane that has already
-// returned) is an error, as is a warp/wave whose lanes disagree on the pattern: both are undefined on the
-// hardware, so they are recorded (errors, first_error) instead of being given a value.
+// Divergence is recorded (errors, first_error) instead of being given a value, as far as it can be seen from
+// here: a lane whose source lane did not make the same exchange (the same count of exchanges so far, from the
+// same call site: file, line and column of the shuffle / DPP call), because it skipped one, took another
+// branch or has returned; and lanes of one warp/wave that disagree on the pattern. Two paths into the same
+// inlined helper share its call site, so divergence between them is not seen.
 #pragma once
 
 #include <atomic>
 #include <barrier>
+#include <cstdint>
 #include <cstdio>
+#include <source_location>
 #include <thread>
 #include <vector>
 
@@ -21,10 +25,11 @@ inline thread_local unsigned tid = 0, bid = 0;
 inline thread_local long long calls = 0;  // exchanges this work-item has made
 
 struct Block {
-  explicit Block(unsigned n) : bar(n), vals(n), pattern(n), call(n, 0) {}
+  explicit Block(unsigned n) : bar(n), vals(n), pattern(n), site(n), call(n, 0) {}
   std::barrier<> bar;
   std::vector<unsigned long long> vals;
   std::vector<int> pattern;
+  std::vector<std::uintptr_t> site;
   std::vector<long long> call;  // which exchange (1, 2, ...) each lane's published value belongs to
 };
 inline Block* block = nullptr;
@@ -46,16 +51,25 @@ inline void reset() {
   launches = exchanges = 0;
 }
 
+// A call site as one number: the file name's address (one per file in a build), line and column.
+inline std::uintptr_t site_id(const std::source_location& loc) {
+  return reinterpret_cast<std::uintptr_t>(loc.file_name()) ^ (std::uintptr_t(loc.line()) << 40) ^
+         (std::uintptr_t(loc.column()) << 24);
+}
+
 // The value `src_lane(lane)` published, inside this work-item's group of `width` lanes (a warp or wave);
-// `src_lane` returns -1 for a lane that reads nothing (the caller's fallback is returned).
+// `src_lane` returns -1 for a lane that reads nothing (the caller's fallback is returned). `loc` is the call
+// site of the shuffle / DPP in the kernel.
 template <class F>
 unsigned long long exchange(unsigned long long value, int pattern, unsigned width, F src_lane,
-                            unsigned long long fallback) {
+                            unsigned long long fallback, const std::source_location& loc) {
   Block& b = *block;
   const unsigned t = tid;
   const long long k = ++calls;
+  const std::uintptr_t here = site_id(loc);
   b.vals[t] = value;
   b.pattern[t] = pattern;
+  b.site[t] = here;
   b.call[t] = k;
   b.bar.arrive_and_wait();
 
@@ -69,7 +83,8 @@ unsigned long long exchange(unsigned long long value, int pattern, unsigned widt
   const int s = src_lane((int)lane);
   if (s >= 0) {
     const unsigned u = base + (unsigned)s;
-    if (s >= (int)width || u >= b.call.size() || b.call[u] != k) report("the source lane did not make this exchange", pattern);
+    if (s >= (int)width || u >= b.call.size() || b.call[u] != k || b.site[u] != here)
+      report("the source lane did not make this exchange (divergent control flow)", pattern);
     else result = b.vals[u];
   }
   b.bar.arrive_and_wait();  // nobody overwrites a slot before every lane has read it

@@ -114,6 +114,8 @@ def test_spec_peak_and_its_report_line():
     assert B.spec_peak("NVIDIA H100 80GB HBM3")[0] == 3.35
     assert B.spec_peak("NVIDIA H100 PCIe")[0] == 2.0
     assert B.spec_peak("NVIDIA H20")[0] == 4.0
+    assert B.spec_peak("NVIDIA GH200 480GB")[0] == 4.0 and B.spec_peak("NVIDIA GH200 144G HBM3e")[0] == 4.9
+    assert B.bandwidth_fields(2.0, 4.0, CPU) == {"frac_copy": 0.5}
     assert B.spec_peak("AMD Instinct MI300X")[0] == 5.3 and B.spec_peak("AMD Instinct MI355X")[0] == 8.0
     assert B.spec_peak("NVIDIA GeForce RTX 4090") is None
     results = {"meta": {**B.machine_info(CPU), "gpu": "NVIDIA H200", "gpu_arch": "sm_90", "l2_bytes": 60 * 2**20,

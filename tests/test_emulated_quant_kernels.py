@@ -142,6 +142,20 @@ def test_empty_and_status_codes(lib):
     assert emul_stats(lib)["launches"] == 0  # S == 0: no launch
 
 
+def _mutated_copy(tmp_path: Path, src_file: Path, old: str, new: str) -> Path:
+    """A copy of a kernel source (with its headers and the shared one) in which ``old`` became ``new``."""
+    src = src_file.read_text()
+    assert old in src
+    kdir = tmp_path / src_file.parent.name
+    kdir.mkdir()
+    for f in src_file.parent.glob("inverse_rope_group_quant*"):
+        shutil.copy(f, kdir)
+    (kdir / src_file.name).write_text(src.replace(old, new))
+    (tmp_path / "kernels_cuda").mkdir(exist_ok=True)
+    shutil.copy(CUDA_SRC.with_name("inverse_rope_group_quant_common.h"), tmp_path / "kernels_cuda")
+    return kdir / src_file.name
+
+
 E4M3, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
 MUTATIONS = [  # (vendor, text, replacement, fp8 dtype, what goes wrong)
     ("hip", "0x140, 0xF, 0xF", "0x141, 0xF, 0xF", E4M3, "scale mismatch"),  # 16-lane step mirrors half rows
@@ -164,19 +178,30 @@ MUTATIONS = [  # (vendor, text, replacement, fp8 dtype, what goes wrong)
 def test_a_broken_kernel_is_caught(tmp_path, vendor, old, new, fp8, what):
     """The check can fail: a copy of the kernel with its reduction or its fp8 packing broken is caught."""
     src_file = HIP_SRC if vendor.startswith("hip") else CUDA_SRC
-    src = src_file.read_text()
-    assert old in src
-    kdir = tmp_path / src_file.parent.name
-    kdir.mkdir()
-    for f in src_file.parent.glob("inverse_rope_group_quant*"):
-        shutil.copy(f, kdir)
-    (kdir / src_file.name).write_text(src.replace(old, new))
-    (tmp_path / "kernels_cuda").mkdir(exist_ok=True)
-    shutil.copy(CUDA_SRC.with_name("inverse_rope_group_quant_common.h"), tmp_path / "kernels_cuda")
-    bad = emulated_kernel(vendor, kdir / src_file.name)
+    bad = emulated_kernel(vendor, _mutated_copy(tmp_path, src_file, old, new))
     o, p, c, s = quant_inputs(2, 16, seed=7)
     with pytest.raises(AssertionError, match=what):
         check_emulated(bad, o, p, c, s, 2, 256, False, fp8)
+
+
+DIVERGENT = [  # a shuffle / the first DPP step made by even work-items only: their partners never take part
+    ("cuda", "off < kLanes; off <<= 1) m = max", "off < kLanes && (threadIdx.x & 1) == 0; off <<= 1) m = max"),
+    ("hip", "if (kLanes >= 2) x =", "if (kLanes >= 2 && (__builtin_amdgcn_workitem_id_x() & 1) == 0) x ="),
+]
+
+
+@pytest.mark.parametrize("vendor,old,new", DIVERGENT, ids=["cuda", "hip"])
+def test_divergent_cross_lane_reads_are_reported(tmp_path, vendor, old, new):
+    """The emulators' own check can fire: a kernel copy whose odd lanes skip the butterfly is reported."""
+    src_file = HIP_SRC if vendor == "hip" else CUDA_SRC
+    lib = emulated_kernel(vendor, _mutated_copy(tmp_path, src_file, old, new))
+    o, p, c, s = quant_inputs(1, 16, seed=1)
+    x, sc = quant_outputs(o, 2, 64, False)
+    lib.emul_reset()
+    assert emulate(lib, o, p, c, s, x, sc, 64) == 0
+    st = emul_stats(lib)
+    assert st["errors"] > 0, st
+    assert "did not make this exchange" in st["first_error"] or "disagree" in st["first_error"], st
 
 
 ASAN_SCRIPT = r"""

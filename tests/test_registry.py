@@ -109,8 +109,8 @@ def test_a_broken_backend_probe_becomes_a_reason():
 
 
 def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monkeypatch):
-    """``Impl.run_alloc`` (the cuda backend's C++-allocating op): used for new outputs, never for in place or
-    for empty inputs; the writing variant serves in place."""
+    """``Impl.run_alloc`` (the cuda backend's C++-allocating op): used for new outputs, never for in place, for
+    empty inputs or for inputs that require grad; the writing variant serves those."""
     from fusedrope import tts_rope
 
     calls = []
@@ -136,6 +136,9 @@ def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monk
     calls.clear()
     fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True)
     assert calls == [("writes", True)]
+    calls.clear()
+    fusedrope.qwen3_tts_rope(q.detach().clone().requires_grad_(), k, cos, sin)  # autograd: the Python path
+    assert calls == [("writes", False)]
     calls.clear()
     q0, k0 = q[:, :, :0], k[:, :, :0]
     out = fusedrope.qwen3_tts_rope(q0, k0, cos[:, :0], sin[:, :0])

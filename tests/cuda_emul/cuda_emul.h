@@ -148,8 +148,9 @@ inline unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; 
 #ifdef CUDA_EMUL_LOCKSTEP
 // Full-warp xor shuffle (width 32); a partial mask or width is reported, as is a lane whose partner did not
 // shuffle with it.
-inline unsigned int __shfl_xor_sync(unsigned int mask, unsigned int var, int lane_mask, int width = 32) {
+inline unsigned int __shfl_xor_sync(unsigned int mask, unsigned int var, int lane_mask, int width = 32,
+                                    const std::source_location loc = std::source_location::current()) {
   if (mask != 0xFFFFFFFFu || width != 32) lockstep::report("__shfl_xor_sync with a partial mask or width", lane_mask);
-  return (unsigned int)lockstep::exchange(var, lane_mask, 32, [&](int l) { return l ^ lane_mask; }, var);
+  return (unsigned int)lockstep::exchange(var, lane_mask, 32, [&](int l) { return l ^ lane_mask; }, var, loc);
 }
 #endif

@@ -24,6 +24,8 @@ extern "C" hipError_t hipLaunchKernel(const void* function_address, dim3 numBloc
   return hipSuccess;
 }
 
+extern "C" hipError_t hipGetLastError(void) { return hipSuccess; }
+
 extern "C" {
 
 // The launcher on the CPU (ptrs and ints as for irgq_test::params_from); returns its status code.
@@ -35,6 +37,6 @@ int irgq_host_run(void** ptrs, const long long* ints) {
 
 #include "emul_stats.inc"
 
-// v_cvt_pk_fp8_f32 calls made through the model (builds with -DHIP_EMUL_GFX), since the last reset.
+// v_cvt_pk_fp8_f32 calls made through the model (builds with -DHIP_EMUL_GFX) since the last call; resets.
 long long hip_emul_hw_cvts() { return hip_emul::hw_cvts.exchange(0); }
 }

@@ -5,7 +5,8 @@
 //
 //   * __builtin_amdgcn_update_dpp: each lane reads its source lane inside its 16-lane row (quad_perm,
 //     row_half_mirror, row_mirror; any other control is reported); row/bank masks and bound_ctrl as the ISA
-//     manual defines them; a source lane that did not execute the same DPP is reported (undefined on hardware).
+//     manual defines them; a source lane that did not execute the same DPP is reported (lockstep.h says how
+//     far that goes).
 //   * __builtin_amdgcn_workitem_id_x / workgroup_id_x: the thread's ids; __builtin_amdgcn_fmed3f: the median;
 //     address_space(1) pointers become plain pointers, and the launch bounds attribute is dropped.
 //
@@ -40,7 +41,8 @@ inline int dpp_source(int ctrl, int pos) {
   return -1;
 }
 
-inline int update_dpp(int old, int src, int ctrl, int row_mask, int bank_mask, bool bound_ctrl) {
+inline int update_dpp(int old, int src, int ctrl, int row_mask, int bank_mask, bool bound_ctrl,
+                      const std::source_location loc = std::source_location::current()) {
   if (dpp_source(ctrl, 0) < 0) lockstep::report("unsupported DPP control", ctrl);
   const unsigned lane = lockstep::tid % 64;
   const bool enabled = ((row_mask >> (lane / 16)) & 1) && ((bank_mask >> (lane % 16 / 4)) & 1);
@@ -48,7 +50,7 @@ inline int update_dpp(int old, int src, int ctrl, int row_mask, int bank_mask, b
   const unsigned long long v = lockstep::exchange((unsigned)src, ctrl, 64, [&](int l) {
     const int s = dpp_source(ctrl, l % 16);
     return enabled && s >= 0 ? (l / 16) * 16 + s : -1;
-  }, fallback);
+  }, fallback, loc);
   return enabled ? (int)(unsigned)v : old;
 }
 
