@@ -143,3 +143,13 @@ def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monk
     q0, k0 = q[:, :, :0], k[:, :, :0]
     out = fusedrope.qwen3_tts_rope(q0, k0, cos[:, :0], sin[:, :0])
     assert calls == [] and out[0].shape == q0.shape and out[1].shape == k0.shape
+
+
+def test_registered_entry_points_resolve():
+    """Every registered backend's entry points import and are callables (no extension is built or loaded)."""
+    for op in ("qwen3_tts_rope", "inverse_rope_group_quant"):
+        for impl in fusedrope.registry(op).impls:
+            assert callable(impl.fn()), impl
+            assert impl.fn_alloc() is None if not impl.run_alloc else callable(impl.fn_alloc()), impl
+    cuda = next(i for i in fusedrope.registry("qwen3_tts_rope").impls if i.backend == "cuda")
+    assert cuda.fn_alloc().__name__ == "qwen3_tts_rope_new"
