@@ -18,8 +18,10 @@ cache logic is fusedrope/jit_ext.py's (shared with the HIP extension); this modu
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -61,8 +63,19 @@ class CudaExtension(jit_ext.Extension):
     def build_tag(self) -> str:
         return "cu" + torch.version.cuda.replace(".", "") if torch.version.cuda else "cpu"
 
-    def target_env(self, archs: str):
-        return jit_ext.env_set("TORCH_CUDA_ARCH_LIST", archs)  # torch's nvcc flags come from it
+    @contextlib.contextmanager
+    def target_env(self, archs: str) -> Iterator[None]:
+        """TORCH_CUDA_ARCH_LIST (torch's nvcc flags come from it) and a CUDA_HOME that holds the toolkit's headers
+        and libraries, for the build's duration."""
+        from torch.utils import cpp_extension
+
+        guessed, root = cpp_extension.CUDA_HOME, toolkit_root()
+        cpp_extension.CUDA_HOME = root or guessed
+        try:
+            with jit_ext.env_set("TORCH_CUDA_ARCH_LIST", archs):
+                yield
+        finally:
+            cpp_extension.CUDA_HOME = guessed
 
     def toolkit_reason(self) -> Optional[str]:
         """Why no build is possible on this machine (torch flavour, nvcc), independent of a device; None if it
@@ -77,6 +90,9 @@ class CudaExtension(jit_ext.Extension):
         if cpp_extension.CUDA_HOME is None:
             return ("no CUDA toolkit to build the kernels: nvcc not found (set CUDA_HOME or put nvcc on "
                     "PATH, or build ahead of time with `python -m fusedrope build` where one is)")
+        if toolkit_root() is None:
+            return (f"no CUDA toolkit headers: CUDA_HOME={cpp_extension.CUDA_HOME} (torch's guess) has no "
+                    "include/cuda_runtime.h and no /usr/local/cuda* has: set CUDA_HOME to the toolkit's root")
         return None
 
     def device_reason(self, device: torch.device) -> Optional[str]:
@@ -85,6 +101,32 @@ class CudaExtension(jit_ext.Extension):
         from .backends import cuda_toolkit_reason
 
         return cuda_toolkit_reason(device)
+
+
+TOOLKIT_CANDIDATES = ("/usr/local/cuda", "/usr/local/cuda-*")  # where toolkit_root looks when torch's guess fails
+
+
+def _is_toolkit(root: Optional[str]) -> bool:
+    return bool(root) and os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")) and \
+        os.path.isfile(os.path.join(root, "bin", "nvcc"))
+
+
+def toolkit_root() -> Optional[str]:
+    """The CUDA toolkit to build with: torch's CUDA_HOME when it holds the headers and nvcc, else (without an
+    explicit CUDA_HOME / CUDA_PATH) the first of /usr/local/cuda, /usr/local/cuda-* that does. torch guesses
+    CUDA_HOME from the folder of the nvcc on PATH, which is wrong where that nvcc is a wrapper script (e.g.
+    /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc: the guess is /usr/local)."""
+    from torch.utils import cpp_extension
+
+    if _is_toolkit(cpp_extension.CUDA_HOME):
+        return cpp_extension.CUDA_HOME
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return None  # the user's choice stands; toolkit_reason says what is missing
+    for pattern in TOOLKIT_CANDIDATES:
+        for root in sorted(glob.glob(pattern), reverse=True):
+            if _is_toolkit(root):
+                return root
+    return None
 
 
 EXT = CudaExtension()

@@ -498,3 +498,35 @@ def test_emulated_kernel_stays_in_bounds_under_asan(tmp_path):
     proc = subprocess.run([os.sys.executable, "-c", ASAN_SCRIPT, str(so)], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=600)
     assert proc.returncode == 0 and "ASAN RUN OK" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
+
+
+def test_toolkit_root_sees_past_a_wrapper_nvcc(tmp_path, monkeypatch):
+    """torch guesses CUDA_HOME from the nvcc on PATH; where that is a wrapper script (this CPU image's
+    /usr/local/bin/nvcc) the guess has no headers, and the build uses the first real toolkit instead."""
+    from torch.utils import cpp_extension
+
+    from fusedrope import cuda_ext
+
+    def toolkit(root):
+        (root / "include").mkdir(parents=True)
+        (root / "include" / "cuda_runtime.h").write_text("")
+        (root / "bin").mkdir()
+        (root / "bin" / "nvcc").write_text("")
+        return root
+
+    wrapper_home = tmp_path / "usr-local"
+    (wrapper_home / "bin").mkdir(parents=True)
+    real = toolkit(tmp_path / "cuda-13.0")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(cuda_ext, "TOOLKIT_CANDIDATES", (str(tmp_path / "cuda"), str(tmp_path / "cuda-*")))
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(wrapper_home))
+    assert cuda_ext.toolkit_root() == str(real)
+    with cuda_ext.EXT.target_env("9.0"):
+        assert cpp_extension.CUDA_HOME == str(real)
+    assert cpp_extension.CUDA_HOME == str(wrapper_home)  # restored
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(toolkit(tmp_path / "explicit")))
+    assert cuda_ext.toolkit_root() == str(tmp_path / "explicit")  # a good guess stands
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(wrapper_home))
+    monkeypatch.setenv("CUDA_HOME", str(wrapper_home))
+    assert cuda_ext.toolkit_root() is None  # an explicit choice is not overridden

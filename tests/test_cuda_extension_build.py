@@ -1,0 +1,47 @@
+"""The CUDA extension, both kernels and both torch bindings, built, linked and loaded for real on this CPU
+machine against the H200 image's torch (2.11.0+cu130 on Python 3.12, the device tool's KINDS.md) with this
+machine's nvcc, through ``fusedrope.cuda_ext.build()`` as ``python -m fusedrope build`` does. This catches what
+the syntax-only binding checks cannot: link errors, nvcc / torch header mismatches, the op schemas. Running a
+kernel still needs a GPU (gpu/).
+
+.ci/run makes that environment (about 5 GB, when the disk has room) and names its python in
+``FUSEDROPE_CUDA_TORCH_PYTHON``; without it this test skips and says so.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = "FUSEDROPE_CUDA_TORCH_PYTHON"
+
+SCRIPT = r"""
+import json, torch
+from fusedrope import cuda_ext
+path = cuda_ext.build(verbose=False)
+names = ("qwen3_tts_rope", "qwen3_tts_rope_out", "qwen3_tts_rope_out_config", "inverse_rope_group_quant_out")
+ops = {n: str(getattr(torch.ops.fusedrope_cuda, n).default._schema) for n in names}
+print(json.dumps({"path": path, "torch": torch.__version__, "cuda": torch.version.cuda, "ops": ops}))
+"""
+
+
+def test_cuda_extension_builds_links_and_registers_its_ops(tmp_path):
+    python = os.environ.get(ENV)
+    if not python:
+        pytest.skip(f"{ENV} is not set: .ci/run sets it to a Python 3.12 venv with torch==2.11.0 (CUDA 13.0), "
+                    "the H200 image's stack, where the disk has room")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(ROOT), TORCH_CUDA_ARCH_LIST="9.0", TORCH_EXTENSIONS_DIR=str(tmp_path),
+               MAX_JOBS=env.get("MAX_JOBS", "2"))
+    proc = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=1200)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["torch"].startswith("2.11.0") and out["cuda"] == "13.0", out
+    assert Path(out["path"]).is_file() and str(tmp_path) in out["path"], out  # really built here, not a cache hit
+    ops = out["ops"]
+    assert ops["qwen3_tts_rope"].endswith("(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)")
+    assert "Tensor(a!) q_out, Tensor(b!) k_out) -> ()" in ops["qwen3_tts_rope_out"]
+    assert "int quant_group_size) -> ()" in ops["inverse_rope_group_quant_out"]
