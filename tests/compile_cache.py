@@ -1,13 +1,16 @@
-"""Compile a kernel source once per content: what tests/kernel_asm.py (nvcc) and tests/hip_asm.py (clang for
-AMD GPUs) share.
+"""Compile once per content: what the ISA checks (tests/kernel_asm.py: nvcc, tests/hip_asm.py: clang for AMD
+GPUs) and the host-emulation libraries (tests/irgq_harness.py, tests/test_cuda_kernels.py) share.
 
-* ``source_key(src, suffixes, *parts) -> str``: a short hash of ``parts`` (compiler, its version, flags),
-  every file with one of ``suffixes`` beside ``src``, every file reached from ``src`` through
-  ``#include "..."`` (``"../kernels_cuda/x.h"`` included) and ``src``'s name.
-* ``compile_once(tool, flags, src, out, on_error, env=None) -> Path``: ``tool *flags src -o out`` (``tool`` a
-  path or an argv prefix such as ``[zig, "clang"]``) unless ``out`` exists,
-  written under a temporary name and renamed (parallel test processes never see half a file);
-  ``on_error(stderr)`` must raise (``pytest.fail`` / ``pytest.skip``) when the compiler fails.
+* ``content_key(files, *parts) -> str``: a short hash of ``parts`` (compiler, flags, ...) and the names and
+  bytes of ``files``.
+* ``source_key(src, suffixes, *parts) -> str``: ``content_key`` over every file with one of ``suffixes``
+  beside ``src`` and every file reached from ``src`` through ``#include "..."`` (``"../kernels_cuda/x.h"``
+  included).
+* ``build_once(argv, out, on_error, env=None) -> Path``: ``argv -o out`` unless ``out`` exists, written under
+  a temporary name and renamed (parallel test processes never see half a file); ``on_error(stderr)`` must raise
+  (``pytest.fail`` / ``pytest.skip``) when the compiler fails.
+* ``compile_once(tool, flags, src, out, on_error, env=None) -> Path``: ``build_once`` of ``tool *flags src``
+  (``tool`` a path or an argv prefix such as ``[zig, "clang"]``).
 """
 
 from __future__ import annotations
@@ -38,33 +41,38 @@ def quoted_includes(src: Path) -> set[Path]:
     return seen
 
 
-def source_key(src: Path, suffixes: tuple[str, ...], *parts: str) -> str:
-    src = Path(src).resolve()
+def content_key(files, *parts: str) -> str:
     h = hashlib.sha256()
     for part in parts:
         h.update(part.encode())
-    beside = sorted(f for f in src.parent.glob("*") if f.suffix in suffixes and f.is_file())
-    for f in beside:  # the source and every header it may include
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    for f in sorted(quoted_includes(src) - set(beside)):  # "../kernels_cuda/...h" and the like
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    h.update(src.name.encode())
+    for f in files:
+        h.update(Path(f).name.encode())
+        h.update(Path(f).read_bytes())
     return h.hexdigest()[:16]
 
 
-def compile_once(tool: str | list[str], flags: list[str], src: Path, out: Path, on_error: Callable[[str], None],
-                 env: dict[str, str] | None = None) -> Path:
+def source_key(src: Path, suffixes: tuple[str, ...], *parts: str) -> str:
+    src = Path(src).resolve()
+    beside = sorted(f for f in src.parent.glob("*") if f.suffix in suffixes and f.is_file())
+    included = sorted(quoted_includes(src) - set(beside))  # "../kernels_cuda/...h" and the like
+    return content_key(beside + included, *parts, src.name)
+
+
+def build_once(argv: list[str], out: Path, on_error: Callable[[str], None], env: dict[str, str] | None = None) -> Path:
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.stem}.{os.getpid()}.tmp{out.suffix}")
-    argv = [tool] if isinstance(tool, str) else list(tool)
-    proc = subprocess.run([*argv, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True, env=env)
+    proc = subprocess.run([*argv, "-o", str(tmp)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         on_error(proc.stderr)
-        raise AssertionError(f"{tool} failed for {src}:\n{proc.stderr[-4000:]}")  # on_error did not raise
+        raise AssertionError(f"{' '.join(argv)} failed:\n{proc.stderr[-4000:]}")  # on_error did not raise
     os.replace(tmp, out)
     return out
+
+
+def compile_once(tool: str | list[str], flags: list[str], src: Path, out: Path, on_error: Callable[[str], None],
+                 env: dict[str, str] | None = None) -> Path:
+    argv = [tool] if isinstance(tool, str) else list(tool)
+    return build_once([*argv, *flags, str(src)], out, on_error, env)

@@ -19,7 +19,6 @@ with the compiler's message on an error.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
 import subprocess
@@ -29,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile_cache import CLANG_NAMES
+from compile_cache import CLANG_NAMES, build_once, content_key
 from fusedrope import reference as ref
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,19 +45,12 @@ DT = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 def _build(cmd: list[str], inputs: list[Path], name: str) -> Path:
     """``cmd -o OUT.so``, once per content of ``inputs`` and ``cmd``."""
-    h = hashlib.sha256()
-    for f in inputs:
-        h.update(str(f).encode())
-        h.update(f.read_bytes())
-    h.update(" ".join(cmd).encode())
-    out = Path(tempfile.gettempdir()) / f"fusedrope-{name}-{os.getuid()}-{h.hexdigest()[:16]}.so"
-    if not out.exists():
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        proc = subprocess.run([*cmd, "-o", str(tmp)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.fail(f"{name} build failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
-        os.replace(tmp, out)
-    return out
+    out = Path(tempfile.gettempdir()) / f"fusedrope-{name}-{os.getuid()}-{content_key(inputs, *cmd)}.so"
+
+    def on_error(stderr: str) -> None:
+        pytest.fail(f"{name} build failed:\n{' '.join(cmd)}\n{stderr[-4000:]}")
+
+    return build_once(cmd, out, on_error)
 
 
 def harness() -> ctypes.CDLL:

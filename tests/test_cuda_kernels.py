@@ -15,7 +15,6 @@ The GPU run of the real extension is gpu/check_qwen3_tts_rope.py.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
 import subprocess
@@ -32,6 +31,7 @@ from fusedrope.reference import qwen3_tts_rope_oracle
 from fusedrope.testing import TTS_CASES, TtsCase, assert_ulp_close, make_tts_inputs, ulp_diff
 
 import kernel_asm as K
+from compile_cache import build_once, content_key
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "kernels_cuda" / "qwen3_tts_rope.cu"
@@ -120,18 +120,15 @@ def emu():
     cxx = _cxx()
     if cxx is None:
         pytest.skip("no host C++ compiler (g++ or clang++) to run the kernel source in host emulation")
-    h = hashlib.sha256(cxx.encode())
-    for f in sorted([SRC, SRC.with_suffix(".cuh"), *EMUL.glob("*")]):
-        h.update(f.name.encode() + f.read_bytes())
-    out = Path(tempfile.gettempdir()) / f"fusedrope-emu-{os.getuid()}-{h.hexdigest()[:16]}.so"
-    if not out.exists():
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
-               "-I", str(EMUL), "-x", "c++", str(EMUL / "harness.cpp"), f'-DKERNEL_SOURCE="{SRC}"', "-o", str(tmp)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        assert proc.returncode == 0, f"host-emulation build failed:\n{proc.stderr[-4000:]}"
-        os.replace(tmp, out)
-    lib = ctypes.CDLL(str(out))
+    cmd = [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
+           "-I", str(EMUL), "-x", "c++", str(EMUL / "harness.cpp"), f'-DKERNEL_SOURCE="{SRC}"']
+    key = content_key(sorted([SRC, SRC.with_suffix(".cuh"), *EMUL.glob("*")]), *cmd)
+    out = Path(tempfile.gettempdir()) / f"fusedrope-emu-{os.getuid()}-{key}.so"
+
+    def on_error(stderr: str) -> None:
+        pytest.fail(f"host-emulation build failed:\n{stderr[-4000:]}")
+
+    lib = ctypes.CDLL(str(build_once(cmd, out, on_error)))
     lib.emu_qwen3_tts_rope.restype = ctypes.c_int
     lib.emu_qwen3_tts_rope_pick_vec.restype = ctypes.c_int
     lib.emu_launch_count.restype = ctypes.c_longlong
