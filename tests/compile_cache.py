@@ -11,6 +11,11 @@ GPUs) and the host-emulation libraries (tests/irgq_harness.py, tests/test_cuda_k
   (``pytest.fail`` / ``pytest.skip``) when the compiler fails.
 * ``compile_once(tool, flags, src, out, on_error, env=None) -> Path``: ``build_once`` of ``tool *flags src``
   (``tool`` a path or an argv prefix such as ``[zig, "clang"]``).
+* ``torch_syntax_check(source, tmp_path, stubs, include_dirs=(), defines=())``: ``g++ -fsyntax-only`` of a torch
+  binding against this torch's headers, in the C++ standard torch builds extensions with; ``stubs`` are stand-in
+  headers ({path relative to an include dir: text}) for what a CPU torch wheel or a machine without ROCm lacks.
+* ``cuda_include_dir()``: the CUDA toolkit's headers (``$CUDA_HOME/include``, else /usr/local/cuda/include), or
+  None.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -76,3 +82,29 @@ def compile_once(tool: str | list[str], flags: list[str], src: Path, out: Path, 
                  env: dict[str, str] | None = None) -> Path:
     argv = [tool] if isinstance(tool, str) else list(tool)
     return build_once([*argv, *flags, str(src)], out, on_error, env)
+
+
+# Generated when torch is built with CUDA, absent from its CPU wheels; the CUDA bindings include it.
+CUDA_CPU_WHEEL_STUBS = {"c10/cuda/impl/cuda_cmake_macros.h": "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n"}
+
+
+def cuda_include_dir() -> Path | None:
+    inc = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+    return inc if (inc / "cuda_runtime_api.h").is_file() else None
+
+
+def torch_syntax_check(source: Path, tmp_path: Path, stubs: dict[str, str], include_dirs=(), defines=()) -> None:
+    import pytest
+    from torch.utils import cpp_extension
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++ to syntax-check the torch binding")
+    for rel, text in stubs.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    std = "-std=c++20" if "c++20" in Path(cpp_extension.__file__).read_text() else "-std=c++17"  # as torch builds
+    cmd = [gxx, std, "-fsyntax-only", "-w", *[f"-D{d}" for d in defines], f"-I{tmp_path}",
+           *[f"-I{p}" for p in cpp_extension.include_paths()], *[f"-I{d}" for d in include_dirs], str(source)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]

@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from compile_cache import CUDA_CPU_WHEEL_STUBS, cuda_include_dir, torch_syntax_check
 from kernel_asm import nvcc_cubin, opcodes, resource_usage, sass, sass_functions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,27 +90,14 @@ def test_sm80_sass_software_fp8_no_local_memory():
 
 
 # ------------------------------------------------------------------------------------ binding and selection
-def _torch_includes() -> list[str]:
-    from torch.utils.cpp_extension import include_paths
-
-    return include_paths()
-
-
 def test_torch_binding_compiles_against_torch_headers(tmp_path):
     """g++ -fsyntax-only of the torch binding with this torch's headers and the CUDA toolkit's (the CPU wheel
     lacks one generated c10/cuda header: a stub stands in). Catches API mistakes before a GPU build."""
-    gxx = shutil.which("g++")
-    cuda_inc = Path("/usr/local/cuda/include")
-    if gxx is None or not (cuda_inc / "cuda_runtime_api.h").exists():
-        pytest.skip("needs g++ and the CUDA toolkit headers (/usr/local/cuda/include)")
-    stub = tmp_path / "c10" / "cuda" / "impl"
-    stub.mkdir(parents=True)
-    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
-    cmd = [gxx, "-std=c++17", "-fsyntax-only", "-w", "-I", str(tmp_path),
-           *[f"-I{p}" for p in _torch_includes()], "-I", str(cuda_inc), "-I", str(HEADER.parent),
-           str(HEADER.parent / "inverse_rope_group_quant_torch.cpp")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    cuda_inc = cuda_include_dir()
+    if cuda_inc is None:
+        pytest.skip("needs the CUDA toolkit headers (cuda_runtime_api.h under $CUDA_HOME or /usr/local/cuda)")
+    torch_syntax_check(HEADER.parent / "inverse_rope_group_quant_torch.cpp", tmp_path, CUDA_CPU_WHEEL_STUBS,
+                       [cuda_inc, HEADER.parent])
 
 
 def test_cuda_backend_supports(monkeypatch):
