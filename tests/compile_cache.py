@@ -14,6 +14,7 @@ GPUs) and the host-emulation libraries (tests/irgq_harness.py, tests/test_cuda_k
 * ``torch_syntax_check(source, tmp_path, stubs, include_dirs=(), defines=())``: ``g++ -fsyntax-only`` of a torch
   binding against this torch's headers, in the C++ standard torch builds extensions with; ``stubs`` are stand-in
   headers ({path relative to an include dir: text}) for what a CPU torch wheel or a machine without ROCm lacks.
+* ``host_cxx()``: the host C++ compiler the plain-C++ harnesses build with: ``$CXX``, else g++, c++, clang++.
 * ``cuda_include_dir()``: the CUDA toolkit's headers (``$CUDA_HOME/include``, else /usr/local/cuda/include), or
   None.
 """
@@ -86,6 +87,14 @@ def compile_once(tool: str | list[str], flags: list[str], src: Path, out: Path, 
 
 # Generated when torch is built with CUDA, absent from its CPU wheels; the CUDA bindings include it.
 CUDA_CPU_WHEEL_STUBS = {"c10/cuda/impl/cuda_cmake_macros.h": "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n"}
+
+
+def host_cxx() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        path = shutil.which(name) if name else None
+        if path:
+            return path
+    return None
 
 
 def cuda_include_dir() -> Path | None:

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile_cache import CLANG_NAMES, build_once, content_key
+from compile_cache import CLANG_NAMES, build_once, content_key, host_cxx
 from fusedrope import reference as ref
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def _build(cmd: list[str], inputs: list[Path], name: str) -> Path:
 
 
 def harness() -> ctypes.CDLL:
-    gxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    gxx = host_cxx()
     if not gxx:
         pytest.skip("no C++ compiler (g++) to build the CPU harness of the kernels' plain C++")
     out = _build([gxx, "-std=c++17", "-O2", "-ffp-contract=off", "-Wall", "-Werror", "-shared", "-fPIC",
@@ -81,7 +81,7 @@ def _host_cxx(vendor: str) -> str:
         if cxx is None:
             pytest.skip("no host clang++ (apt-get install clang-19) to run the HIP kernel under the wave emulator")
     else:
-        cxx = os.environ.get("CXX") or shutil.which("g++")
+        cxx = host_cxx()
         if cxx is None:
             pytest.skip("no g++ to run the CUDA kernel in host emulation")
     return cxx

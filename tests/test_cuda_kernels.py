@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import subprocess
 import tempfile
 from collections import Counter
@@ -31,7 +30,8 @@ from fusedrope.reference import qwen3_tts_rope_oracle
 from fusedrope.testing import TTS_CASES, TtsCase, assert_ulp_close, make_tts_inputs, ulp_diff
 
 import kernel_asm as K
-from compile_cache import CUDA_CPU_WHEEL_STUBS, build_once, content_key, cuda_include_dir, torch_syntax_check
+from compile_cache import (CUDA_CPU_WHEEL_STUBS, build_once, content_key, cuda_include_dir, host_cxx,
+                           torch_syntax_check)
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "kernels_cuda" / "qwen3_tts_rope.cu"
@@ -108,16 +108,9 @@ def test_vector_path_issues_all_loads_of_a_round_before_storing():
 # ----------------------------------------------------------------------------------------------------------
 # 2. The kernel source on the host, through tests/cuda_emul
 # ----------------------------------------------------------------------------------------------------------
-def _cxx():
-    for c in (os.environ.get("CXX"), "g++", "clang++"):
-        if c and shutil.which(c):
-            return shutil.which(c)
-    return None
-
-
 @pytest.fixture(scope="module")
 def emu():
-    cxx = _cxx()
+    cxx = host_cxx()
     if cxx is None:
         pytest.skip("no host C++ compiler (g++ or clang++) to run the kernel source in host emulation")
     cmd = [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
@@ -469,7 +462,7 @@ print("ASAN RUN OK", n)
 def test_emulated_kernel_stays_in_bounds_under_asan(tmp_path):
     """The kernel source, built with AddressSanitizer, on tensors in allocations of exactly their size (torch's
     CPU allocator is intercepted): any read or write past the end of q, k, cos, sin or an output aborts."""
-    cxx = _cxx()
+    cxx = host_cxx()
     if cxx is None or "g++" not in Path(cxx).name:
         pytest.skip("needs g++ (for libasan)")
     libasan = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
