@@ -88,8 +88,7 @@ def quant_kernel(target, group_size=128, fnuz=False, rope=True):
     ptrs = dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", xq_ptr="*u8", xs_ptr="*u8")
     consts = dict(HEAD_DIM=512, ROPE_DIM=64, GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
                   FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fnuz, SCALE_FP32=False, PACKED=False,
-                  ROPE=rope,
-                  EXACT=False)
+                  ROPE=rope, EXACT=False)
     return compile_kernel(irq._group_quant_kernel, ptrs, consts, {"ROW", "NBLK", "cos_stride", "sin_stride"},
                           target, irq.num_warps_for(block_t * block_n, target.warp_size), enable_fp_fusion=False)
 
