@@ -38,9 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,6 +57,7 @@ from fusedrope import reference as ref  # noqa: E402
 from fusedrope.inverse_rope_quant import empty_quant_outputs  # noqa: E402
 from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, deepseek_rope_cache,  # noqa: E402
                                poison_like, scale_bytes, ulp_diff)
+from memcheck import find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
 
 HEAD_GROUPS = QUANT_HEAD_GROUPS
 BENCH_CONTENDERS = ("cuda", "triton", "unfused")
@@ -224,38 +223,28 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
 
 
 def section_sanitize(res, budget_s: float):
-    cs = shutil.which("compute-sanitizer") or next(
-        (p for p in ("/usr/local/cuda/bin/compute-sanitizer",
-                     "/opt/nvidia/compute-sanitizer/compute-sanitizer")
-         if os.path.exists(p)), None)
+    cs = find_sanitizer()
     if cs is None:
         res["skipped"] = "compute-sanitizer not found"
         log("sanitize: skipped (compute-sanitizer not found)")
         return
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     sub_out = Path(tempfile.mkdtemp(prefix="irgq_sanitize_"))  # not under --out: $OUT holds 8 files at most
-    cmd = [cs, "--tool", "memcheck", "--error-exitcode", "17", "--print-limit", "20", sys.executable,
-           str(Path(__file__).resolve()), "--sanitize-subset", "--out", str(sub_out)]
-    res["command"] = " ".join(cmd)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, budget_s), env=env)
-        text = proc.stdout + proc.stderr
-        res["returncode"] = proc.returncode
-        m = re.search(r"ERROR SUMMARY:\s*(\d+) error", text)
-        res["errors"] = int(m.group(1)) if m else None
-        res["tail"] = text[-3000:]
+        mc = run_memcheck(cs, [sys.executable, str(Path(__file__).resolve()), "--sanitize-subset", "--out",
+                               str(sub_out)], max(30.0, budget_s), error_exitcode=17, print_limit=20)
+        res["command"] = mc["command"]
+        if mc["returncode"] == "timeout":
+            res["timeout_s"] = max(30.0, budget_s)
+            res["tail"] = mc["text"][-2000:]
+            log(f"sanitize: timed out after {res['timeout_s']:.0f} s")
+            return
+        res["returncode"], res["errors"], res["tail"] = mc["returncode"], mc["errors"], mc["text"][-3000:]
         sub = sub_out / "results.json"
         if sub.exists():
             sections = json.loads(sub.read_text()).get("sections", {})
             res["subset"] = sections.get("correctness", {}).get("failed")
-        log(f"sanitize: rc={proc.returncode}, memcheck errors={res['errors']}, "
+        log(f"sanitize: rc={res['returncode']}, memcheck errors={res['errors']}, "
             f"subset failures={res.get('subset')}")
-    except subprocess.TimeoutExpired as e:
-        res["timeout_s"] = e.timeout
-        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        res["tail"] = text[-2000:]
-        log(f"sanitize: timed out after {e.timeout:.0f} s")
     finally:
         shutil.rmtree(sub_out, ignore_errors=True)
 

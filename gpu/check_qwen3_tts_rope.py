@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +50,7 @@ import torch  # noqa: E402
 
 from fusedrope import benchmark as B  # noqa: E402
 from fusedrope.testing import TTS_CASES  # noqa: E402
+from memcheck import find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
 
 T0 = time.time()
 BENCH_CONTENDERS = ("eager", "compile", "triton", "cuda", "liger")  # the engine's; cuda_op / cuda_ip added
@@ -606,38 +606,20 @@ def sweep(res, args):
 # ------------------------------------------------------------------------------------------------------------
 # compute-sanitizer
 # ------------------------------------------------------------------------------------------------------------
-def _find_sanitizer():
-    cands = [shutil.which("compute-sanitizer")]
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if home:
-            cands.append(os.path.join(home, "bin", "compute-sanitizer"))
-            cands.append(os.path.join(home, "compute-sanitizer", "compute-sanitizer"))
-    return next((c for c in cands if c and os.path.isfile(c)), None)
-
-
 def sanitize(res, args):
-    tool = _find_sanitizer()
+    tool = find_sanitizer()
     if tool is None:
         raise SkipSection("compute-sanitizer not found")
     need(60, args, "compute-sanitizer")
     timeout = min(args.sanitize_timeout, max(30.0, args.budget_s - elapsed() - 15))
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
-    cmd = [tool, "--tool", "memcheck", "--error-exitcode", "9", "--print-limit", "30", sys.executable,
-           os.path.abspath(__file__), "--sanitize-subset", "--out", str(res.out)]
     t = time.time()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-        text, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        text = "\n".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-                         for x in (e.stdout, e.stderr))
-        rc = "timeout"
+    mc = run_memcheck(tool, [sys.executable, os.path.abspath(__file__), "--sanitize-subset", "--out", str(res.out)],
+                      timeout, error_exitcode=9)
+    text, rc, errors = mc["text"], mc["returncode"], mc["errors"]
     (res.out / "sanitizer.log").write_text(text[-4_000_000:])
-    m = re.search(r"ERROR SUMMARY:\s*(\d+)\s+error", text)
-    errors = int(m.group(1)) if m else None
     subset_ok = "SANITIZE SUBSET OK" in text
     res["sanitizer"] = {"returncode": rc, "errors": errors, "subset_ok": subset_ok,
-                        "seconds": round(time.time() - t, 1), "command": " ".join(cmd)}
+                        "seconds": round(time.time() - t, 1), "command": mc["command"]}
     res.check("sanitize", "memcheck", rc == 0 and errors == 0 and subset_ok,
               f"rc={rc} errors={errors} subset_ok={subset_ok} (see sanitizer.log)")
     log(f"   memcheck: rc={rc} errors={errors} subset_ok={subset_ok}")
