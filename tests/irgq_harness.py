@@ -6,7 +6,8 @@ scalar-math checks run over.
   ``irgq_host_e8m0``, ``irgq_host_encode``, ``irgq_host_kargs``, ``irgq_host_fastdiv_mismatches``.
 * ``emulated_kernel(vendor, source=None, asan=False) -> ctypes.CDLL``: the whole CUDA (g++) or HIP (clang)
   kernel and its launcher in lockstep host emulation (tests/lockstep.h, tests/cuda_emul/, tests/hip_emul/):
-  ``irgq_host_run``, ``emul_stats``, ``emul_reset``; ``emul_stats(lib)`` as a dict; ``asan_runtime(vendor)``.
+  ``irgq_host_run``, ``emul_stats``, ``emul_reset``, ``emul_hw_cvts`` (hardware fp8 conversions through the
+  models since the last call); ``emul_stats(lib)`` as a dict; ``asan_runtime(vendor)``.
 * ``emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q)`` -> the launcher's status code;
   ``quant_inputs(S, H, ...)``, ``quant_outputs(o, G, q, transpose, ...)`` (poisoned),
   ``check_emulated(lib, o, positions, cos, sin, G, q, transpose, ...)``: scale and fp8 bytes bit-exact.
@@ -125,8 +126,7 @@ def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False)
     lib.irgq_host_run.restype = ctypes.c_int
     lib.irgq_host_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_longlong)]
     lib.emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
-    lib.hw_cvts = getattr(lib, "hip_emul_hw_cvts" if hip else "cuda_emul_hw_cvts")
-    lib.hw_cvts.restype = ctypes.c_longlong
+    lib.emul_hw_cvts.restype = ctypes.c_longlong
     return lib
 
 

@@ -113,9 +113,9 @@ def test_hardware_fp8_path_is_taken_for_its_format_only(vendor, hw_fp8, per_chun
     lib = emulated_kernel(vendor)
     o, p, c, s = quant_inputs(2, 16, seed=len(vendor))
     for fp8 in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
-        lib.hw_cvts()
+        lib.emul_hw_cvts()
         _run_checked(lib, o, p, c, s, 2, 128, False, fp8)
-        n = lib.hw_cvts()
+        n = lib.emul_hw_cvts()
         # 8 conversions (pairs of pairs) per 16-element chunk, every chunk of every token, when hardware
         assert n == (2 * 16 * 32 * per_chunk if fp8 == hw_fp8 else 0), (vendor, fp8, n)
 

@@ -21,7 +21,7 @@ int irgq_host_run(void** ptrs, const long long* ints) {
 
 // __nv_cvt_float2_to_fp8x2 calls made through the model since the last call (builds with
 // -DFUSEDROPE_IRGQ_HW_E4M3=1); -1 when a call used another saturation mode or format.
-long long cuda_emul_hw_cvts() {
+long long emul_hw_cvts() {
   if (emu_fp8x2_misuse.exchange(0)) return -1;
   return emu_fp8x2_cvts.exchange(0);
 }

@@ -38,5 +38,5 @@ int irgq_host_run(void** ptrs, const long long* ints) {
 #include "emul_stats.inc"
 
 // v_cvt_pk_fp8_f32 calls made through the model (builds with -DHIP_EMUL_GFX) since the last call; resets.
-long long hip_emul_hw_cvts() { return hip_emul::hw_cvts.exchange(0); }
+long long emul_hw_cvts() { return hip_emul::hw_cvts.exchange(0); }
 }
