@@ -26,6 +26,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from fusedrope import benchmark as B  # noqa: E402
+from fusedrope import bench_timing as timing  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if DEVICE.type == "cpu":
@@ -67,8 +68,8 @@ def run_contender(benchmark, copy_tbps, contenders_here):
                 "device": DEVICE.type, "copy_tbps": copy_tbps}
         if DEVICE.type == "cuda":
             graph_calls = min(len(sets), B.GRAPH_CAP_MANY_KERNELS) if contender.many_kernels else len(sets)
-            info.update(device_us=B.time_graph_us(call, graph_calls), graph_calls=graph_calls)
-        iterations = B.calls_per_sample(call, len(sets), DEVICE)
+            info.update(device_us=timing.time_graph_us(call, graph_calls), graph_calls=graph_calls)
+        iterations = timing.calls_per_sample(call, len(sets), DEVICE)
         counter = itertools.count()
         benchmark.pedantic(lambda: call(next(counter)), rounds=5 if DEVICE.type == "cuda" else 10,
                            iterations=iterations, warmup_rounds=1)

@@ -8,8 +8,9 @@ unfused two-kernel baseline. One pytest-benchmark group per case:
 import pytest
 
 from fusedrope import benchmark as B
+from fusedrope import bench_timing as timing
 
-pytestmark = pytest.mark.benchmark(timer=B.synchronized_timer)
+pytestmark = pytest.mark.benchmark(timer=timing.synchronized_timer)
 
 
 @pytest.mark.parametrize("contender", B.contender_names(B.QUANT))

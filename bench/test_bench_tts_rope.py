@@ -7,9 +7,10 @@ fusedrope backend, Liger-Kernel's RoPE. One pytest-benchmark group per case:
 import pytest
 
 from fusedrope import benchmark as B
+from fusedrope import bench_timing as timing
 from fusedrope.testing import TTS_CASES
 
-pytestmark = pytest.mark.benchmark(timer=B.synchronized_timer)
+pytestmark = pytest.mark.benchmark(timer=timing.synchronized_timer)
 
 
 @pytest.mark.parametrize("contender", B.contender_names(B.TTS))

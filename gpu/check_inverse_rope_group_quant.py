@@ -25,7 +25,7 @@ Sections
                the copy
 
 Outputs under --out: results.json (everything: machine_info, per-case results, bench rows, errors), bench.csv
-(fusedrope.benchmark.write_csv), bench.md (the engine's seed and contender tables, one set per scale layout);
+(fusedrope.bench_report.write_csv), bench.md (the engine's seed and contender tables, one set per scale layout);
 the seed tables are printed last.
 
 --cpu-selftest runs the correctness machinery on the CPU with the reference backend (tiny shapes) and the
@@ -53,6 +53,7 @@ import torch  # noqa: E402
 
 import fusedrope  # noqa: E402
 from fusedrope import benchmark as B  # noqa: E402
+from fusedrope import bench_report as report  # noqa: E402
 from fusedrope import reference as ref  # noqa: E402
 from fusedrope.inverse_rope_quant import empty_quant_outputs  # noqa: E402
 from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, deepseek_rope_cache,  # noqa: E402
@@ -322,19 +323,19 @@ def bench_tables(rows) -> str:
         rs = [r for r in rows if bool(r.get("transpose_scale")) == t]
         if rs:
             out.append(f"## inverse_rope_group_quant, {layout} scale (seed columns; fused = the backend auto "
-                       "picks)\n\n" + B.quant_seed_tables(rs)
-                       + f"\n### every contender, {layout} scale\n\n" + B.contender_tables(rs, B.QUANT))
+                       "picks)\n\n" + report.quant_seed_tables(rs)
+                       + f"\n### every contender, {layout} scale\n\n" + report.contender_tables(rs, B.QUANT))
     return "\n".join(out)
 
 
 def write_reports(results, out: Path) -> str:
     """results.json, bench.csv, bench.md; returns the short summary (the row-major seed tables last)."""
     out.mkdir(parents=True, exist_ok=True)
-    B.write_json(results, out / "results.json")
+    report.write_json(results, out / "results.json")
     bench = results["sections"].get("bench", {})
     rows = bench.get("rows", [])
-    B.write_csv(rows, out / "bench.csv")
-    md = B.markdown({"meta": results["meta"], "rows": [], "copy": bench.get("copy", {})})
+    report.write_csv(rows, out / "bench.csv")
+    md = report.markdown({"meta": results["meta"], "rows": [], "copy": bench.get("copy", {})})
     (out / "bench.md").write_text(md + "\n" + bench_tables(rows))
     short = ["", "section      ok   notes"]
     for name, sec in results["sections"].items():
@@ -357,7 +358,7 @@ def write_reports(results, out: Path) -> str:
         short.append(f"{name:<12} {'yes' if sec.get('ok') else 'NO ':<4} {str(note)[:150]}")
     row_major = [r for r in rows if not r.get("transpose_scale")]
     if row_major:
-        short += ["", f"copy {bench['copy']['tbps']:.2f} TB/s; " + B.quant_seed_tables(row_major)]
+        short += ["", f"copy {bench['copy']['tbps']:.2f} TB/s; " + report.quant_seed_tables(row_major)]
     return "\n".join(short)
 
 
@@ -418,7 +419,7 @@ def main(argv=None) -> int:
         return 2
     if args.sanitize_subset:  # runs under compute-sanitizer: the built extension is loaded from the cache
         section("correctness", section_correctness, "cuda", "cuda", subset=True)
-        B.write_json(results, out / "results.json")
+        report.write_json(results, out / "results.json")
         return 0 if results["sections"]["correctness"].get("ok") else 1
 
     section("build", section_build)

@@ -49,6 +49,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from fusedrope import benchmark as B  # noqa: E402
+from fusedrope import bench_report as report  # noqa: E402
+from fusedrope import bench_timing as timing  # noqa: E402
 from fusedrope.testing import TTS_CASES  # noqa: E402
 from memcheck import find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
 
@@ -127,10 +129,10 @@ class Results(dict):
 
     def write(self):
         self.out.mkdir(parents=True, exist_ok=True)
-        B.write_json(self, self.out / "results.json")
+        report.write_json(self, self.out / "results.json")
         if self["rows"] and self["meta"]:
-            B.write_csv(self["rows"], self.out / "bench.csv")
-            (self.out / "bench.md").write_text(B.markdown(self) + sweep_markdown(self.get("sweep", [])))
+            report.write_csv(self["rows"], self.out / "bench.csv")
+            (self.out / "bench.md").write_text(report.markdown(self) + sweep_markdown(self.get("sweep", [])))
 
 
 class SkipSection(Exception):
@@ -161,7 +163,7 @@ def sweep_markdown(rows) -> str:
               str(r.get(r.get("best"), "-")), str(r.get("auto_over_best", "-"))] for r in rows]
     return ("\n## cuda launch-shape sweep (device us per call from graph replay; v = vector width, w = warps "
             "per token, t = tokens per block, 0 = automatic)\n\n"
-            + B._table(["case", "sets", "auto us", "best shape", "best us", "auto / best"], lines))
+            + report._table(["case", "sets", "auto us", "best shape", "best us", "auto / best"], lines))
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -589,7 +591,7 @@ def sweep(res, args):
             def call(i, vec=vec, w=w, t=t, st=sets):
                 return cfg_op(*st[i % n], q_out, k_out, vec, w, t, 0)
             try:
-                row[f"v{vec}_w{w}_t{t}"] = round(B.time_graph_us(call, n, args.reps), 3)
+                row[f"v{vec}_w{w}_t{t}"] = round(timing.time_graph_us(call, n, args.reps), 3)
             except Exception as e:  # noqa: BLE001
                 row[f"v{vec}_w{w}_t{t}"] = f"error: {str(e)[:100]}"
         timed = {k: v for k, v in row.items() if isinstance(v, float)}
@@ -710,7 +712,7 @@ def main(argv=None) -> int:
     print()
     print(checks_summary(res))
     print()
-    print(B.tts_seed_table(res["rows"]), end="")
+    print(report.tts_seed_table(res["rows"]), end="")
     bad = [c for c in res["checks"] if not c["ok"]]
     return 1 if bad or res["errors"] else 0
 

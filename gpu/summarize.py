@@ -17,6 +17,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fusedrope import benchmark as B  # noqa: E402
+from fusedrope import bench_report as report  # noqa: E402
 
 MAX_FILES = 8  # what the device tool brings back from $OUT
 
@@ -68,10 +69,10 @@ def main(argv=None) -> int:
     warn = "" if len(files) <= MAX_FILES else f"  MORE THAN {MAX_FILES}: some will not come back"
     print(f"files under $OUT: {len(files)} ({', '.join(files)}){warn}")
     print("\n## qwen3_tts_rope (per call us, CUDA events around back-to-back calls; TB/s from device time)\n")
-    print(B.tts_seed_table(tts.get("rows", [])))
+    print(report.tts_seed_table(tts.get("rows", [])))
     rows = [r for r in quant.get("sections", {}).get("bench", {}).get("rows", []) if not r.get("transpose_scale")]
     print("## inverse_rope_group_quant, row-major scale (device us from CUDA-graph replay)\n")
-    print(B.quant_seed_tables(rows))
+    print(report.quant_seed_tables(rows))
     return 0 if len(files) <= MAX_FILES else 1
 
 

@@ -1,5 +1,6 @@
-"""The benchmark engine (fusedrope/benchmark.py), the CLI `python -m fusedrope bench` and the pytest-benchmark
-suites in bench/, end to end on CPU at tiny sizes (GPU timing itself runs only on a GPU)."""
+"""The benchmark engine (fusedrope/benchmark.py, bench_timing.py, bench_report.py), the CLI
+`python -m fusedrope bench` and the pytest-benchmark suites in bench/, end to end on CPU at tiny sizes (GPU timing
+itself runs only on a GPU)."""
 
 import csv
 import doctest
@@ -14,6 +15,8 @@ import torch
 
 import fusedrope
 from fusedrope import benchmark as B
+from fusedrope import bench_report as report
+from fusedrope import bench_timing as timing
 from fusedrope.__main__ import main
 from fusedrope.testing import TTS_CASES, QuantCase
 
@@ -91,7 +94,7 @@ def _row(contender, **kw):
 def test_tts_seed_table_ratios_and_columns():
     rows = [_row("eager", per_call_us=66.45), _row("compile", per_call_us=32.66),
             _row("triton", per_call_us=23.05), _row("cuda", per_call_us=6.83, tbps=0.0288, frac_copy=0.0067)]
-    table = B.tts_seed_table(rows)
+    table = report.tts_seed_table(rows)
     assert table.splitlines()[0] == TTS_SEED_COLUMNS
     want = "| qwen3_tts | 1 | 384 | 66.45 | 32.66 | 23.05 | 6.83 | 4.78x | 3.37x | 0.029 | 1 |"
     assert table.splitlines()[2] == want
@@ -103,7 +106,7 @@ def test_quant_fused_column_prefers_autos_pick():
     rows = [{**base, "contender": "triton", "device_us": 4.0, "tbps": 1.0},
             {**base, "contender": "cuda", "device_us": 2.0, "tbps": 2.0, "frac_copy": 0.5},
             {**base, "contender": "unfused", "device_us": 5.0, "tbps": 0.8}]
-    text = B.quant_seed_tables(rows)
+    text = report.quant_seed_tables(rows)
     assert "fused = cuda" in text
     assert "| 8 | 2.00 | 2.000 | 5.00 | 0.800 | 2.50x | 50 |" in text
 
@@ -122,9 +125,9 @@ def test_spec_peak_and_its_report_line():
                         "hbm_peak_tbps": 4.8, "hbm_peak_source": "NVIDIA H200 datasheet (HBM3e)"},
                "rows": [], "copy": {"tbps": 4.0, "timing": "x"}}
     assert "- spec-sheet memory bandwidth: 4.8 TB/s (NVIDIA H200 datasheet (HBM3e)), the copy reaches 83% of it" \
-        in B.markdown(results)
+        in report.markdown(results)
     rows = [_row("cuda", device_us=2.0, tbps=3.6, frac_copy=0.9, frac_peak=0.75)]
-    assert "% of spec-sheet bandwidth" in B.contender_tables(rows, B.TTS)
+    assert "% of spec-sheet bandwidth" in report.contender_tables(rows, B.TTS)
 
 
 def test_measure_records_skips_and_errors():
@@ -166,7 +169,7 @@ def test_sets_rotate_distinct_inputs_in_engine_layouts():
 
 def test_cpu_timers_and_copy_roofline():
     calls = []
-    us = B.time_per_call_us(calls.append, 2, CPU, reps=2, warmup=1)
+    us = timing.time_per_call_us(calls.append, 2, CPU, reps=2, warmup=1)
     assert us > 0 and len(calls) > 5  # calibrated to a 10 ms sample
     copy = B.copy_roofline(CPU, nbytes=2**20, reps=1)
     assert copy["tbps"] > 0 and "not representative" in copy["timing"]

@@ -1,0 +1,305 @@
+"""Benchmark result files and how they read: JSON and CSV rows, markdown tables in the seeds' own columns next to
+every contender side by side, and PNG plots (time and bandwidth against bytes moved, one line per contender).
+Everything here works on the result dicts of :func:`fusedrope.benchmark.run` (or a saved ``results.json``), so
+committed results can be tabulated and plotted again without a GPU.
+
+Examples
+--------
+>>> from fusedrope import bench_report as report
+>>> rows = [{"op": "qwen3_tts_rope", "case": "qwen3_tts_b1", "contender": c, "status": "ok", "tbps": t}
+...         for c, t in (("eager", 0.5), ("cuda", 3.5))]
+>>> print(report.contender_tables(rows, "qwen3_tts_rope"))
+TB/s
+<BLANKLINE>
+| case | eager | cuda |
+|---|---|---|
+| qwen3_tts_b1 | 0.500 | 3.500 |
+<BLANKLINE>
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+from .inverse_rope_quant import OP as QUANT
+from .tts_rope import OP as TTS
+
+# Op 2's "fused" column: the backend auto picks, else the first measured in this order.
+FAST_BACKENDS = ("cuda", "hip", "triton", "reference")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# result files
+# ------------------------------------------------------------------------------------------------------------
+CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "tbps", "frac_copy", "frac_peak",
+             "tbps_basis", "graph_calls", "graph_l2_resident", "n_sets", "rotated_mb", "rotated_over_l2",
+             "bytes_moved", "auto_backend", "device"]
+
+
+def write_json(results: dict, path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return path
+
+
+def write_csv(rows: list[dict], path) -> Path:
+    """One line per (case, contender); columns: :data:`CSV_FIRST`, then the case fields, then the rest."""
+    fields = list(CSV_FIRST)
+    for r in rows:
+        fields += [k for k in r if k not in fields and k != "reason"]
+    fields.append("reason")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: r.get(k, "") for k in fields})
+    path = Path(path)
+    path.write_text(buf.getvalue())
+    return path
+
+
+def write_results(results: dict, out_dir) -> list[Path]:
+    out = Path(out_dir)
+    return [write_json(results, out / "results.json"), write_csv(results["rows"], out / "results.csv"),
+            _write_text(out / "results.md", markdown(results))]
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------------
+# markdown tables
+# ------------------------------------------------------------------------------------------------------------
+def where(meta: dict) -> str:
+    """What the results were measured on: the GPU's name, else the CPU label that
+    :func:`fusedrope.benchmark.machine_info` wrote."""
+    return meta.get("gpu") or meta.get("label") or "CPU"
+
+
+def _f(v, nd: int = 2) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def _ratio(a, b) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}x"
+
+
+def _table(header: list[str], lines: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(x) + " |" for x in lines]) + "\n"
+
+
+def _by_case(rows: list[dict], op: str) -> dict:
+    """``{case id: {contender: row}}`` of the ok rows, cases in measured order."""
+    out: dict = {}
+    for r in rows:
+        if r.get("op") == op:
+            out.setdefault(r["case"], {})
+            if r.get("status") == "ok":
+                out[r["case"]][r["contender"]] = r
+    return out
+
+
+def _first(case_rows: dict) -> dict:
+    return next(iter(case_rows.values()), {})
+
+
+def tts_seed_table(rows: list[dict]) -> str:
+    """Op 1 in the seed's columns (per-call us, CUDA events around back-to-back calls), with the cuda kernel's
+    TB/s and fraction of the copy roofline added."""
+    header = ["shape", "batch", "rows", "eager us", "torch.compile us", "triton us", "cuda us",
+              "compile / cuda", "triton / cuda", "cuda TB/s", "% copy"]
+    lines = []
+    meta = {r["case"]: r for r in rows if r.get("op") == TTS}
+    for cid, cr in _by_case(rows, TTS).items():
+        m = meta[cid]
+        t = {k: cr.get(k, {}).get("per_call_us") for k in ("eager", "compile", "triton", "cuda")}
+        frac = cr.get("cuda", {}).get("frac_copy")
+        lines.append([m["shape"], str(m["batch"]), str(m["rows"]), _f(t["eager"]), _f(t["compile"]),
+                      _f(t["triton"]), _f(t["cuda"]), _ratio(t["compile"], t["cuda"]),
+                      _ratio(t["triton"], t["cuda"]), _f(cr.get("cuda", {}).get("tbps"), 3),
+                      _f(None if frac is None else 100 * frac, 0)])
+    return _table(header, lines)
+
+
+def fused_row(case_rows: dict) -> tuple[Optional[str], dict]:
+    """Op 2's "fused" contender of one case: the backend auto picks if it was measured, else the first
+    measured one in :data:`FAST_BACKENDS` order."""
+    auto = _first(case_rows).get("auto_backend")
+    for name in ([auto] if auto else []) + list(FAST_BACKENDS):
+        if name in case_rows:
+            return name, case_rows[name]
+    return None, {}
+
+
+def _quant_line(case_rows: dict, lead: list[str]) -> tuple[list[str], str]:
+    name, fr = fused_row(case_rows)
+    auto = _first(case_rows).get("auto_backend")
+    label = ("none measured" if name is None else name if name == auto
+             else f"{name} (auto picks {auto}, not measured)")
+    un = case_rows.get("unfused", {})
+    tf, tu = _time(fr), _time(un)
+    frac = fr.get("frac_copy")
+    return (lead + [_f(tf), _f(fr.get("tbps"), 3), _f(tu), _f(un.get("tbps"), 3), _ratio(tu, tf),
+                    _f(None if frac is None else 100 * frac, 0)], label)
+
+
+def _time(row: dict):
+    """The time a row's TB/s came from: device time where measured, else per call."""
+    return row.get("device_us") or row.get("per_call_us")
+
+
+def quant_seed_tables(rows: list[dict]) -> str:
+    """Op 2 in the seed's columns: one table per (H, G) over S, and the quant-group-size axis."""
+    by_case = _by_case(rows, QUANT)
+    meta = {r["case"]: r for r in rows if r.get("op") == QUANT}
+    out, fused_names = [], set()
+    layout = "column-major" if any(m.get("transpose_scale") for m in meta.values()) else "row-major"
+    head = ["fused us", "fused TB/s", "unfused us", "unfused TB/s", "speedup", "% copy"]
+    hgs = list(dict.fromkeys((m["num_heads"], m["num_groups"]) for m in meta.values()))
+    for h, g in hgs:
+        ids = [c for c, m in meta.items() if (m["num_heads"], m["num_groups"]) == (h, g)
+               and m["quant_group_size"] == 128]
+        if not ids:
+            continue
+        lines = []
+        for cid in sorted(ids, key=lambda c: meta[c]["num_tokens"]):
+            line, name = _quant_line(by_case.get(cid, {}), [str(meta[cid]["num_tokens"])])
+            lines.append(line)
+            fused_names.add(name)
+        out.append(f"hg = (n_local_heads, n_local_groups) = ({h}, {g}), quant_group_size 128, {layout} "
+                   "scale\n\n" + _table(["S"] + head, lines))
+    # the group-size axis: token counts of one (H, G) measured at more than one group size
+    for h, g in hgs:
+        gs: dict = {}
+        for cid, m in meta.items():
+            if (m["num_heads"], m["num_groups"]) == (h, g):
+                gs.setdefault(m["num_tokens"], []).append(cid)
+        lines = []
+        for s in sorted(k for k, v in gs.items() if len(v) > 1):
+            for cid in sorted(gs[s], key=lambda c: meta[c]["quant_group_size"]):
+                line, name = _quant_line(by_case.get(cid, {}), [str(s), str(meta[cid]["quant_group_size"])])
+                lines.append(line)
+                fused_names.add(name)
+        if lines:
+            out.append(f"Quant group size axis, hg = ({h}, {g}), {layout} scale\n\n"
+                       + _table(["S", "group"] + head, lines))
+    return f"fused = {', '.join(sorted(fused_names)) or 'none measured'}\n\n" + "\n".join(out)
+
+
+def contender_tables(rows: list[dict], op: str) -> str:
+    """Every contender side by side: one table per metric (per-call us, device us, TB/s, % of copy)."""
+    by_case = _by_case(rows, op)
+    names = list(dict.fromkeys(r["contender"] for r in rows if r.get("op") == op))
+    skipped = {}
+    for r in rows:
+        if r.get("op") == op and r.get("status") != "ok":
+            skipped.setdefault(r["contender"], r.get("reason", ""))
+    ran = [n for n in names if any(n in cr for cr in by_case.values())]
+    out = []
+    for key, title, nd, scale in (("per_call_us", "per call, us", 2, 1),
+                                  ("device_us", "device time, us", 2, 1),
+                                  ("tbps", "TB/s", 3, 1), ("frac_copy", "% of copy", 0, 100),
+                                  ("frac_peak", "% of spec-sheet bandwidth", 0, 100)):
+        if not any(key in r for cr in by_case.values() for r in cr.values()):
+            continue
+        lines = [[cid] + [_f(None if cr.get(n, {}).get(key) is None else scale * cr[n][key], nd) for n in ran]
+                 for cid, cr in by_case.items()]
+        out.append(f"{title}\n\n" + _table(["case"] + ran, lines))
+    notes = [f"- {n}: {skipped[n]}" for n in names if n not in ran and n in skipped]
+    if notes:
+        out.append("Not measured:\n" + "\n".join(notes) + "\n")
+    return "\n".join(out)
+
+
+def markdown(results: dict) -> str:
+    """All tables of a run, with the machine, commit, command and timing method above them."""
+    m, rows, cp = results["meta"], results["rows"], results.get("copy", {})
+    gpu = m.get("gpu")
+    on_gpu = f"; GPU {gpu} ({m.get('gpu_arch')}, L2 {m.get('l2_bytes', 0) / 2**20:.0f} MiB)" if gpu else ""
+    dirty = " (working tree had uncommitted changes)" if m["git_dirty"] else ""
+    lines = [f"# fusedrope benchmark: {where(m)}", "",
+             f"- machine: {m['hostname']} ({m['platform']}, {m['cpu_count']} CPUs){on_gpu}",
+             (f"- versions: fusedrope {m['fusedrope']}, torch {m['torch']} (CUDA {m['torch_cuda']}, HIP "
+              f"{m['torch_hip']}), triton {m['triton']}, liger-kernel {m['liger_kernel']}, "
+              f"python {m['python']}"),
+             f"- commit: {m['git_commit']}{dirty}",
+             f"- command: `{m['command']}`", f"- time: {m['time_utc']}",
+             f"- copy roofline: {cp.get('tbps', 0):.3f} TB/s ({cp.get('timing', '')})"]
+    if m.get("hbm_peak_tbps"):
+        frac = f", the copy reaches {cp['tbps'] / m['hbm_peak_tbps']:.0%} of it" if cp.get("tbps") else ""
+        lines.append(f"- spec-sheet memory bandwidth: {m['hbm_peak_tbps']} TB/s ({m['hbm_peak_source']}){frac}")
+    lines.append("")
+    lines += [f"- {k}: {v}" for k, v in m["timing"].items()]
+    if not gpu:
+        lines += ["", (f"**{where(m)}.** These numbers show the format and that the harness runs; they say "
+                       "nothing about GPU kernels.")]
+    text = "\n".join(lines) + "\n"
+    if any(r.get("op") == TTS for r in rows):
+        basis = "device time" if gpu else "per-call time"
+        text += ("\n## qwen3_tts_rope (seed columns: per call, host overhead included; TB/s and % copy of "
+                 f"the cuda kernel from {basis})\n\n" + tts_seed_table(rows))
+        text += "\n### every contender\n\n" + contender_tables(rows, TTS)
+    if any(r.get("op") == QUANT for r in rows):
+        text += ("\n## inverse_rope_group_quant (seed columns; times are " +
+                 ("device time from CUDA-graph replay" if gpu else "per call, wall clock") + ")\n\n"
+                 + quant_seed_tables(rows))
+        text += "\n### every contender\n\n" + contender_tables(rows, QUANT)
+    return text
+
+
+# ------------------------------------------------------------------------------------------------------------
+# plots
+# ------------------------------------------------------------------------------------------------------------
+def plot(results: dict, out_dir) -> list[Path]:
+    """PNG plots, time and bandwidth against bytes moved, one line per contender: one figure for op 1, one per
+    (H, G) for op 2 (quant group 128). Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m, rows = results["meta"], results["rows"]
+    copy_tbps = results.get("copy", {}).get("tbps")
+    series = [(TTS, "qwen3_tts_rope", lambda r: True)]
+    hgs = dict.fromkeys((r["num_heads"], r["num_groups"]) for r in rows if r.get("op") == QUANT)
+    for h, g in hgs:
+        series.append((QUANT, f"inverse_rope_group_quant_H{h}_G{g}",
+                       lambda r, h=h, g=g: (r["num_heads"], r["num_groups"]) == (h, g)
+                       and r["quant_group_size"] == 128))
+    files = []
+    for op, name, keep in series:
+        ok = [r for r in rows if r.get("op") == op and r.get("status") == "ok" and keep(r)]
+        if not ok:
+            continue
+        fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 4.8))
+        for contender in dict.fromkeys(r["contender"] for r in ok):
+            pts = sorted((r["bytes_moved"] / 1e6, _time(r), r["tbps"])
+                         for r in ok if r["contender"] == contender)
+            x = [p[0] for p in pts]
+            ax_t.plot(x, [p[1] for p in pts], marker="o", label=contender)
+            ax_b.plot(x, [p[2] for p in pts], marker="o", label=contender)
+        if copy_tbps:
+            ax_b.axhline(copy_tbps, color="gray", linestyle="--", label=f"copy {copy_tbps:.2f} TB/s")
+        basis = "device time (CUDA-graph replay)" if m.get("gpu") else "per call, wall clock"
+        ax_t.set(xscale="log", yscale="log", xlabel="bytes moved per call (MB)",
+                 ylabel=f"us per call, {basis}", title=f"{name}: time")
+        ax_b.set(xscale="log", xlabel="bytes moved per call (MB)", ylabel="TB/s (bytes read + written)",
+                 title=f"{name}: bandwidth")
+        for ax in (ax_t, ax_b):
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"{where(m)} | commit {m['git_commit'][:10]} | {m['time_utc']}", fontsize=9)
+        fig.tight_layout()
+        path = Path(out_dir) / f"{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        files.append(path)
+    return files

@@ -1,0 +1,129 @@
+"""GPU and CPU timers for the benchmarks: per-call time of back-to-back calls (CUDA events around them, host
+overhead included: the seeds' method), device time from CUDA-graph replay, and a pytest-benchmark timer that ends
+a round when the GPU has drained. On a CPU the wall clock stands in for CUDA events.
+
+Examples
+--------
+>>> import torch
+>>> from fusedrope.bench_timing import time_per_call_us
+>>> x = torch.randn(1024)
+>>> time_per_call_us(lambda i: x.mul(2.0), 4, torch.device("cpu"), reps=3) > 0
+True
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+def synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def synchronized_timer() -> float:
+    """``time.perf_counter()`` after the GPU has drained: a pytest-benchmark timer
+    (``pytest.mark.benchmark(timer=...)``) that makes a timed round end when the device work ends."""
+    synchronize()
+    return time.perf_counter()
+
+
+def calls_per_sample(call: Callable[[int], object], n: int, device: torch.device, min_s: float = 0.01) -> int:
+    """``n`` on a GPU (n rotating sets already make a long sample); on a CPU a multiple of ``n`` that lasts at
+    least ``min_s`` (one pass is timed to find it), so the wall clock's noise stays small."""
+    if device.type == "cuda":
+        return n
+    t0 = time.perf_counter()
+    for i in range(n):
+        call(i)
+    return n * max(1, min(1000, math.ceil(min_s / max(time.perf_counter() - t0, 1e-9))))
+
+
+def time_per_call_us(call: Callable[[int], object], n: int, device: torch.device, reps: int = 5,
+                     warmup: int = 2) -> float:
+    """(a) Per-call time of back-to-back calls, host overhead included (the seeds' method).
+
+    Parameters
+    ----------
+    call : callable
+        ``call(i)`` runs the contender on input set ``i mod n``.
+    n : int
+        Calls per sample (the number of input sets); on a CPU a multiple of it (:func:`calls_per_sample`).
+    device : torch.device
+        CUDA events on a GPU, ``time.perf_counter`` on a CPU.
+    reps : int, default 5
+        Samples; the median is returned.
+    warmup : int, default 2
+        Untimed calls first (compilation, autotuning, first-use builds).
+
+    Returns
+    -------
+    float
+        Microseconds per call.
+    """
+    for i in range(warmup):
+        call(i)
+    synchronize()
+    n = calls_per_sample(call, n, device)
+    samples = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for i in range(n):
+                call(i)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / n)
+        else:
+            t0 = time.perf_counter()
+            for i in range(n):
+                call(i)
+            samples.append((time.perf_counter() - t0) * 1e6 / n)
+    return statistics.median(samples)
+
+
+def time_graph_us(call: Callable[[int], object], n: int, reps: int = 5) -> float:
+    """(b) Device time per call from CUDA-graph replay. GPU only.
+
+    Parameters
+    ----------
+    call : callable
+        ``call(i)`` runs the contender on input set ``i mod len(sets)``; it must be capturable.
+    n : int
+        Calls captured in the graph (after warm-up calls on a side stream).
+    reps : int, default 5
+        Timed replays (after one untimed); the median is returned.
+
+    Returns
+    -------
+    float
+        Microseconds per call: median replay time / ``n``.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up on a side stream, as capture requires
+        for i in range(min(n, 3)):
+            call(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n):
+            call(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / n)
+    del graph
+    return statistics.median(samples)
