@@ -150,9 +150,10 @@ def _time(fn, reps: int) -> float:
 
 
 def timing() -> None:
+    columns = list(reversed(fusedrope.BACKENDS))  # every backend an op can register, slowest first
     where = "GPU, CUDA events around back-to-back calls" if HAS_GPU else "CPU wall clock; triton = interpreter"
     print(f"\n== timing, us per call ({where}; bench/ holds the real benchmarks)")
-    print(f"  {'op / case':<44}" + "".join(f"{b:>12}" for b in ("reference", "triton", "cuda", "hip")))
+    print(f"  {'op / case':<44}" + "".join(f"{b:>12}" for b in columns))
     reps = 50 if HAS_GPU else 3
     rows = []
     for case in (TTS_CASES[0], TTS_CASES[-1] if HAS_GPU else TTS_CASES[-3]):
@@ -166,7 +167,7 @@ def timing() -> None:
     for label, op, call in rows:
         have = _available(op)
         cells = [f"{_time(lambda: call(b), reps):12.1f}" if b in have else f"{'-':>12}"
-                 for b in ("reference", "triton", "cuda", "hip")]
+                 for b in columns]
         print(f"  {label:<44}" + "".join(cells))
 
 
@@ -205,7 +206,7 @@ def bench(args, argv) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fusedrope", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fusedrope", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command")
     rep = sub.add_parser("report", help="backends, selection, self-check, timing (the default)")
     rep.add_argument("--no-timing", action="store_true", help="skip the timing table")

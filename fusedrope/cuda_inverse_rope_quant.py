@@ -7,8 +7,9 @@ scale layouts. Other shapes, float8_e4m3fnuz (an AMD format) and packed int32 UE
 Pointer alignment is decided inside the compiled op (16-byte vector path or a narrow one). The checks both
 compiled kernels share and the backend entry are fusedrope/compiled_inverse_rope_quant.py's.
 
-Status: compile- and SASS-checked for sm_90/sm_80 on CPU and its math emulated on CPU bit-exactly
-(tests/test_cuda_quant_kernels.py); GPU runs: gpu/check_inverse_rope_group_quant.py.
+Status: compile- and SASS-checked for sm_90/sm_80 on CPU (tests/test_cuda_quant_kernels.py); the whole kernel
+and its launcher run in CPU lockstep emulation, bit-exact against the reference (tests/test_emulated_quant_kernels.py);
+GPU runs: gpu/check_inverse_rope_group_quant.py.
 """
 
 from __future__ import annotations

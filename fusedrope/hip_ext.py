@@ -16,8 +16,10 @@
 The build, load and cache logic is fusedrope/jit_ext.py's (shared with the CUDA extension); this module says
 what is HIP's.
 
-Status: the HIP kernel is compile-checked on CPU for gfx942 (tests/test_hip_kernels.py); this module and the
-torch binding have not been run on a ROCm machine from this repository (docs/kernels_hip.md).
+Status: the HIP kernel is compiled and ISA-checked on CPU for gfx942 and gfx950 (tests/test_hip_kernels.py) and
+runs whole in CPU lockstep emulation, built as for each (tests/test_emulated_quant_kernels.py); the kernel, this
+module and the torch binding have never run on AMD hardware or a ROCm machine from this repository
+(docs/kernels_hip.md).
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ Triton (``supports`` says why).
 Pointer alignment is decided inside the compiled op. The checks both compiled kernels share and the backend
 entry are fusedrope/compiled_inverse_rope_quant.py's.
 
-Status: compile-checked on CPU for gfx942 only; never run on AMD hardware from this repository
-(docs/kernels_hip.md).
+Status: compiled and ISA-checked on CPU for gfx942 (Debian clang-19) and gfx950 (zig's clang 22)
+(tests/test_hip_kernels.py); the whole kernel and its launcher run in CPU lockstep emulation, bit-exact against
+the reference, also built as for gfx942 and gfx950 (hardware fp8 path through a model of v_cvt_pk_fp8_f32;
+tests/test_emulated_quant_kernels.py); never run on AMD hardware from this repository (docs/kernels_hip.md).
 """
 
 from __future__ import annotations
