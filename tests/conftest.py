@@ -1,12 +1,14 @@
-"""Tests run on CPU: Triton kernels run in its interpreter, which must be switched on before any kernel
-module is imported."""
+"""Tests run on the GPU when torch sees one (every backend compiled), else on CPU, where Triton kernels run in
+its interpreter: that must be switched on before any kernel module is imported."""
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 import fusedrope  # noqa: E402
 from fusedrope.backends import triton_available  # noqa: E402
