@@ -1,4 +1,4 @@
-"""Host cost of the public entry point: validation + backend selection, on tiny tensors.
+"""Host cost of the public entry points: validation + backend selection, on tiny tensors, for both ops.
 
     pytest bench/test_overhead.py --benchmark-only --benchmark-group-by=group
 
@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import fusedrope
+from fusedrope.inverse_rope_quant import REGISTRY as QUANT_REGISTRY
+from fusedrope.inverse_rope_quant import validate as quant_validate
 from fusedrope.tts_rope import REGISTRY, validate
 
 pytestmark = pytest.mark.benchmark(group="qwen3_tts_rope host overhead", warmup=True, min_rounds=2000)
@@ -56,3 +58,42 @@ def test_validate_and_select(benchmark, tiny):
     q, k, cos, sin = tiny
     REGISTRY.select(validate(q, k, cos, sin, False))  # first call imports and probes backends
     benchmark(lambda: REGISTRY.select(validate(q, k, cos, sin, False)))
+
+
+# -- inverse_rope_group_quant ------------------------------------------------------------------------------
+QUANT_GROUP = pytest.mark.benchmark(group="inverse_rope_group_quant host overhead", warmup=True, min_rounds=2000)
+
+
+@pytest.fixture
+def quant_tiny():
+    o = torch.randn(2, 2, 128, dtype=torch.bfloat16)
+    cos, sin = fusedrope.testing.deepseek_rope_cache(16)
+    return o, torch.arange(2), cos, sin
+
+
+@pytest.fixture
+def quant_noop_reference(monkeypatch):
+    impl = next(i for i in QUANT_REGISTRY.impls if i.backend == "reference")
+    monkeypatch.setattr(impl, "_fn", lambda *args: None)
+    return impl
+
+
+@QUANT_GROUP
+def test_quant_public_call(benchmark, quant_tiny, quant_noop_reference):
+    o, pos, cos, sin = quant_tiny
+    benchmark(lambda: fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend="reference"))
+
+
+@QUANT_GROUP
+def test_quant_public_call_into_buffers(benchmark, quant_tiny, quant_noop_reference):
+    o, pos, cos, sin = quant_tiny
+    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2)
+    benchmark(lambda: fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, False, x_fp8, x_scale,
+                                                         backend="reference"))
+
+
+@QUANT_GROUP
+def test_quant_validate_and_select(benchmark, quant_tiny):
+    o, pos, cos, sin = quant_tiny
+    args = (o, pos, cos, sin, 2, 128, False, None, None, None, None)
+    benchmark(lambda: QUANT_REGISTRY.select(quant_validate(*args)[0]))

@@ -7,6 +7,7 @@ import os
 from typing import Optional
 
 import torch
+from torch.autograd.graph import increment_version
 
 from . import _checks as C
 from .backends import reference_available, triton_available
@@ -53,9 +54,62 @@ def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_grou
     >>> fusedrope.quant_output_shapes(8, 16, 512, 2)
     ((8, 2, 4096), (8, 2, 32))
     """
-    dg = num_heads * head_dim // num_groups
+    dg, ks = _group_widths(num_heads * head_dim, num_groups, quant_group_size, scale_dtype)
+    return _shapes(num_tokens, num_groups, dg, ks, scale_dtype)
+
+
+def _shapes(S, G, dg, ks, scale_dtype) -> tuple[tuple, tuple]:
+    return (S, G, dg), (S, G, ks // 4 if scale_dtype == PACKED_UE8M0 else ks)
+
+
+def _is_int(v) -> bool:
+    """An int, or a SymInt under torch.compile; not a bool, float or numpy scalar."""
+    return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
+
+
+def _group_widths(row: int, num_groups, quant_group_size, scale_dtype=None) -> tuple[int, int]:
+    """``(Dg, Ks)`` for a token row of ``row = H*head_dim`` elements, after checking the group arguments."""
+    if not _is_int(num_groups) or num_groups < 1 or row % num_groups:
+        C.fail(OP, "num_groups", f"a positive int dividing H*head_dim={row}", repr(num_groups))
+    if not _is_int(quant_group_size) or quant_group_size not in QUANT_GROUP_SIZES:
+        C.fail(OP, "quant_group_size", f"one of {QUANT_GROUP_SIZES}", repr(quant_group_size))
+    dg = row // num_groups
+    if dg % quant_group_size:
+        C.fail(OP, "quant_group_size", f"a divisor of the group width Dg=H*head_dim/num_groups={dg}",
+               quant_group_size)
     ks = dg // quant_group_size
-    return (num_tokens, num_groups, dg), (num_tokens, num_groups, ks // 4 if scale_dtype == PACKED_UE8M0 else ks)
+    if scale_dtype == PACKED_UE8M0 and ks % 4:
+        C.fail(OP, "scale_dtype", "int32 (packed UE8M0) only when the blocks per group "
+               "Dg/quant_group_size are a multiple of 4", f"{dg}/{quant_group_size}={ks}")
+    return dg, ks
+
+
+def _show(v) -> str:
+    return str(v) if isinstance(v, torch.dtype) else repr(v)
+
+
+def _resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype) -> tuple:
+    """The fp8 and scale dtypes: the arguments, else the buffers', else the defaults; checked, naming the
+    argument they came from."""
+    fp8_from = "fp8_dtype"
+    if fp8_dtype is None:
+        fp8_from, fp8_dtype = (("x_fp8", x_fp8.dtype) if isinstance(x_fp8, torch.Tensor)
+                               else (fp8_from, torch.float8_e4m3fn))
+    if fp8_dtype not in FP8_DTYPES:
+        names = " or ".join(map(C.dtype_name, FP8_DTYPES))
+        if fp8_from == "x_fp8":
+            C.fail(OP, "x_fp8", f"dtype {names}", C.dtype_name(fp8_dtype), TypeError)
+        C.fail(OP, "fp8_dtype", names, _show(fp8_dtype), TypeError)
+    scale_from = "scale_dtype"
+    if scale_dtype is None:
+        scale_from, scale_dtype = (("x_scale", x_scale.dtype) if isinstance(x_scale, torch.Tensor)
+                                   else (scale_from, torch.float8_e8m0fnu))
+    if scale_dtype not in SCALE_DTYPES:
+        names = " or ".join(map(C.dtype_name, SCALE_DTYPES))
+        if scale_from == "x_scale":
+            C.fail(OP, "x_scale", f"dtype {names}", C.dtype_name(scale_dtype), TypeError)
+        C.fail(OP, "scale_dtype", names, _show(scale_dtype), TypeError)
+    return fp8_dtype, scale_dtype
 
 
 def scale_strides(shape: tuple, transpose_scale: bool, scale_dtype: Optional[torch.dtype] = None) -> tuple:
@@ -103,27 +157,87 @@ def empty_quant_outputs(o: torch.Tensor, num_groups: int, quant_group_size: int 
     >>> x.shape, s.shape, s.stride()
     (torch.Size([4, 2, 4096]), torch.Size([4, 2, 32]), (1, 128, 4))
     """
+    C.check_tensor(OP, "o", o, 3, "[S, H, head_dim]")
+    fp8_dtype, scale_dtype = _resolve_dtypes(None, None, fp8_dtype, scale_dtype)
     S, H, D = o.shape
-    scale_dtype = scale_dtype or torch.float8_e8m0fnu
-    fp_shape, sc_shape = quant_output_shapes(S, H, D, num_groups, quant_group_size, scale_dtype)
-    x_fp8 = torch.empty(fp_shape, dtype=fp8_dtype or torch.float8_e4m3fn, device=o.device)
+    _group_widths(H * D, num_groups, quant_group_size, scale_dtype)
+    return _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype)
+
+
+def _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype) -> tuple:
+    """:func:`empty_quant_outputs` for arguments already checked."""
+    S, H, D = o.shape
+    dg = H * D // num_groups
+    fp_shape, sc_shape = _shapes(S, num_groups, dg, dg // quant_group_size, scale_dtype)
+    x_fp8 = torch.empty(fp_shape, dtype=fp8_dtype, device=o.device)
     x_scale = torch.empty_strided(sc_shape, scale_strides(sc_shape, transpose_scale, scale_dtype),
                                   dtype=scale_dtype, device=o.device)
     return x_fp8, x_scale
 
 
 def _same_layout(t: torch.Tensor, strides: tuple) -> bool:
-    return all(n <= 1 or s == e for n, s, e in zip(t.shape, t.stride(), strides))
+    """The strides that address elements agree: those of size-1 dims and of empty tensors do not."""
+    return t.numel() == 0 or all(n <= 1 or s == e for n, s, e in zip(t.shape, t.stride(), strides))
 
 
 def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
              x_fp8, x_scale, fp8_dtype, scale_dtype) -> tuple:
-    """Check every argument; return ``(facts, fp8_dtype, scale_dtype)``. ``facts`` keys backend selection."""
+    """Check every argument; return ``(facts, fp8_dtype, scale_dtype)``. ``facts`` keys backend selection.
+
+    The hot path is one boolean expression over the usual call (no output buffers, or buffers laid out exactly
+    as :func:`empty_quant_outputs` makes them); anything else, bad input included, takes :func:`_validate_all`,
+    which accepts a superset and raises the precise message."""
+    try:
+        S, H, D = o.shape
+        max_pos, half = cos_cache.shape
+        dev, row = o.device, H * D
+        ok = (
+            type(num_groups) is int and type(quant_group_size) is int and num_groups > 0
+            and row % num_groups == 0 and quant_group_size in QUANT_GROUP_SIZES
+            and (row // num_groups) % quant_group_size == 0
+            and o.dtype in O_DTYPES and D % 2 == 0 and o.is_contiguous()
+            and positions.dtype in POSITION_DTYPES and positions.dim() == 1 and positions.shape[0] >= S
+            and cos_cache.dtype in CACHE_DTYPES and sin_cache.dtype is cos_cache.dtype
+            and sin_cache.shape == cos_cache.shape and cos_cache.stride(1) == 1 and sin_cache.stride(1) == 1
+            and max_pos >= 1 and half >= 1 and 2 * half <= D
+            and positions.device == dev and cos_cache.device == dev and sin_cache.device == dev
+            and (fp8_dtype is None or fp8_dtype in FP8_DTYPES)
+            and (scale_dtype is None or scale_dtype in SCALE_DTYPES)
+        )
+        if ok:
+            fp8_t = fp8_dtype or (torch.float8_e4m3fn if x_fp8 is None else x_fp8.dtype)
+            scale_t = scale_dtype or (torch.float8_e8m0fnu if x_scale is None else x_scale.dtype)
+            dg = row // num_groups
+            ks = dg // quant_group_size
+            ok = not (scale_t is PACKED_UE8M0 and ks % 4) and scale_t in SCALE_DTYPES
+            if ok and (x_fp8 is not None or x_scale is not None):
+                fp_shape, sc_shape = _shapes(S, num_groups, dg, ks, scale_t)
+                ok = (x_fp8 is not None and x_scale is not None
+                      and x_fp8.dtype is fp8_t and x_fp8.shape == fp_shape and x_fp8.is_contiguous()
+                      and x_scale.dtype is scale_t and x_scale.shape == sc_shape
+                      and x_scale.stride() == scale_strides(sc_shape, bool(transpose_scale), scale_t)
+                      and x_fp8.device == dev and x_scale.device == dev)
+    except (AttributeError, TypeError, ValueError, IndexError):
+        ok = False
+    if not ok:
+        return _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
+                             x_fp8, x_scale, fp8_dtype, scale_dtype)
+    facts = (dev, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype,
+             fp8_t, scale_t, bool(transpose_scale))
+    return facts, fp8_t, scale_t
+
+
+def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
+                  x_fp8, x_scale, fp8_dtype, scale_dtype) -> tuple:
+    """Every check, one at a time, each with its message (:func:`validate`'s slow path)."""
     C.check_tensor(OP, "o", o, 3, "[S, H, head_dim]")
     C.check_dtype(OP, "o", o, O_DTYPES)
     if not o.is_contiguous():
         C.fail(OP, "o", "a contiguous tensor", f"strides {tuple(o.stride())} for shape {C.shape_str(o.shape)}")
     S, H, D = o.shape
+    if D % 2:
+        C.fail(OP, "o", "an even head_dim (last dim), so that rope pairs never straddle a head or a quant block",
+               f"head_dim={D}")
     C.check_tensor(OP, "positions", positions, 1, "[>= S]")
     C.check_dtype(OP, "positions", positions, POSITION_DTYPES)
     if positions.shape[0] < S:
@@ -140,28 +254,9 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
         C.fail(OP, "cos_cache", f"shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim={D}",
                C.shape_str(cos_cache.shape))
     C.check_same_device(OP, "o", o, {"positions": positions, "cos_cache": cos_cache, "sin_cache": sin_cache})
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1 or (H * D) % num_groups:
-        C.fail(OP, "num_groups", f"a positive int dividing H*head_dim={H * D}", repr(num_groups))
-    if quant_group_size not in QUANT_GROUP_SIZES:
-        C.fail(OP, "quant_group_size", f"one of {QUANT_GROUP_SIZES}", repr(quant_group_size))
-    dg = H * D // num_groups
-    if dg % quant_group_size:
-        C.fail(OP, "quant_group_size", f"a divisor of the group width Dg=H*head_dim/num_groups={dg}",
-               quant_group_size)
-
-    if fp8_dtype is None:
-        fp8_dtype = x_fp8.dtype if isinstance(x_fp8, torch.Tensor) else torch.float8_e4m3fn
-    if fp8_dtype not in FP8_DTYPES:
-        C.fail(OP, "fp8_dtype", " or ".join(map(C.dtype_name, FP8_DTYPES)), fp8_dtype, TypeError)
-    if scale_dtype is None:
-        scale_dtype = x_scale.dtype if isinstance(x_scale, torch.Tensor) else torch.float8_e8m0fnu
-    if scale_dtype not in SCALE_DTYPES:
-        C.fail(OP, "scale_dtype", " or ".join(map(C.dtype_name, SCALE_DTYPES)), scale_dtype, TypeError)
-    if scale_dtype == PACKED_UE8M0 and (dg // quant_group_size) % 4:
-        C.fail(OP, "scale_dtype", "int32 (packed UE8M0) only when the blocks per group "
-               "Dg/quant_group_size are a multiple of 4", f"{dg}/{quant_group_size}={dg // quant_group_size}",
-               ValueError)
-    fp_shape, sc_shape = quant_output_shapes(S, H, D, num_groups, quant_group_size, scale_dtype)
+    fp8_dtype, scale_dtype = _resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype)
+    dg, ks = _group_widths(H * D, num_groups, quant_group_size, scale_dtype)
+    fp_shape, sc_shape = _shapes(S, num_groups, dg, ks, scale_dtype)
     if x_fp8 is not None:
         C.check_tensor(OP, "x_fp8", x_fp8)
         C.check_shape(OP, "x_fp8", x_fp8, fp_shape)
@@ -186,7 +281,9 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
 
 def check_positions_on_host(positions: torch.Tensor, num_tokens: int, max_pos: int) -> None:
     """Debug switch (``FUSEDROPE_CHECK_POSITIONS=1``): raise on out-of-range positions instead of clamping.
-    Synchronises with the device, so it is off by default."""
+    Synchronises with the device, so it is off by default. Meta and fake tensors have no values to check."""
+    if positions.device.type == "meta" or isinstance(positions, torch._subclasses.FakeTensor):
+        return
     p = positions[:num_tokens]
     bad = ((p < 0) | (p >= max_pos)).nonzero()
     if bad.numel():
@@ -213,16 +310,31 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
     facts, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                                              transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype)
     impl = REGISTRY.select(facts, backend)
-    if x_fp8 is None or x_scale is None:
-        new_fp8, new_scale = empty_quant_outputs(o, num_groups, quant_group_size, transpose_scale,
-                                                 fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
+    given = x_fp8 is not None, x_scale is not None
+    if not all(given):
+        new_fp8, new_scale = _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype,
+                                            scale_dtype)
         x_fp8 = new_fp8 if x_fp8 is None else x_fp8
         x_scale = new_scale if x_scale is None else x_scale
     if os.environ.get(ENV_CHECK_POSITIONS, "0") not in ("", "0"):
         check_positions_on_host(positions, o.shape[0], cos_cache.shape[0])
     if o.numel():
-        impl.fn()(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size)
+        # A caller's scale buffer may carry any stride on a size-1 dim (e.g. Ks == 1); the backends get the
+        # view with the canonical strides, which addresses the same elements.
+        scale_out = x_scale
+        if given[1]:
+            want = scale_strides(tuple(x_scale.shape), bool(transpose_scale), scale_dtype)
+            scale_out = x_scale if x_scale.stride() == want else x_scale.as_strided(x_scale.shape, want)
+        impl.fn()(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size)
+        if any(given):  # written through raw pointers: tell autograd the caller's buffers changed
+            increment_version([t for t, g in zip((x_fp8, x_scale), given) if g])
     return x_fp8, x_scale
+
+
+def _needs_grad(o, cos_cache, sin_cache) -> bool:
+    """Grad mode is on and a float input requires grad (non-tensors are left to validation)."""
+    return torch.is_grad_enabled() and (getattr(o, "requires_grad", False) or getattr(cos_cache, "requires_grad", False)
+                                        or getattr(sin_cache, "requires_grad", False))
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128,
@@ -280,8 +392,14 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     >>> x.shape, s.shape, s.dtype
     (torch.Size([4, 2, 4096]), torch.Size([4, 2, 32]), torch.float8_e8m0fnu)
     """
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if compiling or (x_fp8 is None and x_scale is None and _needs_grad(o, cos_cache, sin_cache)):
+        # Traced, or inputs that require grad: the torch op, whose outputs raise on backward (no derivative)
+        # instead of silently cutting the graph.
         if x_fp8 is not None and x_scale is not None:
+            if fp8_dtype is not None or scale_dtype is not None:  # the _out op reads the buffers' dtypes
+                validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
+                         x_fp8, x_scale, fp8_dtype, scale_dtype)
             torch.ops.fusedrope.inverse_rope_group_quant_out(o, positions, cos_cache, sin_cache, num_groups,
                                                              quant_group_size, transpose_scale, x_fp8, x_scale,
                                                              backend)
@@ -318,14 +436,15 @@ def _op_fake(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=12
     _, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                                          transpose_scale, None, None, fp8_dtype, scale_dtype)
     # The same strides as the real op (column-major scale included), or compiled callers read garbage.
-    return empty_quant_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype=fp8_dtype,
-                               scale_dtype=scale_dtype)
+    return _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype)
 
 
 @torch.library.custom_op("fusedrope::inverse_rope_group_quant_out", mutates_args=("x_fp8", "x_scale"))
 def _op_out(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
             num_groups: int, quant_group_size: int, transpose_scale: bool, x_fp8: torch.Tensor,
             x_scale: torch.Tensor, backend: str = "auto") -> None:
+    for name, t in (("x_fp8", x_fp8), ("x_scale", x_scale)):
+        C.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
     _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8, x_scale,
          None, None, backend)
 

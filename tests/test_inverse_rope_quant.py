@@ -376,3 +376,109 @@ def test_property_triton_matches_reference(case, transpose_scale, fp8_dtype, sca
     ref = reference(o, pos, cos, sin, case, transpose_scale, fp8_dtype, scale_dtype)
     assert got[1].stride() == ref[1].stride()
     assert_quant_close(*got, *ref, rope_blocks(case), backend)
+
+
+# -- caller buffers, autograd, tracing ---------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("transpose_scale", [False, True])
+def test_one_block_per_group_scale_buffer_with_any_size1_stride(backend, transpose_scale):
+    """Ks == 1: the scale buffer's last dim has size 1, so its stride addresses nothing and may be anything.
+    Every block lands where the layout says, and no byte past the buffer's elements is written."""
+    case = QuantCase(3, 2, 2, head_dim=128, quant_group_size=128)  # Dg = 128 -> Ks = 1
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=21)
+    if REGISTRY.decide(REGISTRY_IMPL[backend], validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None,
+                                                         None, None)[0]):
+        pytest.skip(f"{backend} does not serve head_dim 128")
+    want_fp8, want_scale = reference(o, pos, cos, sin, case, transpose_scale)
+    S, G = 3, 2
+    arena = torch.full((4096,), 0xAB, dtype=torch.uint8, device=DEVICE)
+    strides = (1, S, 1000) if transpose_scale else (G, 1, 1000)  # as torch.empty(G, S).t().unsqueeze(-1) gives
+    x_scale = arena.as_strided((S, G, 1), strides).view(torch.float8_e8m0fnu)
+    x_fp8 = poison_like(torch.empty(S, G, 128, dtype=torch.float8_e4m3fn, device=DEVICE))
+    fusedrope.inverse_rope_group_quant(o, pos, cos, sin, G, 128, transpose_scale, x_fp8, x_scale, backend=backend)
+    assert torch.equal(x_scale.view(torch.uint8), want_scale.view(torch.uint8))
+    assert torch.equal(arena[S * G:], torch.full_like(arena[S * G:], 0xAB)), "wrote past the scale buffer"
+    assert_quant_close(x_fp8, x_scale, want_fp8, want_scale, rope_blocks(case), backend)
+
+
+REGISTRY_IMPL = {i.backend: i for i in REGISTRY.impls}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_tokens_with_any_scale_buffer_strides(backend):
+    """S = 0: strides of an empty buffer mean nothing, so the natural column-major allocation is accepted."""
+    o, pos, cos, sin = make_quant_inputs(QuantCase(0, 16, 2), device=DEVICE)
+    x_fp8 = torch.empty(0, 2, 4096, dtype=torch.float8_e4m3fn, device=DEVICE)
+    x_scale = torch.empty(2, 32, 0, dtype=torch.float8_e8m0fnu, device=DEVICE).permute(2, 0, 1)
+    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, True, x_fp8, x_scale, backend=backend)
+    assert out[0] is x_fp8 and out[1] is x_scale
+
+
+def _valid_calls():
+    o, pos, cos, sin = make_quant_inputs(QuantCase(3, 16, 2), device=DEVICE)
+    yield (o, pos, cos, sin, 2, 128, False, None, None, None, None)
+    yield (o, pos, cos, sin, 2, 32, True, None, None, torch.float8_e4m3fnuz, torch.int32)
+    for ts in (False, True):
+        for sd in (torch.float8_e8m0fnu, torch.uint8, torch.float32, torch.int32):
+            bufs = fusedrope.empty_quant_outputs(o, 2, 64, ts, scale_dtype=sd)
+            yield (o, pos, cos, sin, 2, 64, ts, *bufs, None, None)
+            yield (o, pos, cos, sin, 2, 64, ts, *bufs, torch.float8_e4m3fn, sd)
+    yield (o, pos, cos[:, :8], sin[:, :8], 16, 256, False, None, None, None, None)
+    yield (o[:0], pos[:0], cos, sin, 1, 128, False, None, None, None, None)
+
+
+def test_fast_validation_agrees_with_every_check():
+    """validate()'s one-expression path returns what the check-by-check path returns."""
+    from fusedrope.inverse_rope_quant import _validate_all
+
+    n = 0
+    for args in _valid_calls():
+        assert validate(*args) == _validate_all(*args)
+        n += 1
+    assert n == 20
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_that_require_grad_give_outputs_that_refuse_backward(backend):
+    """No backend has a derivative: every one of them raises on backward instead of cutting the graph."""
+    case = SHAPES[0]
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE)
+    o.requires_grad_()
+    x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend=backend)
+    want = reference(o.detach(), pos, cos, sin, case)
+    assert torch.equal(x.view(torch.uint8), want[0].view(torch.uint8))
+    assert x.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        x.float().sum().backward()
+    with torch.no_grad():  # the usual inference call: plain outputs
+        assert not fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend=backend)[0].requires_grad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_caller_buffers_get_a_new_version(backend):
+    o, pos, cos, sin = make_quant_inputs(SHAPES[0], device=DEVICE)
+    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2)
+    before = x_fp8._version, x_scale._version
+    fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, False, x_fp8, x_scale, backend=backend)
+    assert x_fp8._version > before[0] and x_scale._version > before[1]
+
+
+def test_num_groups_traced_as_symint():
+    """Under torch.compile(dynamic=True) num_groups arrives as a SymInt, which the op's schema allows."""
+    o, pos, cos, sin = make_quant_inputs(QuantCase(3, 16, 2), device=DEVICE)
+    fn = torch.compile(lambda o, p, c, s, g: fusedrope.inverse_rope_group_quant(o, p, c, s, g, 128,
+                                                                               backend="reference"),
+                       fullgraph=True, dynamic=True, backend="eager")
+    for g in (2, 1, 4):
+        got, want = fn(o, pos, cos, sin, g), fusedrope.inverse_rope_group_quant(o, pos, cos, sin, g,
+                                                                                backend="reference")
+        assert got[0].shape == want[0].shape == (3, g, 16 * 512 // g)
+        assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+        assert torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
+
+
+def test_position_check_skips_meta_tensors(monkeypatch):
+    monkeypatch.setenv(fusedrope.inverse_rope_quant.ENV_CHECK_POSITIONS, "1")
+    o, pos, cos, sin = (t.to("meta") for t in make_quant_inputs(QuantCase(3, 16, 2)))
+    x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend="reference")
+    assert x.device.type == "meta" and s.shape == (3, 2, 32)
