@@ -11,6 +11,8 @@ oracle). ``FUSEDROPE_BACKEND=name`` forces one for every call made with ``backen
 
 from __future__ import annotations
 
+import inspect
+
 from ._checks import BackendUnavailableError
 from .registry import BACKENDS, ENV_BACKEND, Explanation, registry
 from .tts_rope import qwen3_tts_rope
@@ -53,7 +55,12 @@ def explain(op, *args, **kwargs) -> Explanation:
     name = op if isinstance(op, str) else getattr(op, "__name__", str(op))
     if name not in _EXPLAINERS:
         raise ValueError(f"explain: argument 'op' expected one of {sorted(_EXPLAINERS)}, got {name!r}")
-    facts, backend = _EXPLAINERS[name](*args, **kwargs)
+    explainer = _EXPLAINERS[name]
+    try:
+        inspect.signature(explainer).bind(*args, **kwargs)
+    except TypeError as e:  # name the op, not the internal helper
+        raise TypeError(f"explain({name!r}, ...): {e}") from None
+    facts, backend = explainer(*args, **kwargs)
     return registry(name).explain(facts, backend)
 
 

@@ -8,7 +8,8 @@ Each implementation answers two questions with ``None`` (yes) or a reason (no):
 Run-time facts that are not traceable (pointer alignment, exact strides) are decided inside the kernels.
 
 Forcing: ``backend="name"`` on a call, or the environment variable ``FUSEDROPE_BACKEND=name`` for every
-call made with ``backend="auto"``. A forced backend that cannot serve raises ``BackendUnavailableError``.
+call made with ``backend="auto"`` to an op that has that backend (``hip`` exists for op 2 only; op 1's calls
+then pick as ``auto`` does). A forced backend that cannot serve raises ``BackendUnavailableError``.
 """
 
 from __future__ import annotations
@@ -137,8 +138,12 @@ class OpRegistry:
             raise BackendUnavailableError(f"{self.op}: no backend can run these inputs:\n{self.explain(facts)}")
         by_name = {i.backend: i for i in self.impls}
         if request not in by_name:
+            if backend == "auto" and request in BACKENDS:  # set for another op's backend: this op picks itself
+                return self._select_uncached(facts, "auto", backend)
             source = "argument 'backend'" if backend != "auto" else f"environment variable {ENV_BACKEND}"
-            raise ValueError(f"{self.op}: {source} expected 'auto' or one of {sorted(by_name)}, got {request!r}")
+            has = f" ({self.op} has no {request!r} backend)" if request in BACKENDS else ""
+            raise ValueError(f"{self.op}: {source} expected 'auto' or one of {sorted(by_name)}, got "
+                             f"{request!r}{has}")
         reason = self.decide(by_name[request], facts)
         if reason is not None:
             raise BackendUnavailableError(f"{self.op}: backend {request!r} cannot run these inputs: {reason}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.autograd.graph import increment_version
 
 from . import _checks as C
 from .backends import reference_available, triton_available
@@ -25,7 +26,7 @@ def _diagnose(q, k, cos, sin, inplace) -> None:
         C.fail(OP, "q", "an even head_dim D >= 2 (last dim)", f"D={D}")
     C.check_shape(OP, "k", k, (B, None, S, D), ("B", "Hkv"))
     if cos.shape[0] not in (1, B):
-        C.fail(OP, "cos", f"shape [{B} or 1, {S}, {D}]", C.shape_str(cos.shape))
+        C.fail(OP, "cos", f"shape [{B if B == 1 else f'{B} or 1'}, {S}, {D}]", C.shape_str(cos.shape))
     C.check_shape(OP, "cos", cos, (cos.shape[0], S, D))
     C.check_shape(OP, "sin", sin, tuple(cos.shape))
     C.check_dtype(OP, "q", q, DTYPES)
@@ -61,9 +62,27 @@ def validate(q, k, cos, sin, inplace: bool) -> tuple:
     if not ok:
         _diagnose(q, k, cos, sin, inplace)
     if inplace:
-        C.check_writable_no_overlap(OP, "q", q)
-        C.check_writable_no_overlap(OP, "k", k)
+        _check_inplace(q, k)
     return (dev, dt, qs[3], bool(inplace))
+
+
+def _is_fake(t) -> bool:
+    return isinstance(t, torch._subclasses.FakeTensor)  # no data: its data_ptr() means nothing
+
+
+def _check_inplace(q, k) -> None:
+    """What in-place writes need beyond valid inputs, as torch's own in-place ops demand it."""
+    C.check_writable_no_overlap(OP, "q", q)
+    C.check_writable_no_overlap(OP, "k", k)
+    if q is k or (q.numel() and k.numel() and q.device.type != "meta" and not _is_fake(q)
+                  and q.data_ptr() == k.data_ptr()):
+        C.fail(OP, "k", "memory apart from q's for inplace=True", "a tensor starting at q's first element")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        raise RuntimeError(f"{OP}: inplace=True has no autograd formula, and 'q' or 'k' requires grad; call it "
+                           "under torch.no_grad() or torch.inference_mode(), or use inplace=False")
+    if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
+        raise RuntimeError(f"{OP}: inplace=True on an inference tensor outside torch.inference_mode(), which "
+                           "torch does not allow either")
 
 
 # -- backends -----------------------------------------------------------------------------------------
@@ -81,7 +100,10 @@ def _run(q, k, cos, sin, inplace: bool, backend: str):
     impl = REGISTRY.select(validate(q, k, cos, sin, inplace), backend)
     work = q.numel() or k.numel()
     if inplace:
-        q_out, k_out = q, k
+        if work:
+            impl.fn()(q, k, cos, sin, q, k)
+            increment_version((q, k))  # written through raw pointers: saved copies of q, k are now stale
+        return q, k
     elif work and impl.run_alloc and not (q.requires_grad or k.requires_grad):
         # the backend allocates (in C++: two Python calls fewer); not for inputs that require grad, whose
         # outputs would come back from the compiled op with an autograd placeholder instead of plain tensors
@@ -142,6 +164,12 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
         if inplace:
             torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend)
             return q, k
+        return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
+    if not inplace and torch.is_grad_enabled() and (getattr(q, "requires_grad", False)
+                                                    or getattr(k, "requires_grad", False)
+                                                    or getattr(cos, "requires_grad", False)
+                                                    or getattr(sin, "requires_grad", False)):
+        # the torch op: its outputs raise on backward (no derivative) instead of silently cutting the graph
         return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
     return _run(q, k, cos, sin, inplace, backend)
 

@@ -2,6 +2,7 @@
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,6 +38,8 @@ TTS_CASES = {
     "k head_dim": (tts_bad(k=torch.randn(2, 2, 3, 6).to(bf16)), ValueError, "argument 'k' expected shape [2, Hkv, 3, 8]"),
     "cos batch": (tts_bad(cos=torch.randn(3, 3, 8).to(bf16)), ValueError,
                   "argument 'cos' expected shape [2 or 1, 3, 8], got [3, 3, 8]"),
+    "cos batch, B=1": (tts_bad(q=lambda t: t[:1], k=lambda t: t[:1], cos=torch.randn(2, 3, 8).to(bf16)), ValueError,
+                       "argument 'cos' expected shape [1, 3, 8], got [2, 3, 8]"),
     "cos seq": (tts_bad(cos=lambda t: t[:, :2]), ValueError, "argument 'cos' expected shape [2, 3, 8], got [2, 2, 8]"),
     "sin shape": (tts_bad(sin=lambda t: t[:1]), ValueError, "argument 'sin' expected shape [2, 3, 8], got [1, 3, 8]"),
     "q int": (tts_bad(q=lambda t: t.to(torch.int32)), TypeError,
@@ -141,7 +144,22 @@ QUANT_CASES = {
     "x_scale shape": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 4, dtype=torch.float8_e8m0fnu)), ValueError,
                       "argument 'x_scale' expected shape [3, 2, 8], got [3, 2, 4]"),
     "x_scale dtype": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.float16)), TypeError,
-                      "argument 'scale_dtype' expected float8_e8m0fnu or uint8 or float32 or int32, got torch.float16"),
+                      "argument 'x_scale' expected dtype float8_e8m0fnu or uint8 or float32 or int32, got float16"),
+    "x_fp8 not fp8": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 1024, dtype=bf16)), TypeError,
+                      "argument 'x_fp8' expected dtype float8_e4m3fn or float8_e4m3fnuz, got bfloat16"),
+    "fp8 dtype str": (quant_bad(fp8_dtype="float8_e4m3fn"), TypeError,
+                      "argument 'fp8_dtype' expected float8_e4m3fn or float8_e4m3fnuz, got 'float8_e4m3fn'"),
+    "odd head_dim": (quant_bad(o=torch.randn(3, 4, 65).to(bf16), num_groups=1, quant_group_size=32), ValueError,
+                     "argument 'o' expected an even head_dim (last dim), so that rope pairs never straddle a head "
+                     "or a quant block, got head_dim=65"),
+    "groups numpy": (quant_bad(num_groups=np.int64(2)), ValueError,
+                     "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got np.int64(2)"),
+    "group size float": (quant_bad(quant_group_size=128.0), ValueError,
+                         "argument 'quant_group_size' expected one of (32, 64, 128, 256), got 128.0"),
+    "group size numpy": (quant_bad(quant_group_size=np.int64(64)), ValueError,
+                         "argument 'quant_group_size' expected one of (32, 64, 128, 256), got np.int64(64)"),
+    "group size bool": (quant_bad(quant_group_size=True), ValueError,
+                        "argument 'quant_group_size' expected one of (32, 64, 128, 256), got True"),
     "x_scale vs scale_dtype": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.uint8), scale_dtype=torch.float32),
                                TypeError, "argument 'x_scale' expected dtype float32, got uint8"),
     "x_scale layout": (quant_bad(x_scale=lambda a: _bufs(transpose_scale=True)(a)[1]), ValueError,
@@ -158,6 +176,64 @@ def test_inverse_rope_group_quant_bad_input(name):
     (args, kw), exc, msg = QUANT_CASES[name]
     with pytest.raises(exc, match="^inverse_rope_group_quant: " + re.escape(msg)):
         fusedrope.inverse_rope_group_quant(**args, **kw, backend="reference")
+
+
+def test_quant_helpers_check_their_arguments():
+    o = torch.zeros(2, 2, 128, dtype=bf16)
+    with pytest.raises(ValueError, match="argument 'num_groups' expected a positive int dividing H\\*head_dim=256, got 3"):
+        fusedrope.empty_quant_outputs(o, 3)
+    with pytest.raises(ValueError, match="argument 'quant_group_size' expected one of \\(32, 64, 128, 256\\), got 96"):
+        fusedrope.empty_quant_outputs(o, 2, 96)
+    with pytest.raises(ValueError, match="argument 'quant_group_size' expected a divisor of the group width"):
+        fusedrope.empty_quant_outputs(o, 2, 256)
+    with pytest.raises(ValueError, match="argument 'scale_dtype' expected int32 \\(packed UE8M0\\) only when"):
+        fusedrope.quant_output_shapes(2, 2, 128, 2, 64, torch.int32)
+    with pytest.raises(TypeError, match="argument 'fp8_dtype' expected float8_e4m3fn or float8_e4m3fnuz, got "
+                                        "torch.bfloat16"):
+        fusedrope.empty_quant_outputs(o, 2, fp8_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="argument 'o' expected a 3-D tensor"):
+        fusedrope.empty_quant_outputs(o[0], 2)
+
+
+def test_out_op_requires_both_buffers():
+    (args, _), = [quant_bad()]
+    with pytest.raises(TypeError, match="argument 'x_fp8' expected a torch.Tensor, got NoneType"):
+        torch.ops.fusedrope.inverse_rope_group_quant_out(*[args[n] for n in list(args)[:7]], None, None, "reference")
+
+
+def test_inplace_into_itself_or_with_autograd():
+    q, k, cos, sin = tts_inputs()
+    with pytest.raises(ValueError, match="argument 'k' expected memory apart from q's for inplace=True"):
+        fusedrope.qwen3_tts_rope(q, q, cos, sin, inplace=True, backend="reference")
+    leaf = q.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="inplace=True has no autograd formula, and 'q' or 'k' requires grad"):
+        fusedrope.qwen3_tts_rope(leaf, k, cos, sin, inplace=True, backend="reference")
+    with torch.inference_mode():
+        q_inf = q.clone()
+    with pytest.raises(RuntimeError, match="inplace=True on an inference tensor outside torch.inference_mode"):
+        fusedrope.qwen3_tts_rope(q_inf, k, cos, sin, inplace=True, backend="reference")
+
+
+def test_backend_the_op_does_not_have(monkeypatch):
+    q, k, cos, sin = tts_inputs()
+    with pytest.raises(ValueError, match=r"argument 'backend' expected 'auto' or one of \[.*\], got 'hip' "
+                                         r"\(qwen3_tts_rope has no 'hip' backend\)"):
+        fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="hip")
+    # FUSEDROPE_BACKEND=hip, set for op 2 on AMD, leaves op 1 to pick for itself
+    auto = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "hip")
+    assert auto is not None and fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen == auto
+    q_out, _ = fusedrope.qwen3_tts_rope(q, k, cos, sin)
+    assert torch.equal(q_out, fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=auto)[0])
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "cudnn")
+    with pytest.raises(ValueError, match="environment variable FUSEDROPE_BACKEND expected 'auto' or one of"):
+        fusedrope.qwen3_tts_rope(q, k, cos, sin)
+
+
+def test_explain_names_the_op_for_missing_arguments():
+    q, k, cos, _ = tts_inputs()
+    with pytest.raises(TypeError, match=r"^explain\('qwen3_tts_rope', ...\): missing a required argument: 'sin'"):
+        fusedrope.explain("qwen3_tts_rope", q, k, cos)
 
 
 def test_explain_rejects_unknown_op():

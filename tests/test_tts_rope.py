@@ -184,3 +184,30 @@ def test_property_random_shapes_and_strides(B, S, HQ, HKV, half, pad, perm, bcas
     for backend in ("triton", "reference"):
         if REGISTRY.availability(next(i for i in REGISTRY.impls if i.backend == backend), DEVICE) is None:
             check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inplace_bumps_versions_so_autograd_sees_the_write(backend):
+    q, k, cos, sin = make_tts_inputs(TTS_CASES[0], device=DEVICE)
+    before = q._version, k._version
+    fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True, backend=backend)
+    assert q._version > before[0] and k._version > before[1]
+    # q saved for a backward, then rotated in place under no_grad: autograd refuses, as for torch's own ops
+    w = torch.ones((), device=DEVICE, requires_grad=True)
+    y = (q * w).sum()  # saves q for w's gradient
+    with torch.no_grad():
+        fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True, backend=backend)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_that_require_grad_give_outputs_that_refuse_backward(backend):
+    """No backend has a derivative: every one raises on backward instead of cutting the graph silently."""
+    q, k, cos, sin = make_tts_inputs(TTS_CASES[0], device=DEVICE)
+    want = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
+    q_out, k_out = fusedrope.qwen3_tts_rope(q.clone().requires_grad_(), k, cos, sin, backend=backend)
+    assert torch.equal(q_out.detach(), want[0]) and torch.equal(k_out.detach(), want[1])
+    assert q_out.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        q_out.float().sum().backward()
