@@ -224,7 +224,8 @@ def markdown(results: dict) -> str:
     m, rows, cp = results["meta"], results["rows"], results.get("copy", {})
     gpu = m.get("gpu")
     on_gpu = f"; GPU {gpu} ({m.get('gpu_arch')}, L2 {m.get('l2_bytes', 0) / 2**20:.0f} MiB)" if gpu else ""
-    dirty = " (working tree had uncommitted changes)" if m["git_dirty"] else ""
+    dirty = {True: " (working tree had uncommitted changes)", None: " (no git checkout: tree state unknown)"}.get(
+        m["git_dirty"], "")
     lines = [f"# fusedrope benchmark: {where(m)}", "",
              f"- machine: {m['hostname']} ({m['platform']}, {m['cpu_count']} CPUs){on_gpu}",
              (f"- versions: fusedrope {m['fusedrope']}, torch {m['torch']} (CUDA {m['torch_cuda']}, HIP "

@@ -58,6 +58,7 @@ from .testing import (QUANT_CASES, QUANT_GROUP_SIZE_CASES, QUANT_HEAD_GROUPS, TT
 from .tts_rope import OP as TTS
 
 OPS = (TTS, QUANT)
+ENV_GIT_COMMIT = "FUSEDROPE_GIT_COMMIT"
 CPU_LABEL = "CPU, not representative: wall-clock timing on a CPU, no GPU kernel ran"
 DEFAULT_L2_BYTES = 60 * 2**20  # H200; used when the device does not report its L2
 ROTATE_L2_FACTOR = 3
@@ -592,20 +593,25 @@ def _version(dist: str) -> Optional[str]:
 
 
 def machine_info(device: torch.device, command: Optional[str] = None) -> dict:
-    """Where and how results were made: host, GPU, library versions, git commit, the exact command."""
+    """Where and how results were made: host, GPU, library versions, git commit, the exact command.
+
+    The commit is ``$FUSEDROPE_GIT_COMMIT`` when set (for a copy of the tree without ``.git``, as a device machine
+    gets), else the checkout's ``HEAD``."""
     try:
         import triton
 
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
+    head = _git("rev-parse", "HEAD")
     info = {
         "hostname": platform.node(), "platform": platform.platform(), "machine": platform.machine(),
         "cpu_count": os.cpu_count(), "python": platform.python_version(), "fusedrope": __version__,
         "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_hip": torch.version.hip,
         "triton": triton_version, "liger_kernel": _version("liger-kernel"), "device": device.type,
-        "git_commit": _git("rev-parse", "HEAD") or "unknown",
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "git_commit": os.environ.get(ENV_GIT_COMMIT) or head or "unknown",
+        # None: no git checkout here (e.g. the device tool's copy of the tree), so the tree state is unknown
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")) if head else None,
         "command": command or " ".join([sys.executable, *sys.argv]),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "triton_interpret": os.environ.get("TRITON_INTERPRET", ""), "torch_threads": torch.get_num_threads(),

@@ -13,7 +13,8 @@
 # Exit status: 0 only if the build and both scripts passed.
 #
 # Knobs (environment): TOTAL_S, QUANT_S (seconds kept for the op-2 script, default 110), BUILD_TIMEOUT_S (200),
-# TTS_ARGS / QUANT_ARGS (extra arguments, e.g. TTS_ARGS="--no-compile"), PYTHON (python3).
+# TTS_ARGS / QUANT_ARGS (extra arguments, e.g. TTS_ARGS="--no-compile"), PYTHON (python3), FUSEDROPE_GIT_COMMIT
+# (the commit to record; default `git rev-parse HEAD`, which a copy of the tree without .git cannot answer).
 # `gpu/run_all.sh --cpu-selftest` runs the same pipeline with the scripts' CPU modes (no GPU, no build).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +41,10 @@ main() {
         fi
     fi
     export PYTHONPATH="$path${PYTHONPATH:+:$PYTHONPATH}"
-    echo "== gpu/run_all.sh: commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), OUT=$OUT," \
+    # The device machine's copy of the tree has no .git: pass FUSEDROPE_GIT_COMMIT=<sha> for the results' provenance
+    FUSEDROPE_GIT_COMMIT="${FUSEDROPE_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
+    export FUSEDROPE_GIT_COMMIT
+    echo "== gpu/run_all.sh: commit ${FUSEDROPE_GIT_COMMIT:-unknown}, OUT=$OUT," \
          "TOTAL_S=$TOTAL_S, TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader 2>/dev/null
 

@@ -200,3 +200,17 @@ def test_pytest_benchmark_suite_runs_and_skips_with_reasons():
     assert "unfused: CPU interpreter timings are not meaningful" in out
     assert "cuda: cuda backend unavailable" in out
     assert "4 passed" in out  # eager + reference, for each op
+
+
+def test_provenance_without_a_git_checkout(monkeypatch):
+    """A device machine's copy of the tree has no .git: the commit comes from FUSEDROPE_GIT_COMMIT and the tree
+    state is reported unknown, not clean."""
+    monkeypatch.setattr(B, "_git", lambda *args: "")
+    monkeypatch.delenv(B.ENV_GIT_COMMIT, raising=False)
+    meta = B.machine_info(CPU)
+    assert meta["git_commit"] == "unknown" and meta["git_dirty"] is None
+    monkeypatch.setenv(B.ENV_GIT_COMMIT, "0123abc")
+    meta = B.machine_info(CPU)
+    assert meta["git_commit"] == "0123abc" and meta["git_dirty"] is None
+    md = report.markdown({"meta": meta, "rows": [], "copy": {}})
+    assert "- commit: 0123abc (no git checkout: tree state unknown)" in md
