@@ -1,6 +1,9 @@
 # Two commands for a fresh machine (no GPU needed): `make demo` and `make test`.
-# Each creates .venv when missing and installs the CPU torch wheel (torch==2.13.0), not a multi-GB CUDA build.
+# Each creates .venv when missing and installs torch==2.13.0 (requirements-cpu.txt): the CPU wheel where pip finds
+# one (the CI image has it locally); elsewhere `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` gets
+# the CPU build instead of PyPI's default Linux wheel, the multi-GB CUDA one.
 PYTHON ?= python3
+TORCH_INDEX ?=
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fusedrope-installed
@@ -9,7 +12,7 @@ STAMP := $(VENV)/.fusedrope-installed
 
 $(STAMP): pyproject.toml requirements-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements-cpu.txt
+	$(PY) -m pip install -q -r requirements-cpu.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
