@@ -88,28 +88,23 @@ def _show(v) -> str:
     return str(v) if isinstance(v, torch.dtype) else repr(v)
 
 
+def _resolve_dtype(arg: str, dtype, buffer_arg: str, buffer, default, allowed) -> torch.dtype:
+    """``dtype``, else the buffer's, else ``default``; checked, naming the argument it came from."""
+    if dtype is None and isinstance(buffer, torch.Tensor):
+        arg, dtype = buffer_arg, buffer.dtype
+    dtype = default if dtype is None else dtype
+    if dtype not in allowed:
+        names = " or ".join(map(C.dtype_name, allowed))
+        if arg == buffer_arg:
+            C.fail(OP, arg, f"dtype {names}", C.dtype_name(dtype), TypeError)
+        C.fail(OP, arg, names, _show(dtype), TypeError)
+    return dtype
+
+
 def _resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype) -> tuple:
-    """The fp8 and scale dtypes: the arguments, else the buffers', else the defaults; checked, naming the
-    argument they came from."""
-    fp8_from = "fp8_dtype"
-    if fp8_dtype is None:
-        fp8_from, fp8_dtype = (("x_fp8", x_fp8.dtype) if isinstance(x_fp8, torch.Tensor)
-                               else (fp8_from, torch.float8_e4m3fn))
-    if fp8_dtype not in FP8_DTYPES:
-        names = " or ".join(map(C.dtype_name, FP8_DTYPES))
-        if fp8_from == "x_fp8":
-            C.fail(OP, "x_fp8", f"dtype {names}", C.dtype_name(fp8_dtype), TypeError)
-        C.fail(OP, "fp8_dtype", names, _show(fp8_dtype), TypeError)
-    scale_from = "scale_dtype"
-    if scale_dtype is None:
-        scale_from, scale_dtype = (("x_scale", x_scale.dtype) if isinstance(x_scale, torch.Tensor)
-                                   else (scale_from, torch.float8_e8m0fnu))
-    if scale_dtype not in SCALE_DTYPES:
-        names = " or ".join(map(C.dtype_name, SCALE_DTYPES))
-        if scale_from == "x_scale":
-            C.fail(OP, "x_scale", f"dtype {names}", C.dtype_name(scale_dtype), TypeError)
-        C.fail(OP, "scale_dtype", names, _show(scale_dtype), TypeError)
-    return fp8_dtype, scale_dtype
+    """The fp8 and scale dtypes: the arguments, else the buffers', else the defaults."""
+    return (_resolve_dtype("fp8_dtype", fp8_dtype, "x_fp8", x_fp8, torch.float8_e4m3fn, FP8_DTYPES),
+            _resolve_dtype("scale_dtype", scale_dtype, "x_scale", x_scale, torch.float8_e8m0fnu, SCALE_DTYPES))
 
 
 def scale_strides(shape: tuple, transpose_scale: bool, scale_dtype: Optional[torch.dtype] = None) -> tuple:
