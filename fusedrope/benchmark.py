@@ -585,6 +585,16 @@ def _git(*args: str) -> str:
         return ""
 
 
+def git_state() -> tuple[str, Optional[bool]]:
+    """``(commit, dirty)``: ``$FUSEDROPE_GIT_COMMIT`` if set (a copy of the tree without ``.git``, as a device
+    machine gets), else the checkout's HEAD, else "unknown"; ``dirty`` is None where the checkout cannot say
+    (no checkout, or its HEAD is not the commit named)."""
+    head, named = _git("rev-parse", "HEAD"), os.environ.get(ENV_GIT_COMMIT, "")
+    if not head or (named and not head.startswith(named)):
+        return named or head or "unknown", None
+    return head, bool(_git("status", "--porcelain", "--untracked-files=no"))
+
+
 def _version(dist: str) -> Optional[str]:
     try:
         return metadata.version(dist)
@@ -603,15 +613,13 @@ def machine_info(device: torch.device, command: Optional[str] = None) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    head = _git("rev-parse", "HEAD")
+    commit, dirty = git_state()
     info = {
         "hostname": platform.node(), "platform": platform.platform(), "machine": platform.machine(),
         "cpu_count": os.cpu_count(), "python": platform.python_version(), "fusedrope": __version__,
         "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_hip": torch.version.hip,
         "triton": triton_version, "liger_kernel": _version("liger-kernel"), "device": device.type,
-        "git_commit": os.environ.get(ENV_GIT_COMMIT) or head or "unknown",
-        # None: no git checkout here (e.g. the device tool's copy of the tree), so the tree state is unknown
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")) if head else None,
+        "git_commit": commit, "git_dirty": dirty,
         "command": command or " ".join([sys.executable, *sys.argv]),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "triton_interpret": os.environ.get("TRITON_INTERPRET", ""), "torch_threads": torch.get_num_threads(),
@@ -741,7 +749,8 @@ def default_out_dir(device: torch.device, matrix: str) -> Path:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device).lower()
         where = "".join(ch if ch.isalnum() else "-" for ch in name).strip("-")
-    return Path("bench") / "results" / f"{where}-{matrix}-{(_git('rev-parse', '--short', 'HEAD') or 'nogit')}"
+    commit = git_state()[0]
+    return Path("bench") / "results" / f"{where}-{matrix}-{commit[:7] if commit != 'unknown' else 'nogit'}"
 
 
 def cli(args, command: str) -> int:

@@ -204,7 +204,7 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
             scale_t = scale_dtype or (torch.float8_e8m0fnu if x_scale is None else x_scale.dtype)
             dg = row // num_groups
             ks = dg // quant_group_size
-            ok = not (scale_t is PACKED_UE8M0 and ks % 4) and scale_t in SCALE_DTYPES
+            ok = not (scale_t is PACKED_UE8M0 and ks % 4) and scale_t in SCALE_DTYPES and fp8_t in FP8_DTYPES
             if ok and (x_fp8 is not None or x_scale is not None):
                 fp_shape, sc_shape = _shapes(S, num_groups, dg, ks, scale_t)
                 ok = (x_fp8 is not None and x_scale is not None
@@ -320,9 +320,13 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
         if given[1]:
             want = scale_strides(tuple(x_scale.shape), bool(transpose_scale), scale_dtype)
             scale_out = x_scale if x_scale.stride() == want else x_scale.as_strided(x_scale.shape, want)
+        mine = (x_fp8, x_scale) if all(given) else (x_fp8,) if given[0] else (x_scale,) if given[1] else ()
+        if mine and not torch.is_inference_mode_enabled() and (mine[0].is_inference() or mine[-1].is_inference()):
+            raise RuntimeError(f"{OP}: writing into an inference tensor outside torch.inference_mode(), "
+                               "which torch does not allow either")
         impl.fn()(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size)
-        if any(given):  # written through raw pointers: tell autograd the caller's buffers changed
-            increment_version([t for t, g in zip((x_fp8, x_scale), given) if g])
+        if mine:  # written through raw pointers: tell autograd the caller's buffers changed
+            increment_version(mine)
     return x_fp8, x_scale
 
 
@@ -388,7 +392,15 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     (torch.Size([4, 2, 4096]), torch.Size([4, 2, 32]), torch.float8_e8m0fnu)
     """
     compiling = torch.compiler.is_compiling()
-    if compiling or (x_fp8 is None and x_scale is None and _needs_grad(o, cos_cache, sin_cache)):
+    grad = not compiling and _needs_grad(o, cos_cache, sin_cache)
+    if grad:
+        validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
+                 x_scale, fp8_dtype, scale_dtype)  # the same errors as without grad
+        if x_fp8 is not None or x_scale is not None:
+            with torch.no_grad():  # quantised bytes written into buffers: no autograd history, on any backend
+                return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
+                            x_fp8, x_scale, fp8_dtype, scale_dtype, backend)
+    if compiling or grad:
         # Traced, or inputs that require grad: the torch op, whose outputs raise on backward (no derivative)
         # instead of silently cutting the graph.
         if x_fp8 is not None and x_scale is not None:

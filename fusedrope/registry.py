@@ -124,7 +124,7 @@ class OpRegistry:
     def select(self, facts: tuple, backend: str = "auto") -> Impl:
         """The implementation for these facts (``facts[0]`` is the device). Cached."""
         request = forced_backend() if backend == "auto" else backend
-        key = (facts, request)
+        key = (facts, request, backend == "auto")  # a name from the environment may fall back, an argument not
         impl = self._select.get(key)
         if impl is None:
             impl = self._select[key] = self._select_uncached(facts, request, backend)

@@ -72,15 +72,16 @@ def _is_fake(t) -> bool:
 
 def _check_inplace(q, k) -> None:
     """What in-place writes need beyond valid inputs, as torch's own in-place ops demand it."""
-    C.check_writable_no_overlap(OP, "q", q)
-    C.check_writable_no_overlap(OP, "k", k)
-    if q is k or (q.numel() and k.numel() and q.device.type != "meta" and not _is_fake(q)
-                  and q.data_ptr() == k.data_ptr()):
+    if 0 in q.stride() or 0 in k.stride():
+        C.check_writable_no_overlap(OP, "q", q)
+        C.check_writable_no_overlap(OP, "k", k)
+    if q is k or (not _is_fake(q) and q.data_ptr() == k.data_ptr() and q.numel() and k.numel()
+                  and q.device.type != "meta"):
         C.fail(OP, "k", "memory apart from q's for inplace=True", "a tensor starting at q's first element")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         raise RuntimeError(f"{OP}: inplace=True has no autograd formula, and 'q' or 'k' requires grad; call it "
                            "under torch.no_grad() or torch.inference_mode(), or use inplace=False")
-    if (q.is_inference() or k.is_inference()) and not torch.is_inference_mode_enabled():
+    if not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
         raise RuntimeError(f"{OP}: inplace=True on an inference tensor outside torch.inference_mode(), which "
                            "torch does not allow either")
 
@@ -162,6 +163,9 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
     """
     if torch.compiler.is_compiling():
         if inplace:
+            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):  # as eager raises in _run
+                raise RuntimeError(f"{OP}: inplace=True has no autograd formula, and 'q' or 'k' requires grad; "
+                                   "call it under torch.no_grad() or torch.inference_mode(), or use inplace=False")
             torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend)
             return q, k
         return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
@@ -169,7 +173,9 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
                                                     or getattr(k, "requires_grad", False)
                                                     or getattr(cos, "requires_grad", False)
                                                     or getattr(sin, "requires_grad", False)):
-        # the torch op: its outputs raise on backward (no derivative) instead of silently cutting the graph
+        # the torch op: its outputs raise on backward (no derivative) instead of silently cutting the graph;
+        # the inputs and the backend name are checked first, for the same errors as without grad
+        REGISTRY.select(validate(q, k, cos, sin, False), backend)
         return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
     return _run(q, k, cos, sin, inplace, backend)
 

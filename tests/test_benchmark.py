@@ -214,3 +214,9 @@ def test_provenance_without_a_git_checkout(monkeypatch):
     assert meta["git_commit"] == "0123abc" and meta["git_dirty"] is None
     md = report.markdown({"meta": meta, "rows": [], "copy": {}})
     assert "- commit: 0123abc (no git checkout: tree state unknown)" in md
+    assert B.default_out_dir(CPU, "quick").name == "cpu-quick-0123abc"
+    # a checkout whose HEAD is another commit cannot vouch for the named one's tree
+    monkeypatch.setattr(B, "_git", lambda *args: "fedcba9876" if args[0] == "rev-parse" else "")
+    assert B.git_state() == ("0123abc", None)
+    monkeypatch.setenv(B.ENV_GIT_COMMIT, "fedcba9")
+    assert B.git_state() == ("fedcba9876", False)

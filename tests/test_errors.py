@@ -147,6 +147,9 @@ QUANT_CASES = {
                       "argument 'x_scale' expected dtype float8_e8m0fnu or uint8 or float32 or int32, got float16"),
     "x_fp8 not fp8": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 1024, dtype=bf16)), TypeError,
                       "argument 'x_fp8' expected dtype float8_e4m3fn or float8_e4m3fnuz, got bfloat16"),
+    "x_fp8 not fp8, both buffers": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 1024, dtype=bf16),
+                                              x_scale=lambda a: _bufs()(a)[1]), TypeError,
+                                    "argument 'x_fp8' expected dtype float8_e4m3fn or float8_e4m3fnuz, got bfloat16"),
     "fp8 dtype str": (quant_bad(fp8_dtype="float8_e4m3fn"), TypeError,
                       "argument 'fp8_dtype' expected float8_e4m3fn or float8_e4m3fnuz, got 'float8_e4m3fn'"),
     "odd head_dim": (quant_bad(o=torch.randn(3, 4, 65).to(bf16), num_groups=1, quant_group_size=32), ValueError,
@@ -216,8 +219,8 @@ def test_inplace_into_itself_or_with_autograd():
 
 def test_backend_the_op_does_not_have(monkeypatch):
     q, k, cos, sin = tts_inputs()
-    with pytest.raises(ValueError, match=r"argument 'backend' expected 'auto' or one of \[.*\], got 'hip' "
-                                         r"\(qwen3_tts_rope has no 'hip' backend\)"):
+    no_hip = r"argument 'backend' expected 'auto' or one of \[.*\], got 'hip' \(qwen3_tts_rope has no 'hip' backend\)"
+    with pytest.raises(ValueError, match=no_hip):
         fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="hip")
     # FUSEDROPE_BACKEND=hip, set for op 2 on AMD, leaves op 1 to pick for itself
     auto = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen
@@ -225,9 +228,30 @@ def test_backend_the_op_does_not_have(monkeypatch):
     assert auto is not None and fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen == auto
     q_out, _ = fusedrope.qwen3_tts_rope(q, k, cos, sin)
     assert torch.equal(q_out, fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=auto)[0])
+    with pytest.raises(ValueError, match=no_hip):  # the fallback cached for the variable is not the argument's
+        fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="hip")
     monkeypatch.setenv(fusedrope.ENV_BACKEND, "cudnn")
     with pytest.raises(ValueError, match="environment variable FUSEDROPE_BACKEND expected 'auto' or one of"):
         fusedrope.qwen3_tts_rope(q, k, cos, sin)
+
+
+def test_inputs_that_require_grad_get_the_same_errors():
+    q, k, cos, sin = tts_inputs()
+    with pytest.raises(ValueError, match="argument 'backend' expected 'auto' or one of"):
+        fusedrope.qwen3_tts_rope(q.requires_grad_(), k, cos, sin, backend=None)
+    (args, _), = [quant_bad(num_groups=np.int64(2))]
+    args["o"].requires_grad_()
+    with pytest.raises(ValueError, match="argument 'num_groups' expected a positive int"):
+        fusedrope.inverse_rope_group_quant(**args, backend="reference")
+
+
+def test_buffers_that_are_inference_tensors_outside_inference_mode():
+    (args, _), = [quant_bad()]
+    with torch.inference_mode():
+        args["x_fp8"], args["x_scale"] = fusedrope.empty_quant_outputs(args["o"], 2)
+    for backend in ("reference", "triton"):
+        with pytest.raises(RuntimeError, match="inference tensor outside torch.inference_mode"):
+            fusedrope.inverse_rope_group_quant(**args, backend=backend)
 
 
 def test_explain_names_the_op_for_missing_arguments():

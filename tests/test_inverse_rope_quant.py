@@ -455,6 +455,17 @@ def test_inputs_that_require_grad_give_outputs_that_refuse_backward(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_buffers_written_from_inputs_that_require_grad_carry_no_history(backend):
+    o, pos, cos, sin = make_quant_inputs(SHAPES[0], device=DEVICE)
+    want = reference(o, pos, cos, sin, SHAPES[0])
+    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2)
+    fusedrope.inverse_rope_group_quant(o.requires_grad_(), pos, cos, sin, 2, 128, False, x_fp8, x_scale,
+                                       backend=backend)
+    assert not x_fp8.requires_grad and x_fp8.grad_fn is None and x_scale.grad_fn is None
+    assert torch.equal(x_fp8.view(torch.uint8), want[0].view(torch.uint8))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_caller_buffers_get_a_new_version(backend):
     o, pos, cos, sin = make_quant_inputs(SHAPES[0], device=DEVICE)
     x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2)

@@ -76,7 +76,7 @@ def test_selection_is_cached_and_cheap_to_key():
     facts = fusedrope.tts_rope.validate(*tts_args(), False)
     assert facts == (DEVICE, torch.bfloat16, 128, False)
     assert reg.select(facts) is reg.select(facts)
-    assert (facts, "auto") in reg._select
+    assert (facts, "auto", True) in reg._select  # True: the request came from backend="auto"
 
 
 def test_unsupported_inputs_fall_through_to_the_next_backend():

@@ -201,6 +201,23 @@ def test_inplace_bumps_versions_so_autograd_sees_the_write(backend):
         y.backward()
 
 
+def test_inplace_with_grad_under_torch_compile_raises():
+    """Compiled, an in-place call on inputs that require grad would drop the rotation from the backward pass:
+    it raises, as in eager mode."""
+    q, k, cos, sin = make_tts_inputs(TTS_CASES[0], device=DEVICE)
+
+    def f(q, k, cos, sin):
+        q2 = q * 1
+        fusedrope.qwen3_tts_rope(q2, k, cos, sin, inplace=True, backend="reference")
+        return q2 * 2
+
+    g = torch.compile(f, fullgraph=True, backend="aot_eager")
+    with pytest.raises(RuntimeError, match="inplace=True has no autograd formula"):
+        g(q.clone().requires_grad_(), k, cos, sin)
+    with torch.no_grad():
+        assert torch.equal(g(q.clone().requires_grad_(), k, cos, sin), f(q, k, cos, sin))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_inputs_that_require_grad_give_outputs_that_refuse_backward(backend):
     """No backend has a derivative: every one raises on backward instead of cutting the graph silently."""
