@@ -463,7 +463,8 @@ def copy_roofline(device: torch.device, nbytes: Optional[int] = None, reps: int 
     """
     gpu = device.type == "cuda"
     nbytes = nbytes or (2**30 if gpu else 64 * 2**20)
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()  # not zeros: zeros can run faster than real data
+    # random bytes, not zeros: zeros can run faster than real data
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
     if gpu:
         us = time_graph_us(lambda i: dst.copy_(src), 4, reps)
