@@ -70,7 +70,7 @@ def check(num_tokens=4, num_heads=16, num_groups=2, rank=64, backend="auto", see
     o = torch.randn(S, H, HEAD_DIM, generator=g).to(torch.bfloat16).to(device)  # the attention output
     positions = torch.randint(0, 4096, (S,), generator=g).to(device)
     # cos/sin: strided views of one [max_pos, rope_dim] cache, as engines keep it
-    cos_cache, sin_cache = (t.to(device) for t in deepseek_rope_cache(4096, ROPE_DIM))
+    cos_cache, sin_cache = deepseek_rope_cache(4096, ROPE_DIM, device=device)
     weight = (torch.randn(G, rank, H * HEAD_DIM // G, generator=g) * 0.02).to(torch.bfloat16).to(device)
 
     rotated = inverse_rope_bf16(o, positions, cos_cache, sin_cache)

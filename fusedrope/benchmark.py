@@ -219,8 +219,7 @@ def quant_sets(case: QuantCase, n: int, device: torch.device, transpose_scale: b
     mag = torch.exp2(torch.randint(-6, 7, (n, S, H, 1), device=device, generator=g).float())
     o = (torch.randn(n, S, H, D, device=device, generator=g) * mag).to(torch.bfloat16)
     pos = torch.randint(0, QUANT_MAX_POS, (n, S), device=device, generator=g)
-    cache = deepseek_rope_cache(QUANT_MAX_POS, case.rope_dim, dtype=QUANT_CACHE_DTYPE)
-    cos, sin = (t.to(device) for t in cache)
+    cos, sin = deepseek_rope_cache(QUANT_MAX_POS, case.rope_dim, dtype=QUANT_CACHE_DTYPE, device=device)
     fp_shape, (_, _, Ks) = quant_output_shapes(S, H, D, G, q)
     x = torch.empty((n, *fp_shape), dtype=fp8_dtype or native_fp8_dtype(device), device=device)
     if transpose_scale:  # storage [G, Ks, S] per set, seen as [S, G, Ks]

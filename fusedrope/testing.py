@@ -138,7 +138,30 @@ def make_tts_inputs(case: TtsCase, dtype: torch.dtype = torch.bfloat16, device="
         # Each sequence of the batch decodes at its own offset, so a kernel that ignores cos's batch fails.
         start = torch.randint(0, 4096, (nb, 1), generator=g)
         cos, sin = qwen3_tts_cos_sin(start + torch.arange(S), D, dtype=dtype)
-    return q.to(device), k.to(device), cos.to(device), sin.to(device)
+    return tuple(to_device_keeping_layout(t, device) for t in (q, k, cos, sin))
+
+
+def to_device_keeping_layout(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` on ``device`` as the same view: its whole storage copied, then the same sizes, strides and storage
+    offset. ``t.to(device)`` makes a strided or offset view dense and aligned, which loses the layout a test
+    (or a kernel's narrow path) is about.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.testing import to_device_keeping_layout
+    >>> v = torch.zeros(1 + 4 * 6)[1:].view(4, 6)[:, 1:5].t()
+    >>> m = to_device_keeping_layout(v, "meta")
+    >>> m.device.type, m.stride() == v.stride(), m.storage_offset() == v.storage_offset()
+    ('meta', True, True)
+    """
+    device = torch.device(device)
+    if t.device == device:
+        return t
+    storage = t.untyped_storage()
+    flat = torch.empty(0, dtype=t.dtype, device=t.device)
+    flat.set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+    return flat.to(device).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -185,7 +208,8 @@ def assert_ulp_close(actual: torch.Tensor, expected: torch.Tensor, max_ulp: int 
     Parameters
     ----------
     actual, expected : torch.Tensor
-        Same shape; ``expected`` may be of higher precision (see :func:`ulp_diff`).
+        Same shape and device. ``expected`` is float64 (an oracle: any floating ``actual`` is measured in its
+        own ulps, see :func:`ulp_diff`) or has ``actual``'s dtype exactly.
     max_ulp : int, default 1
     what : str, default ""
         Prefix of the failure message.
@@ -193,9 +217,14 @@ def assert_ulp_close(actual: torch.Tensor, expected: torch.Tensor, max_ulp: int 
     Raises
     ------
     AssertionError
-        Saying how many elements are off, and the worst one.
+        Saying how many elements are off, and the worst one; or what differs in shape, dtype or device.
     """
-    assert actual.shape == expected.shape, f"{what} shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{what} shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+    if not actual.is_floating_point() or (expected.dtype != torch.float64 and actual.dtype != expected.dtype):
+        raise AssertionError(f"{what} dtype {actual.dtype}, expected {expected.dtype}")
+    if actual.device != expected.device:
+        raise AssertionError(f"{what} on {actual.device}, expected on {expected.device}")
     if actual.numel() == 0:
         return
     d = ulp_diff(actual, expected)
@@ -266,7 +295,8 @@ QUANT_CASES = tuple(QuantCase(s, h, g) for (h, g) in QUANT_HEAD_GROUPS.values() 
 QUANT_GROUP_SIZE_CASES = tuple(QuantCase(s, 16, 2, quant_group_size=gs) for s in (2048, 8192) for gs in (32, 64, 128))
 
 
-def deepseek_rope_cache(max_pos: int, rope_dim: int = 64, theta: float = 10000.0, dtype=torch.float32):
+def deepseek_rope_cache(max_pos: int, rope_dim: int = 64, theta: float = 10000.0, dtype=torch.float32,
+                        device="cpu"):
     """``(cos_cache, sin_cache)`` as strided views of one combined ``[max_pos, rope_dim]`` cos|sin cache (how
     engines keep it).
 
@@ -276,6 +306,8 @@ def deepseek_rope_cache(max_pos: int, rope_dim: int = 64, theta: float = 10000.0
     rope_dim : int, default 64
     theta : float, default 10000.0
     dtype : torch.dtype, default torch.float32
+    device : str or torch.device, default "cpu"
+        Where the combined cache lives (built there, so the two views keep their row stride).
 
     Returns
     -------
@@ -284,7 +316,7 @@ def deepseek_rope_cache(max_pos: int, rope_dim: int = 64, theta: float = 10000.0
     """
     inv_freq = 1.0 / theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
     freqs = torch.arange(max_pos, dtype=torch.float32)[:, None] * inv_freq
-    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype=dtype, device=device)
     return cache[:, : rope_dim // 2], cache[:, rope_dim // 2:]
 
 
@@ -316,7 +348,7 @@ def make_quant_inputs(case: QuantCase, dtype=torch.bfloat16, cache_dtype=torch.f
     o = (torch.randn(S, H, D, generator=g) * mag).to(dtype)
     positions = torch.randint(0, max_pos, (S,), generator=g).to(positions_dtype)
     cos, sin = deepseek_rope_cache(max_pos, case.rope_dim, dtype=cache_dtype)
-    return o.to(device), positions.to(device), cos.to(device), sin.to(device)
+    return tuple(to_device_keeping_layout(t, device) for t in (o, positions, cos, sin))
 
 
 def rope_blocks(case: QuantCase) -> torch.Tensor:
@@ -356,8 +388,23 @@ def scale_bytes(x_scale: torch.Tensor) -> torch.Tensor:
         return ((words[..., None] >> shifts) & 0xFF).to(torch.uint8).flatten(-2)
     if x_scale.dtype == torch.float32:
         bits = x_scale.contiguous().view(torch.int32)
-        return torch.where(torch.isnan(x_scale), 0xFF, (bits >> 23) & 0xFF).to(torch.uint8)
+        byte = torch.where(torch.isnan(x_scale), 0xFF, (bits >> 23) & 0xFF)
+        # only 2^(byte-127) (2^-127 is an fp32 subnormal) or NaN is an e8m0 scale; 0, Inf, -1, 1.5 are not
+        exact = torch.where(byte == 0xFF, torch.isnan(x_scale),
+                            x_scale.double() == torch.exp2(byte.double() - 127))
+        if not bool(exact.all()):
+            idx = tuple(int(i) for i in (~exact).nonzero()[0])
+            raise ValueError(f"scale_bytes: a float32 scale must be 2^k for k in [-127, 127] or NaN, got "
+                             f"{x_scale[idx].item()!r} at {idx}")
+        return byte.to(torch.uint8)
     return x_scale.contiguous().view(torch.uint8)
+
+
+def _column_major(scale: torch.Tensor) -> bool:
+    """Whether S is the fastest dim of a ``[S, G, Ks]`` scale tensor (``transpose_scale=True``); a tensor with
+    one token, or one block per token, is laid out the same either way."""
+    S, G, K = scale.shape
+    return S > 1 and G * K > 1 and scale.stride(0) == 1
 
 
 def assert_quant_close(x_fp8, x_scale, ref_fp8, ref_scale, rope_block_mask: torch.Tensor, what: str = "") -> None:
@@ -380,6 +427,9 @@ def assert_quant_close(x_fp8, x_scale, ref_fp8, ref_scale, rope_block_mask: torc
     AssertionError
         Naming the first differing block or how many elements are off.
     """
+    if x_scale.dim() == 3 and _column_major(x_scale) != _column_major(ref_scale):
+        raise AssertionError(f"{what} scale layout: strides {tuple(x_scale.stride())}, expected the layout of "
+                             f"{tuple(ref_scale.stride())} ({'column' if _column_major(ref_scale) else 'row'}-major)")
     got_b, ref_b = scale_bytes(x_scale), scale_bytes(ref_scale)
     if not torch.equal(got_b, ref_b):
         idx = tuple(int(i) for i in (got_b != ref_b).nonzero()[0])
