@@ -205,6 +205,17 @@ def bench(args, argv) -> int:
     return benchmark.cli(args, command)
 
 
+def _positive(kind):
+    """An argparse type: a number of ``kind`` above zero."""
+    def parse(text):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a number above 0, got {text}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fusedrope", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command")
@@ -214,12 +225,13 @@ def main(argv=None) -> int:
     b.add_argument("--verbose", action="store_true")
     be = sub.add_parser("bench", help="benchmark both ops against every contender: seed tables, files, plots")
     be.add_argument("--op", default="all", choices=("all",) + OPS)
-    be.add_argument("--quick", action="store_true", help="a short matrix (tiny sizes on a CPU-only machine)")
-    be.add_argument("--full", action="store_true", help="run the seed matrix even on a CPU-only machine")
+    size = be.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a short matrix (tiny sizes on a CPU-only machine)")
+    size.add_argument("--full", action="store_true", help="run the seed matrix even on a CPU-only machine")
     be.add_argument("--out", help="output folder (default bench/results/<gpu or cpu>-<matrix>-<commit>)")
     be.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
                     help="PNG plots (matplotlib)")
-    be.add_argument("--reps", type=int, default=0,
+    be.add_argument("--reps", type=_positive(int), default=None,
                     help="timing samples per measurement (default 5 GPU, 3 CPU)")
     be.add_argument("--no-compile", action="store_true", help="skip the torch.compile contender")
     be.add_argument("--no-graph", action="store_true", help="skip CUDA-graph device timing")
@@ -227,7 +239,8 @@ def main(argv=None) -> int:
     be.add_argument("--transpose-scale", action="store_true", help="op 2 with the column-major scale layout")
     be.add_argument("--contenders", default="", help="comma-separated contender names to run (default: all)")
     be.add_argument("--cases", default="", help="comma-separated case ids to run (default: the whole matrix)")
-    be.add_argument("--budget-s", type=float, default=None, help="start no new case after this many seconds")
+    be.add_argument("--budget-s", type=_positive(float), default=None,
+                    help="start no new case after this many seconds")
     args = parser.parse_args(argv)
     if args.command == "build":
         return build(args)

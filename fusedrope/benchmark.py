@@ -761,12 +761,29 @@ def cli(args, command: str) -> int:
         print(CPU_REFUSAL)
         matrix = "quick"
     split = lambda s: tuple(x for x in s.split(",") if x) or None  # noqa: E731
-    cfg = RunConfig(ops=OPS if args.op == "all" else (args.op,), matrix=matrix,
+    ops = OPS if args.op == "all" else (args.op,)
+    known = {n for op in ops for n in contender_names(op)}
+    unknown = sorted(set(split(args.contenders) or ()) - known)
+    if unknown:
+        print(f"bench: --contenders: unknown {unknown}; known: {sorted(known)}", file=sys.stderr)
+        return 2
+    ids = [c.id for op in ops for c in (seed_cases(op) if matrix == "seed" else quick_cases(op, device))]
+    unknown = sorted(set(split(args.cases) or ()) - set(ids))
+    if unknown:
+        print(f"bench: --cases: not in the {matrix} matrix: {unknown}; its cases: {', '.join(ids)}",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else default_out_dir(device, matrix)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"bench: --out: cannot create {out}: {e}", file=sys.stderr)
+        return 2
+    cfg = RunConfig(ops=ops, matrix=matrix,
                     reps=args.reps or (5 if device.type == "cuda" else 3), compile=not args.no_compile,
                     graph=not args.no_graph, interpreter=args.interpreter,
                     transpose_scale=args.transpose_scale, only_contenders=split(args.contenders),
                     only_cases=split(args.cases), budget_s=args.budget_s, plots=args.plots)
-    out = Path(args.out) if args.out else default_out_dir(device, matrix)
     results = run(cfg, out, device, command)
     print()
     print(markdown(results))

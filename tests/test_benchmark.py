@@ -220,3 +220,20 @@ def test_provenance_without_a_git_checkout(monkeypatch):
     assert B.git_state() == ("0123abc", None)
     monkeypatch.setenv(B.ENV_GIT_COMMIT, "fedcba9")
     assert B.git_state() == ("fedcba9876", False)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--reps", "-3"], "argument --reps: expected a number above 0, got -3"),
+    (["--budget-s", "0"], "argument --budget-s: expected a number above 0, got 0"),
+    (["--quick", "--full"], "argument --full: not allowed with argument --quick"),
+    (["--contenders", "eager,nope"], "bench: --contenders: unknown ['nope']"),
+    (["--cases", "small_tts-B1,nothing"], "bench: --cases: not in the quick matrix: ['nothing']"),
+    (["--out", "/proc/no/such/dir"], "bench: --out: cannot create /proc/no/such/dir"),
+])
+def test_cli_bench_refuses_bad_arguments_before_running(argv, message, capsys):
+    try:
+        rc = main(["bench", "--quick", "--no-plots", *argv])
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    assert rc == 2
+    assert message in capsys.readouterr().err
