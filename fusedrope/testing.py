@@ -177,6 +177,38 @@ def _ordered(x: torch.Tensor) -> torch.Tensor:
     return torch.where(bits < 0, -(bits & (sign_mask - 1)), bits)
 
 
+def _from_ordered(o: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of :func:`_ordered` (0 gives +0)."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    sign = 1 << (8 * size - 1)
+    bits = torch.where(o < 0, (-o) | sign, o)
+    bits = torch.where(bits >= sign, bits - (1 << (8 * size)), bits)  # as the signed int of that width
+    return bits.to(_INT_OF[size]).view(dtype)
+
+
+def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded once to nearest (ties to even) in ``dtype``. torch's float64 -> bfloat16 / float16 / fp8
+    casts go through float32 and so can round twice (a value just off a tie lands on the tie, then rounds to
+    even); this picks among the cast and its two neighbours the one nearest to ``x``.
+
+    >>> import torch
+    >>> x = torch.tensor([1 + 2**-8 + 2**-40], dtype=torch.float64)  # just above a bf16 tie
+    >>> x.to(torch.bfloat16).item(), round_once(x, torch.bfloat16).item()
+    (1.0, 1.0078125)
+    """
+    r = x.to(dtype)
+    if x.dtype != torch.float64 or dtype in (torch.float64, torch.float32) or r.numel() == 0:
+        return r
+    o = _ordered(r)
+    cands = torch.stack([r, _from_ordered(o - 1, dtype), _from_ordered(o + 1, dtype)])
+    cd = cands.double()
+    dist = torch.where(torch.isfinite(cd), (cd - x).abs(), torch.full_like(cd, float("inf")))
+    bits = cands.view(_INT_OF[cands.element_size()])
+    score = (dist > dist.min(0).values).double() * 2 + (bits & 1).double()  # nearest first, then the even one
+    best = bits.gather(0, score.argmin(0, keepdim=True)).squeeze(0).view(dtype)
+    return torch.where(torch.isfinite(r.double()), best, r)
+
+
 def ulp_diff(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """Elementwise distance in ulps of ``actual.dtype`` between ``actual`` and ``expected``.
 
@@ -185,17 +217,18 @@ def ulp_diff(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     actual : torch.Tensor
         A floating tensor (bf16, fp16, fp32, fp8, ...).
     expected : torch.Tensor
-        Broadcastable to ``actual``; e.g. a float64 oracle. It is rounded to ``actual.dtype`` first (RNE),
-        so 0 means "correctly rounded" and 1 means "one representable value away".
+        Broadcastable to ``actual``; e.g. a float64 oracle. It is rounded once to ``actual.dtype`` first
+        (:func:`round_once`), so 0 means "correctly rounded" and 1 means "one representable value away".
 
     Returns
     -------
     torch.Tensor
-        int64 distances. Two NaNs are 0 apart; NaN against a number is ``2**40``.
+        int64 distances. Two NaNs are 0 apart; NaN against a number is ``2**40``; an infinity is one step past
+        the largest finite value.
     """
     if expected.dtype != actual.dtype:
-        expected = expected.to(actual.dtype)
-    actual, expected = actual.broadcast_to(expected.shape), expected
+        expected = round_once(expected, actual.dtype)
+    expected = expected.broadcast_to(actual.shape)
     d = (_ordered(actual) - _ordered(expected)).abs()
     a_nan, e_nan = torch.isnan(actual.float()), torch.isnan(expected.float())
     d = torch.where(a_nan & e_nan, torch.zeros_like(d), d)

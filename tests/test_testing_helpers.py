@@ -5,7 +5,8 @@ import torch
 
 import fusedrope
 from fusedrope.testing import (QuantCase, TtsCase, assert_quant_close, assert_ulp_close, make_quant_inputs,
-                               make_tts_inputs, rope_blocks, scale_bytes, to_device_keeping_layout)
+                               make_tts_inputs, rope_blocks, round_once, scale_bytes, to_device_keeping_layout,
+                               ulp_diff)
 
 
 def test_inputs_keep_their_layout_on_another_device():
@@ -52,3 +53,33 @@ def test_quant_check_refuses_the_other_scale_layout():
         assert_quant_close(*row, *col, rope_blocks(case))
     with pytest.raises(AssertionError, match="scale layout"):
         assert_quant_close(*col, *row, rope_blocks(case))
+
+
+def test_ulp_distance_rounds_the_oracle_once():
+    """torch's float64 -> bfloat16 cast goes through float32 and can round twice; the distance must not."""
+    x = torch.tensor([1 + 2.0 ** -8 + 2.0 ** -40], dtype=torch.float64)  # just above the tie of 1 and 1+2^-7
+    bf = lambda v: torch.tensor([v], dtype=torch.bfloat16)  # noqa: E731
+    assert x.to(torch.bfloat16).item() == 1.0  # the double rounding this guards against
+    assert ulp_diff(bf(1.0078125), x).item() == 0
+    assert ulp_diff(bf(1.0), x).item() == 1
+    assert ulp_diff(bf(1 - 2.0 ** -8), x).item() == 2  # 1.5 ulp from x: more than 1 ulp off
+    with pytest.raises(AssertionError, match="more than 1 ulp away"):
+        assert_ulp_close(bf(1 - 2.0 ** -8), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_round_once_is_the_nearest_value(dtype):
+    ints = {1: torch.int8, 2: torch.int16}[torch.empty(0, dtype=dtype).element_size()]
+    vals = torch.arange(-(2 ** 15), 2 ** 15).to(ints).view(dtype).double()
+    vals = vals[torch.isfinite(vals)].unique()
+    g = torch.Generator().manual_seed(1)
+    i = torch.randint(0, len(vals) - 1, (4000,), generator=g)
+    mid = (vals[i] + vals[i + 1]) / 2
+    x = torch.cat([mid, mid * (1 + 1e-12), mid * (1 - 1e-12), torch.randn(4000, generator=g, dtype=torch.float64)])
+    x = x[x.abs() < vals.max()]
+    j = torch.searchsorted(vals, x).clamp(1, len(vals) - 1)
+    lo, hi = vals[j - 1], vals[j]
+    lo_even = (lo.to(dtype).view(ints) & 1) == 0
+    nearest = torch.where((x - lo).abs() < (hi - x).abs(), lo,
+                          torch.where((hi - x).abs() < (x - lo).abs(), hi, torch.where(lo_even, lo, hi)))
+    assert torch.equal(round_once(x, dtype).double(), nearest)
