@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import DEVICE, backends_here
 
@@ -27,6 +28,12 @@ def test_qwen3_tts_attention_example(backend):
     stats = load("qwen3_tts_attention").check(batch=2, seq_len=8, hidden_size=128, backend=backend,
                                               device=str(DEVICE))
     assert stats["backend"] == backend and stats["attention_output_rel_diff"] < 2**-6
+
+
+def test_qwen3_tts_attention_example_in_float32():
+    stats = load("qwen3_tts_attention").check(batch=1, seq_len=4, hidden_size=128, backend="reference",
+                                              dtype=torch.float32, device="cpu")
+    assert stats["attention_output_rel_diff"] < 2**-6
 
 
 @pytest.mark.parametrize("backend", backends_here("inverse_rope_group_quant"))
