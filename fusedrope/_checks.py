@@ -64,6 +64,11 @@ def check_shape(op: str, name: str, t: torch.Tensor, expected: tuple, names: tup
     fail(op, name, f"shape [{', '.join(shown)}]", shape_str(t.shape))
 
 
+def has_no_data(t: torch.Tensor) -> bool:
+    """A meta or fake tensor (tracing, torch.compile): no values to read, and a data_ptr() that means nothing."""
+    return t.is_meta or isinstance(t, torch._subclasses.FakeTensor)
+
+
 def check_writable_no_overlap(op: str, name: str, t: torch.Tensor) -> None:
     """An output written in place must not have two indices on one element (stride 0 on a real dim)."""
     for size, stride in zip(t.shape, t.stride()):

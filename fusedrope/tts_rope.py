@@ -66,8 +66,11 @@ def validate(q, k, cos, sin, inplace: bool) -> tuple:
     return (dev, dt, qs[3], bool(inplace))
 
 
-def _is_fake(t) -> bool:
-    return isinstance(t, torch._subclasses.FakeTensor)  # no data: its data_ptr() means nothing
+def _refuse_inplace_grad(q, k) -> None:
+    """In place has no derivative: with grad mode on, q and k must not require grad (eager and traced alike)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        raise RuntimeError(f"{OP}: inplace=True has no autograd formula, and 'q' or 'k' requires grad; call it "
+                           "under torch.no_grad() or torch.inference_mode(), or use inplace=False")
 
 
 def _check_inplace(q, k) -> None:
@@ -75,12 +78,9 @@ def _check_inplace(q, k) -> None:
     if 0 in q.stride() or 0 in k.stride():
         C.check_writable_no_overlap(OP, "q", q)
         C.check_writable_no_overlap(OP, "k", k)
-    if q is k or (not _is_fake(q) and q.data_ptr() == k.data_ptr() and q.numel() and k.numel()
-                  and q.device.type != "meta"):
+    if q is k or (not C.has_no_data(q) and q.data_ptr() == k.data_ptr() and q.numel() and k.numel()):
         C.fail(OP, "k", "memory apart from q's for inplace=True", "a tensor starting at q's first element")
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        raise RuntimeError(f"{OP}: inplace=True has no autograd formula, and 'q' or 'k' requires grad; call it "
-                           "under torch.no_grad() or torch.inference_mode(), or use inplace=False")
+    _refuse_inplace_grad(q, k)
     if not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
         raise RuntimeError(f"{OP}: inplace=True on an inference tensor outside torch.inference_mode(), which "
                            "torch does not allow either")
@@ -163,9 +163,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
     """
     if torch.compiler.is_compiling():
         if inplace:
-            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):  # as eager raises in _run
-                raise RuntimeError(f"{OP}: inplace=True has no autograd formula, and 'q' or 'k' requires grad; "
-                                   "call it under torch.no_grad() or torch.inference_mode(), or use inplace=False")
+            _refuse_inplace_grad(q, k)  # as eager does in validate
             torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend)
             return q, k
         return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
