@@ -27,10 +27,8 @@ from pathlib import Path
 from typing import Optional
 
 from .inverse_rope_quant import OP as QUANT
+from .registry import BACKENDS
 from .tts_rope import OP as TTS
-
-# Op 2's "fused" column: the backend auto picks, else the first measured in this order.
-FAST_BACKENDS = ("cuda", "hip", "triton", "reference")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -131,9 +129,9 @@ def tts_seed_table(rows: list[dict]) -> str:
 
 def fused_row(case_rows: dict) -> tuple[Optional[str], dict]:
     """Op 2's "fused" contender of one case: the backend auto picks if it was measured, else the first
-    measured one in :data:`FAST_BACKENDS` order."""
+    measured one in the registry's order (:data:`fusedrope.BACKENDS`, fastest first)."""
     auto = _first(case_rows).get("auto_backend")
-    for name in ([auto] if auto else []) + list(FAST_BACKENDS):
+    for name in ([auto] if auto else []) + list(BACKENDS):
         if name in case_rows:
             return name, case_rows[name]
     return None, {}

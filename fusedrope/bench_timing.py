@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+
 def synchronize() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()

@@ -84,7 +84,8 @@ def parse_args(argv=None):
     p.add_argument("--sanitize-subset", action="store_true",
                    help="(internal) the small correctness subset run under compute-sanitizer")
     p.add_argument("--sanitize-timeout", type=float, default=150.0)
-    p.add_argument("--commit", default="", help="git commit to record (default: git rev-parse HEAD)")
+    p.add_argument("--commit", default="", help="git commit to record (sets FUSEDROPE_GIT_COMMIT; default: "
+                   "that variable, else git rev-parse HEAD)")
     p.add_argument("--fake", action="store_true",
                    help="CPU self-test: env, copy and bench on the CPU (eager only, wall clock), same files")
     return p.parse_args(argv)
@@ -170,9 +171,9 @@ def sweep_markdown(rows) -> str:
 # environment
 # ------------------------------------------------------------------------------------------------------------
 def env_info(res, args):
+    if args.commit:  # the engine's own override, so the tree state is judged against this commit too
+        os.environ[B.ENV_GIT_COMMIT] = args.commit
     info = B.machine_info(res.device)
-    if args.commit:
-        info["git_commit"] = args.commit
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     try:
         info["nvcc"] = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
