@@ -64,6 +64,16 @@ def check_shape(op: str, name: str, t: torch.Tensor, expected: tuple, names: tup
     fail(op, name, f"shape [{', '.join(shown)}]", shape_str(t.shape))
 
 
+def needs_grad(*tensors) -> bool:
+    """Grad mode is on and an argument requires grad (non-tensors are left to validation)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if getattr(t, "requires_grad", False):
+            return True
+    return False
+
+
 def has_no_data(t: torch.Tensor) -> bool:
     """A meta or fake tensor (tracing, torch.compile): no values to read, and a data_ptr() that means nothing."""
     return t.is_meta or isinstance(t, torch._subclasses.FakeTensor)

@@ -330,12 +330,6 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
     return x_fp8, x_scale
 
 
-def _needs_grad(o, cos_cache, sin_cache) -> bool:
-    """Grad mode is on and a float input requires grad (non-tensors are left to validation)."""
-    return torch.is_grad_enabled() and (getattr(o, "requires_grad", False) or getattr(cos_cache, "requires_grad", False)
-                                        or getattr(sin_cache, "requires_grad", False))
-
-
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128,
                              transpose_scale=False, x_fp8=None, x_scale=None, *, fp8_dtype=None,
                              scale_dtype=None, backend="auto"):
@@ -392,7 +386,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     (torch.Size([4, 2, 4096]), torch.Size([4, 2, 32]), torch.float8_e8m0fnu)
     """
     compiling = torch.compiler.is_compiling()
-    grad = not compiling and _needs_grad(o, cos_cache, sin_cache)
+    grad = not compiling and C.needs_grad(o, cos_cache, sin_cache)
     if grad:
         validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
                  x_scale, fp8_dtype, scale_dtype)  # the same errors as without grad

@@ -167,10 +167,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
             torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend)
             return q, k
         return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
-    if not inplace and torch.is_grad_enabled() and (getattr(q, "requires_grad", False)
-                                                    or getattr(k, "requires_grad", False)
-                                                    or getattr(cos, "requires_grad", False)
-                                                    or getattr(sin, "requires_grad", False)):
+    if not inplace and C.needs_grad(q, k, cos, sin):
         # the torch op: its outputs raise on backward (no derivative) instead of silently cutting the graph;
         # the inputs and the backend name are checked first, for the same errors as without grad
         REGISTRY.select(validate(q, k, cos, sin, False), backend)
