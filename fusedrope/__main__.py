@@ -218,9 +218,11 @@ def _positive(kind):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fusedrope", description=" ".join(__doc__.split("\n\n")[0].split()))
+    # --no-timing works with and without the word `report`: the default command takes its options too.
+    parser.add_argument("--no-timing", action="store_true", help="skip the timing table of the report")
     sub = parser.add_subparsers(dest="command")
     rep = sub.add_parser("report", help="backends, selection, self-check, timing (the default)")
-    rep.add_argument("--no-timing", action="store_true", help="skip the timing table")
+    rep.add_argument("--no-timing", dest="report_no_timing", action="store_true", help="skip the timing table")
     b = sub.add_parser("build", help="build the compiled CUDA/HIP kernels ahead of time")
     b.add_argument("--verbose", action="store_true")
     be = sub.add_parser("bench", help="benchmark both ops against every contender: seed tables, files, plots")
@@ -242,12 +244,13 @@ def main(argv=None) -> int:
     be.add_argument("--budget-s", type=_positive(float), default=None,
                     help="start no new case after this many seconds")
     args = parser.parse_args(argv)
+    if args.command not in (None, "report") and args.no_timing:
+        parser.error(f"--no-timing belongs to the report, not to `{args.command}`")
     if args.command == "build":
         return build(args)
     if args.command == "bench":
         return bench(args, argv)
-    if args.command is None:
-        args.no_timing = False
+    args.no_timing = args.no_timing or getattr(args, "report_no_timing", False)
     return report(args)
 
 

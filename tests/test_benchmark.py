@@ -237,3 +237,21 @@ def test_cli_bench_refuses_bad_arguments_before_running(argv, message, capsys):
         rc = e.code
     assert rc == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,no_timing", [([], False), (["--no-timing"], True), (["report"], False),
+                                            (["report", "--no-timing"], True), (["--no-timing", "report"], True)])
+def test_cli_report_takes_no_timing_with_or_without_its_name(argv, no_timing, monkeypatch):
+    import fusedrope.__main__ as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "report", lambda args: seen.append(args.no_timing) or 0)
+    assert main(argv) == 0
+    assert seen == [no_timing]
+
+
+def test_cli_no_timing_is_refused_outside_the_report(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--no-timing", "build"])
+    assert e.value.code == 2
+    assert "--no-timing belongs to the report, not to `build`" in capsys.readouterr().err
