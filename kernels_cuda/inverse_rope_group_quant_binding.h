@@ -37,7 +37,7 @@ inline void check_device(const BindingNames& n, const at::Tensor& t, const char*
 inline int dtype_code(at::ScalarType t) { return t == at::kBFloat16 ? kBF16 : t == at::kHalf ? kF16 : kF32; }
 
 // Check the arguments of inverse_rope_group_quant_out (TORCH_CHECK errors name n.op) and fill *p from them.
-// Returns false when there is nothing to launch (S == 0).
+// Returns false when there is nothing to launch (S == 0 or H == 0: empty outputs).
 inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, const at::Tensor& positions,
                                 const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x_fp8,
                                 const at::Tensor& x_scale, int64_t quant_group_size, Params* p) {
@@ -93,7 +93,7 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
               ": argument 'x_scale' expected row-major strides (", G * Ks, ", ", Ks,
               ", 1) or column-major strides (1, ", Ks * S, ", ", S, "), got ", x_scale.strides());
   TORCH_CHECK(S * H * D / 16 <= INT32_MAX, n.op, ": expected S*H*head_dim/16 < 2^31, got S=", S, " H=", H);
-  if (S == 0) return false;
+  if (S == 0 || H == 0) return false;
 
   p->o = o.data_ptr();
   p->num_tokens = S;

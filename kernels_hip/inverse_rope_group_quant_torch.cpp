@@ -34,7 +34,7 @@ void inverse_rope_group_quant_out(const at::Tensor& o, const at::Tensor& positio
                                   int64_t quant_group_size) {
   fusedrope::irgq::Params p;
   if (!fusedrope::irgq::params_from_tensors(kNames, o, positions, cos, sin, x_fp8, x_scale, quant_group_size, &p)) {
-    return;  // S == 0
+    return;  // S == 0 or H == 0: nothing to write
   }
   const c10::hip::HIPGuardMasqueradingAsCUDA guard(o.device());
   const hipStream_t stream = c10::hip::getCurrentHIPStreamMasqueradingAsCUDA(o.device().index()).stream();
