@@ -221,10 +221,9 @@ bool fits(const TtsRopeParams& p, int64_t bytes) {
   for (uintptr_t a : ptrs)
     if (a % uintptr_t(bytes)) return false;
   const int64_t elems = bytes / 2;  // both dtypes are 2-byte
-  const int64_t cb = p.c_sb ? p.B : 1;
   const int64_t strides[16] = {
       eff(p.q_sb, p.B),    eff(p.q_sh, p.Hq),   eff(p.q_ss, p.S),  eff(p.k_sb, p.B),   eff(p.k_sh, p.Hkv),
-      eff(p.k_ss, p.S),    eff(p.c_sb, cb),     eff(p.c_ss, p.S),  eff(p.s_sb, cb),    eff(p.s_ss, p.S),
+      eff(p.k_ss, p.S),    eff(p.c_sb, p.B),    eff(p.c_ss, p.S),  eff(p.s_sb, p.B),   eff(p.s_ss, p.S),
       eff(p.qo_sb, p.B),   eff(p.qo_sh, p.Hq),  eff(p.qo_ss, p.S), eff(p.ko_sb, p.B),  eff(p.ko_sh, p.Hkv),
       eff(p.ko_ss, p.S)};
   for (int64_t s : strides)

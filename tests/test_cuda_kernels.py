@@ -6,7 +6,8 @@
    few CUDA intrinsics it uses, every thread run in turn), is run on CPU tensors and compared with the float64
    oracle: every vector path, head_dim, dtype, stride pattern, in place, cos broadcast, forced launch shapes,
    the token loop of a capped grid, and out-of-bounds writes (guard bytes around every output); built with
-   AddressSanitizer, on tensors in exact-size allocations, it must not read or write out of bounds either.
+   AddressSanitizer and the alignment check, on tensors in exact-size allocations, it must not read or write
+   out of bounds, nor make a misaligned vector access (a fault on the GPU), either.
 3. On this CPU machine the registry falls back from ``cuda`` and says why; the torch binding compiles against
    torch's headers (syntax only: a CPU torch cannot link a CUDA extension).
 The GPU run of the real extension is gpu/check_qwen3_tts_rope.py.
@@ -275,6 +276,22 @@ def test_emulated_cos_broadcast(emu, cos_batch):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("expanded", ["cos", "sin"])
+def test_emulated_table_batch_strides_are_each_checked_for_the_vector_path(emu, expanded):
+    """cos and sin carry their own batch strides: one expanded over B (stride 0), the other a real batch dim
+    whose stride (S*D + 4 elements) breaks 16-byte alignment for b >= 1. The 16-byte path must be refused
+    (on a GPU its loads of the misaligned rows fault), the 4-byte one serves, exactly."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("tb", 2, 4, 4, 2), seed=3, random_cos_sin=True)
+    B, S, D = cos.shape
+    padded = torch.empty(B, S * D + 4, dtype=cos.dtype)
+    padded[:, :S * D] = (sin if expanded == "cos" else cos).reshape(B, S * D)
+    strided = padded[:, :S * D].view(B, S, D)
+    broadcast = (cos if expanded == "cos" else sin)[:1].expand(B, S, D)
+    cos, sin = (broadcast, strided) if expanded == "cos" else (strided, broadcast)
+    assert strided.stride(0) % 8 == 4 and broadcast.stride(0) == 0
+    run_emu(emu, q, k, cos, sin, expect_vec=2)
+
+
 @pytest.mark.parametrize("vec,wpt,tpc,max_blocks", [(8, 0, 0, 0), (2, 0, 0, 0), (1, 0, 0, 0), (8, 1, 2, 1),
                                                     (8, 2, 3, 2), (1, 3, 2, 1)])
 def test_emulated_inplace_through_strides(emu, vec, wpt, tpc, max_blocks):
@@ -455,7 +472,17 @@ for case in (TTS_CASES[0], TTS_CASES[-1], TtsCase("x", 3, 7, 13, 5, 64), TtsCase
                 if rc == 0:
                     T.check(qo, ko, q, k, cos, sin)
                     n += 1
-print("ASAN RUN OK", n)
+# cos expanded over B (batch stride 0), sin with a batch stride of S*D + 4: sin's rows for b >= 1 are not 16-byte
+# aligned (the alignment check aborts if the 16-byte path reads them)
+q, k, cos, sin = make_tts_inputs(TtsCase("tb", 2, 4, 4, 2), seed=3, random_cos_sin=True)
+pad = torch.empty(2, 4 * 128 + 4, dtype=sin.dtype)
+pad[:, :512] = sin.reshape(2, 512)
+sin = pad[:, :512].view(2, 4, 128)
+cos = exact(cos[:1]).expand(2, 4, 128)
+qo, ko = exact(q.contiguous()), exact(k.contiguous())
+assert T.emu_call(lib, q, k, cos, sin, qo, ko) == 0
+T.check(qo, ko, q, k, cos, sin)
+print("ASAN RUN OK", n + 1)
 """
 
 
@@ -469,7 +496,8 @@ def test_emulated_kernel_stays_in_bounds_under_asan(tmp_path):
     if not libasan or not Path(libasan).is_file():
         pytest.skip("libasan not installed")
     so = tmp_path / "harness_asan.so"
-    cmd = [cxx, "-std=c++17", "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-shared", "-fPIC",
+    cmd = [cxx, "-std=c++17", "-O1", "-g", "-fsanitize=address,alignment", "-fno-sanitize-recover=alignment",
+           "-fno-omit-frame-pointer", "-shared", "-fPIC",
            "-Wno-unknown-pragmas", "-I", str(EMUL), "-x", "c++", str(EMUL / "harness.cpp"),
            f'-DKERNEL_SOURCE="{SRC}"', "-o", str(so)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
