@@ -229,8 +229,9 @@ print("ASAN RUN OK", n)
 
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_stays_in_bounds_under_asan(tmp_path, vendor):
-    """The kernel built with AddressSanitizer, on tensors in allocations of exactly their size: a read or write
-    past the end of o, positions, cos, sin, x_fp8 or x_scale aborts the run."""
+    """The kernel built with AddressSanitizer and the alignment check, on tensors in allocations of exactly their
+    size: a read or write past the end of o, positions, cos, sin, x_fp8 or x_scale, or a misaligned vector
+    access (the misaligned-o case), aborts the run."""
     rt = asan_runtime(vendor)
     if rt is None:
         pytest.skip("no AddressSanitizer runtime for the host compiler (apt-get install libclang-rt-19-dev for "

@@ -29,9 +29,11 @@
 #define __restrict__ __restrict
 
 // ---- vector types and launch geometry ----------------------------------------------------------------------
-struct uint4 { unsigned int x, y, z, w; };
+// With CUDA's alignments, so that a misaligned vector access (a fault on the GPU) is one for the alignment
+// sanitizer of the ASan builds too.
+struct alignas(16) uint4 { unsigned int x, y, z, w; };
 struct uint3 { unsigned int x, y, z; };
-struct float2 { float x, y; };
+struct alignas(8) float2 { float x, y; };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct dim3 {
   unsigned int x, y, z;
@@ -112,7 +114,7 @@ inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &
 
 // bfloat16
 struct __nv_bfloat16 { unsigned short bits; };
-struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+struct alignas(4) __nv_bfloat162 { __nv_bfloat16 x, y; };
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16{u}; }
 inline float __bfloat162float(__nv_bfloat16 h) { return __uint_as_float(unsigned(h.bits) << 16); }
@@ -128,7 +130,7 @@ inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162fl
 
 // float16 (through the compiler's _Float16: IEEE binary16, conversions round to nearest even)
 struct __half { unsigned short bits; };
-struct __half2 { __half x, y; };
+struct alignas(4) __half2 { __half x, y; };
 inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 inline float __half2float(__half h) { _Float16 v; std::memcpy(&v, &h.bits, 2); return static_cast<float>(v); }
