@@ -288,6 +288,12 @@ def _extra_inputs(device):
     c, s = make_tts_inputs(TtsCase("m", 8, 16, 16, 8), seed=3)[2:]
     out.append(("misaligned_odd_offset", proj[:, :, :16].transpose(1, 2), proj[:, :, 16:].transpose(1, 2),
                 c, s))
+    # cos expanded over B (batch stride 0), sin with its own batch stride S*D + 4: sin's rows for b >= 1 are not
+    # 16-byte aligned, so the vector path must be refused (each table's stride checked on its own).
+    q3, k3, c3, s3 = make_tts_inputs(TtsCase("tb", 4, 16, 16, 8), seed=4, random_cos_sin=True)
+    pad = torch.empty(4, 16 * 128 + 4, dtype=s3.dtype)
+    pad[:, :16 * 128] = s3.reshape(4, -1)
+    out.append(("tables_own_batch_strides", q3, k3, c3[:1].expand(4, -1, -1), pad[:, :16 * 128].view(4, 16, 128)))
     for name, case, kw in (
         ("cos_broadcast", TtsCase("bc", 8, 16, 16, 8), dict(cos_batch=1)),
         ("contiguous_layout", TtsCase("ct", 8, 17, 16, 8), dict(layout="contiguous")),
