@@ -36,7 +36,10 @@ def envelope_reason(kernel: str, facts: tuple) -> Optional[str]:
 
 class CompiledOp:
     """The backend entry: ``ext.load()`` once, then ``torch.ops.<namespace>.inverse_rope_group_quant_out``
-    writes ``x_fp8`` / ``x_scale`` in place, one launch on the current stream."""
+    writes ``x_fp8`` / ``x_scale`` in place, one launch on the current stream (a few, token ranges in turn,
+    past what one launch can index)."""
+
+    max_chunks = 2**31 - 1  # the kernels number 16-element chunks of o with 32-bit ints (S*H*head_dim/16)
 
     def __init__(self, ext, namespace: str) -> None:
         self.ext = ext  # the vendor's extension module (fusedrope.cuda_ext / fusedrope.hip_ext)
@@ -47,4 +50,13 @@ class CompiledOp:
         if self._op is None:
             self.ext.load()
             self._op = getattr(torch.ops, self.namespace).inverse_rope_group_quant_out.default
-        self._op(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size)
+        S, H, D = o.shape
+        step = self.max_chunks // max(H * D // 16, 1)
+        if S <= step:
+            self._op(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size)
+            return
+        # Token slices keep every layout the kernels take: o, x_fp8 and row-major scales stay contiguous, and a
+        # column-major scale slice keeps stride(1) == Ks * stride(2).
+        for i in range(0, S, step):
+            j = min(i + step, S)
+            self._op(o[i:j], positions[i:j], cos_cache, sin_cache, x_fp8[i:j], x_scale[i:j], quant_group_size)

@@ -243,3 +243,35 @@ def test_stays_in_bounds_under_asan(tmp_path, vendor):
     proc = subprocess.run([sys.executable, "-c", ASAN_SCRIPT, vendor], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=600)
     assert proc.returncode == 0 and "ASAN RUN OK" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_backend_entry_splits_what_one_launch_cannot_index(transpose, monkeypatch):
+    """Past 2^31 16-element chunks of o (S*H*512/16) the compiled backends' entry (CompiledOp) launches token
+    ranges in turn. With its limit lowered to 3 tokens' worth, 10 tokens take launches of 3, 3, 3 and 1 token
+    of the emulated CUDA kernel, whose bytes (every one written) equal one reference call over all 10: each
+    range gets its own positions and scale rows, the column-major scale slice included."""
+    from fusedrope import reference as ref
+    from fusedrope.compiled_inverse_rope_quant import CompiledOp
+
+    emu = emulated_kernel("cuda")
+    o, p, c, s = quant_inputs(10, 4, seed=2)
+    x, sc = quant_outputs(o, 2, 64, transpose)
+    xr, sr = quant_outputs(o, 2, 64, transpose)
+    launches = []
+
+    def op(o, positions, cos, sin, x_fp8, x_scale, q):
+        launches.append(o.shape[0])
+        assert emulate(emu, o, positions, cos, sin, x_fp8, x_scale, q) == 0
+
+    entry = CompiledOp(None, "unused")
+    entry._op = op
+    monkeypatch.setattr(entry, "max_chunks", 3 * 4 * 512 // 16 + 5)
+    entry(o, p, c, s, x, sc, 64)
+    assert launches == [3, 3, 3, 1]
+    ref.inverse_rope_group_quant(o, p, c, s, xr, sr, 64)
+    assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8))
+    assert torch.equal(sc.view(torch.uint8), sr.view(torch.uint8))
+    launches.clear()
+    entry(o[:3], p, c, s, x[:3], sc[:3], 64)  # within the limit: one launch
+    assert launches == [3]
