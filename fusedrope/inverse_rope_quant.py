@@ -376,6 +376,16 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     (x_fp8, x_scale) : tuple of torch.Tensor
         ``[S, G, Dg]`` fp8 and ``[S, G, Dg / quant_group_size]`` scales.
 
+    Raises
+    ------
+    ValueError, TypeError
+        Bad shapes, strides, dtypes, devices or group arguments, and with ``FUSEDROPE_CHECK_POSITIONS=1``
+        out-of-range positions; the message names the argument.
+    fusedrope.BackendUnavailableError
+        An explicitly requested backend cannot run these inputs.
+    RuntimeError
+        Output buffers that are inference tensors, outside ``torch.inference_mode()``.
+
     Examples
     --------
     >>> import torch, fusedrope

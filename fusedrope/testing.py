@@ -3,7 +3,16 @@
 * ``TTS_CASES``: the seed shape matrix of qwen3_tts_rope as named cases (6 shapes x batch 1, 8, 32).
 * ``make_tts_inputs``: Q/K as strided views of a ``[B, S, H, D]`` projection (what ``q_proj(x).view(...)
   .transpose(1, 2)`` gives) and cos/sin built the way the Qwen3-TTS model builds them.
-* ``ulp_diff`` / ``assert_ulp_close``: distance between floating tensors in units in the last place.
+* ``qwen3_tts_cos_sin``: the model's cos/sin for given positions.
+* ``ulp_diff`` / ``assert_ulp_close`` / ``round_once``: distance between floating tensors in units in the last
+  place; an fp64 value rounded once to a narrower dtype.
+* ``poison_like``: a tensor of the same layout filled with a poison byte, to prove a kernel wrote every element.
+* ``to_device_keeping_layout``: a strided or offset view moved to another device as the same view.
+* ``QuantCase`` / ``QUANT_CASES`` / ``QUANT_GROUP_SIZE_CASES``: the seed matrices of inverse_rope_group_quant.
+* ``deepseek_rope_cache`` / ``make_quant_inputs``: DeepSeek-V4's cos/sin caches and the op's inputs.
+* ``scale_bytes`` / ``rope_blocks`` / ``assert_quant_close``: e8m0 bytes of any scale format, which quant blocks
+  hold rope dims, and the op's accuracy contract (scales bit-exact; fp8 within 1 ulp, bit-exact in blocks
+  without rope dims).
 
 Example
 -------

@@ -150,6 +150,9 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
         Bad shapes, strides, dtypes or devices; the message names the argument.
     fusedrope.BackendUnavailableError
         An explicitly requested backend cannot run these inputs.
+    RuntimeError
+        ``inplace=True`` when ``q`` or ``k`` requires grad, or on an inference tensor outside
+        ``torch.inference_mode()``.
 
     Examples
     --------
