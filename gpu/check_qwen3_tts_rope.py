@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 import traceback
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -350,7 +351,7 @@ def _correct_backend(res, backend, run, dev):
     from fusedrope.testing import TTS_CASES, TtsCase, make_tts_inputs, ulp_diff
 
     for case in TTS_CASES:
-        q, k, cos, sin = make_tts_inputs(case, device=dev, seed=hash(case.id) % 1000)
+        q, k, cos, sin = make_tts_inputs(case, device=dev, seed=zlib.crc32(case.id.encode()) % 1000)
         _verify(res, "correct", f"{backend}/{case.id}", *run(backend, q, k, cos, sin), q, k, cos, sin)
     for name, q, k, cos, sin in _extra_inputs(dev):
         _verify(res, "correct", f"{backend}/{name}", *run(backend, q, k, cos, sin), q, k, cos, sin)

@@ -19,6 +19,7 @@ import ctypes
 import os
 import subprocess
 import tempfile
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -192,7 +193,7 @@ def run_emu(lib, q, k, cos, sin, expect_vec=None, offset=0, **cfg):
 
 @pytest.mark.parametrize("case", TTS_CASES, ids=lambda c: c.id)
 def test_emulated_kernel_on_seed_matrix(emu, case):
-    q, k, cos, sin = make_tts_inputs(case, seed=hash(case.id) % 1000)
+    q, k, cos, sin = make_tts_inputs(case, seed=zlib.crc32(case.id.encode()) % 1000)
     run_emu(emu, q, k, cos, sin, expect_vec=8)
 
 

@@ -1,5 +1,7 @@
 """qwen3_tts_rope: every backend against the float64 oracle (SPEC: within 1 ulp for bf16/fp16)."""
 
+import zlib
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -17,15 +19,39 @@ BACKENDS = backends_here("qwen3_tts_rope")
 SMALL_CASES = [c for c in TTS_CASES if c.batch == 1] + [TTS_CASES[1]]
 
 
+GUARD = 64  # poisoned elements on each side of every output (keeps 16-byte alignment)
+
+
+def guarded_empty(t: torch.Tensor):
+    """``(view, buffer)``: a contiguous view shaped like ``t`` in the middle of a poisoned buffer."""
+    buf = poison_like(torch.empty(t.numel() + 2 * GUARD, dtype=t.dtype, device=t.device))
+    return buf[GUARD:GUARD + t.numel()].view(t.shape), buf
+
+
+def assert_guards_intact(buf: torch.Tensor, name: str) -> None:
+    raw = buf.view(torch.uint8)
+    edge = GUARD * buf.element_size()
+    for side, part in (("before", raw[:edge]), ("after", raw[raw.numel() - edge:])):
+        assert bool((part == 0xFF).all()), f"{name}: {int((part != 0xFF).sum())} guard bytes {side} it were written"
+
+
+def seed_of(case) -> int:
+    """A seed that is the same in every process (str hash() is salted per process)."""
+    return zlib.crc32(case.id.encode()) % 1000
+
+
 def run_backend(backend, q, k, cos, sin):
-    """Call the backend itself on poisoned outputs, so an element it does not write fails the check."""
+    """Call the backend itself on poisoned outputs inside poisoned guard elements, so an element it does not
+    write fails the check, and one it writes out of bounds fails here."""
     facts = fusedrope.tts_rope.validate(q, k, cos, sin, False)
     impl = next(i for i in REGISTRY.impls if i.backend == backend)
     reason = REGISTRY.decide(impl, facts)
     if reason:  # e.g. the cuda kernel serves bf16/fp16 with D in (64, 128, 256) only
         pytest.skip(f"{backend} does not serve these inputs: {reason}")
-    q_out, k_out = poison_like(q.contiguous()), poison_like(k.contiguous())
+    (q_out, q_buf), (k_out, k_buf) = guarded_empty(q), guarded_empty(k)
     impl.fn()(q, k, cos, sin, q_out, k_out)
+    assert_guards_intact(q_buf, "q_out")
+    assert_guards_intact(k_buf, "k_out")
     return q_out, k_out
 
 
@@ -44,6 +70,35 @@ def check(q_out, k_out, q, k, cos, sin, max_ulp=1):
         assert off <= 2 + out.numel() // 1000, f"{name}: {off} of {out.numel()} elements not correctly rounded"
 
 
+def test_oracle_is_the_spec_formula_element_by_element():
+    """The oracle shares rotate_half with the reference backend; check it against SPEC's per-element formula,
+    written out independently, with cos and sin halves that differ."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("spec", 2, 3, 3, 2, 16), seed=12, random_cos_sin=True)
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    c, s = cos.double()[:, None], sin.double()[:, None]  # [B, 1, S, D]
+    for x, got in ((q.double(), q_ref), (k.double(), k_ref)):
+        h = x.shape[-1] // 2
+        want = torch.empty_like(x)
+        for i in range(h):
+            want[..., i] = x[..., i] * c[..., i] - x[..., i + h] * s[..., i]
+            want[..., i + h] = x[..., i + h] * c[..., i + h] + x[..., i] * s[..., i + h]
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quarter_turn_and_identity_are_exact(backend):
+    """cos=0, sin=1 moves the halves: out[:h] = -x[h:], out[h:] = x[:h]; cos=1, sin=0 is the identity. Both
+    exact on every backend (a swapped half or sign fails here whatever the tolerance)."""
+    q, k, cos, _ = make_tts_inputs(TtsCase("qt", 2, 3, 4, 2), device=DEVICE, seed=13)
+    zero, one = torch.zeros_like(cos), torch.ones_like(cos)
+    q_out, k_out = run_backend(backend, q, k, zero, one)
+    for x, out in ((q, q_out), (k, k_out)):
+        h = x.shape[-1] // 2
+        assert torch.equal(out[..., :h], -x[..., h:]) and torch.equal(out[..., h:], x[..., :h])
+    q_out, k_out = run_backend(backend, q, k, one, zero)
+    assert torch.equal(q_out, q) and torch.equal(k_out, k)
+
+
 @pytest.mark.parametrize("case", TTS_CASES, ids=lambda c: c.id)
 def test_reference_matches_oracle_on_seed_matrix(case):
     q, k, cos, sin = make_tts_inputs(case, device=DEVICE)
@@ -53,7 +108,7 @@ def test_reference_matches_oracle_on_seed_matrix(case):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", SMALL_CASES, ids=lambda c: c.id)
 def test_backend_matches_oracle(backend, case):
-    q, k, cos, sin = make_tts_inputs(case, device=DEVICE, seed=hash(case.id) % 1000)
+    q, k, cos, sin = make_tts_inputs(case, device=DEVICE, seed=seed_of(case))
     check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
 
 
@@ -121,6 +176,46 @@ def test_empty(backend, shape):
     q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend)
     assert q_out.shape == q.shape and k_out.shape == k.shape
     check(q_out, k_out, q, k, cos, sin)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(0, 4, 3, 8), (2, 4, 0, 8), (2, 0, 3, 8)])
+def test_empty_launches_nothing(backend, shape, monkeypatch):
+    """SPEC: empty tensors return empty results without a launch (q and k both empty here)."""
+    B, H, S, D = shape
+    q = torch.randn(B, H, S, D, device=DEVICE)
+    k = torch.randn(B, H // 2, S, D, device=DEVICE)
+    cos = sin = torch.randn(max(B, 1), S, D, device=DEVICE)
+
+    def launch(*args):
+        raise AssertionError(f"{backend} launched on empty inputs")
+
+    for impl in REGISTRY.impls:
+        monkeypatch.setattr(impl, "_fn", launch)
+        monkeypatch.setattr(impl, "_fn_alloc", launch if impl.run_alloc else None)
+    for inplace in (False, True):
+        q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=inplace, backend=backend)
+        assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.dtype == q.dtype
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inplace_on_padded_views_leaves_the_padding(backend):
+    """In place through views into padded buffers: the views get the rotation, every other element of the
+    buffers keeps its value."""
+    g = torch.Generator().manual_seed(14)
+    qb = torch.randn(2, 9, 5, 160, generator=g).to(torch.bfloat16).to(DEVICE)
+    kb = torch.randn(4, 4, 3, 131, generator=g).to(torch.bfloat16).to(DEVICE)
+    q, k = qb[:, 1:8:2, :4, 16:144].transpose(1, 2), kb[::2, :, :, 3:131].transpose(1, 2)
+    cos, sin = make_tts_inputs(TtsCase("pad", 2, 4, 1, 1), device=DEVICE, seed=14, random_cos_sin=True)[2:]
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    q_keep, k_keep = qb.clone(), kb.clone()
+    fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True, backend=backend)
+    assert_ulp_close(q, q_ref, 1, "q")
+    assert_ulp_close(k, k_ref, 1, "k")
+    for buf, keep, view in ((qb, q_keep, q), (kb, k_keep, k)):
+        outside = torch.ones_like(buf, dtype=torch.bool)
+        outside.as_strided(view.shape, view.stride(), view.storage_offset()).fill_(False)
+        assert torch.equal(buf[outside], keep[outside]), "an element outside the view was written"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
