@@ -2,6 +2,7 @@
 reference (scale bytes bit-exact, fp8 within 1 ulp and bit-exact in blocks without rope dims)."""
 
 import math
+import struct
 
 import pytest
 import torch
@@ -493,3 +494,164 @@ def test_position_check_skips_meta_tensors(monkeypatch):
     o, pos, cos, sin = (t.to("meta") for t in make_quant_inputs(QuantCase(3, 16, 2)))
     x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend="reference")
     assert x.device.type == "meta" and s.shape == (3, 2, 32)
+
+
+# -- clamping against hand-picked rows, fnuz zero, guard bytes, empty launches ------------------------------
+def _quant_at_rows(o, rows, cos, sin, case, fp8_dtype=torch.float8_e4m3fn):
+    """The op's math on cache rows picked by hand, never through reference.clamp_positions (which the oracle
+    and the reference backend share): the fp32 rotation as the reference writes it, then its quantiser."""
+    rows = torch.tensor(rows, device=o.device)
+    c, n = cos[rows].float()[:, None, :], sin[rows].float()[:, None, :]
+    x = o.float().clone()
+    tail = x[..., case.head_dim - case.rope_dim:]
+    e, d = tail[..., 0::2].clone(), tail[..., 1::2].clone()
+    tail[..., 0::2] = e * c + d * n
+    tail[..., 1::2] = d * c - e * n
+    return R.group_quant_e8m0(x, case.num_groups, case.quant_group_size, fp8_dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("wild", [torch.tensor([-5, 31, 32, 10**12]),
+                                  torch.tensor([-5, 31, 32, 2**31 - 1], dtype=torch.int32)], ids=["int64", "int32"])
+def test_clamping_lands_on_row_max_pos_minus_1(backend, wild):
+    """Out-of-range positions read row 0 / row max_pos-1 exactly, against rows written by hand: a backend and
+    the reference that both clamped to max_pos-2 would pass the same-backend comparison, not this one."""
+    case = QuantCase(4, 2, 1)
+    o, _, cos, sin = make_quant_inputs(case, device=DEVICE, seed=31, max_pos=32)
+    assert not torch.equal(cos[30], cos[31]) and not torch.equal(sin[30], sin[31])
+    got_fp8, got_scale = run(backend, o, wild.to(DEVICE), cos, sin, case)
+    want_fp8, want_byte = _quant_at_rows(o, [0, 31, 31, 31], cos, sin, case)
+    neighbour = _quant_at_rows(o, [0, 30, 30, 30], cos, sin, case)[0]
+    assert not torch.equal(neighbour.view(torch.uint8), want_fp8.view(torch.uint8))  # the test can tell 30 from 31
+    assert torch.equal(scale_bytes(got_scale), want_byte)
+    assert torch.equal(got_fp8.view(torch.uint8), want_fp8.view(torch.uint8))
+
+
+def _fp32(v: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", v))[0]
+
+
+def _e8m0_byte(amax: float, fp8_max: float) -> int:
+    """SPEC's formula in plain fp32 arithmetic: t = max(amax, 1e-8) * fp32(1/FP8_MAX); the byte is t's biased
+    exponent plus 1 when its mantissa is non-zero. (The fp64 product of two fp32 values is exact, so rounding
+    it to fp32 once gives the fp32 product.)"""
+    bits = struct.unpack("<I", struct.pack("<f", _fp32(_fp32(max(amax, 1e-8)) * _fp32(1.0 / fp8_max))))[0]
+    return ((bits >> 23) & 0xFF) + int((bits & 0x7FFFFF) != 0)
+
+
+def test_all_zero_block_bytes_from_the_formula():
+    assert _e8m0_byte(0.0, 448.0) == 92 and _e8m0_byte(0.0, 240.0) == 93
+    zero = torch.zeros(1)
+    for fp8_dtype, fp8_max in R.FP8_MAX.items():
+        assert int(R.e8m0_scale_bytes(zero, fp8_max)) == _e8m0_byte(0.0, fp8_max), fp8_dtype
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("big", [240.0, 448.0])
+def test_tiny_negatives_quantise_to_plus_zero_in_fnuz(backend, fp8_dtype, big):
+    """A negative value that rounds to zero is byte 0x00 in e4m3fnuz, never 0x80 (its NaN); an all-zero block
+    (here of -0.0 values) gets the floor's byte from the formula (93 for fnuz, 92 for e4m3fn)."""
+    case = QuantCase(2, 2, 1)
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=32)
+    tiny = -1e-4
+    o[1, 1, 128:256] = tiny
+    o[1, 1, 128] = big
+    o[0, 0, 0:128] = -0.0
+    byte_big = _e8m0_byte(big, R.FP8_MAX[fp8_dtype])
+    step = torch.finfo(fp8_dtype).smallest_normal / 8  # the smallest subnormal: 3 mantissa bits
+    assert abs(o[1, 1, 129].item()) / 2.0 ** (byte_big - 127) < step / 2  # really rounds to zero
+    x_fp8, x_scale = run(backend, o, pos, cos, sin, case, fp8_dtype=fp8_dtype)
+    assert not bool(torch.isnan(x_fp8.float()).any())
+    assert_quant_close(x_fp8, x_scale, *reference(o, pos, cos, sin, case, fp8_dtype=fp8_dtype), rope_blocks(case),
+                       backend)
+    b = scale_bytes(x_scale)  # [S, G=1, Ks=8]: token 1, head 1, block 1 is block 5
+    assert int(b[1, 0, 5]) == byte_big
+    assert int(b[0, 0, 0]) == _e8m0_byte(0.0, R.FP8_MAX[fp8_dtype])
+    q = x_fp8.view(torch.uint8)
+    assert bool((x_fp8.float()[1, 0, 512 + 129:768] == 0).all()) and bool((x_fp8.float()[0, 0, :128] == 0).all())
+    if fp8_dtype == torch.float8_e4m3fnuz:
+        assert torch.equal(q[1, 0, 512 + 129:768], torch.zeros(127, dtype=torch.uint8, device=q.device))
+        assert torch.equal(q[0, 0, :128], torch.zeros(128, dtype=torch.uint8, device=q.device))
+
+
+GUARD = 0xA5
+
+
+def _guarded(shape, strides, dtype, lead: int):
+    """A view with these shape and strides at storage offset ``lead`` (elements) of a buffer whose every byte is
+    GUARD, with as much again plus 64 elements after it (a write a whole row or token off stays inside the buffer);
+    returns (view, byte view of the whole buffer [numel, itemsize], mask of the elements in the view)."""
+    need = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if all(shape) else 0
+    buf = torch.empty(lead + 2 * need + 64, dtype=dtype, device=DEVICE)
+    raw = buf.view(torch.uint8).view(buf.numel(), -1)
+    raw.fill_(GUARD)
+    idx = torch.arange(buf.numel(), device=DEVICE).as_strided(shape, strides, lead)
+    inside = torch.zeros(buf.numel(), dtype=torch.bool, device=DEVICE)
+    inside[idx.flatten()] = True
+    return buf.as_strided(shape, strides, lead), raw, inside
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case,lead", [(QuantCase(1, 8, 1), 16), (QuantCase(5, 16, 2, quant_group_size=32), 5),
+                                       (QuantCase(5, 8, 1, quant_group_size=32), 64),
+                                       (QuantCase(1, 16, 2, quant_group_size=128), 3)],
+                         ids=lambda v: v.id if isinstance(v, QuantCase) else f"lead{v}")
+@pytest.mark.parametrize("transpose_scale", [False, True])
+@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.int32])
+def test_outputs_inside_poisoned_buffers_write_nothing_outside(backend, case, lead, transpose_scale, scale_dtype):
+    """x_fp8 and x_scale are views at an offset inside bigger buffers: every byte before, after and between
+    the view's elements (the packed column-major layout's padding tokens) keeps its guard value."""
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=33)
+    facts = validate(o, pos, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, None, None, None,
+                     scale_dtype)[0]
+    if REGISTRY.decide(REGISTRY_IMPL[backend], facts):
+        pytest.skip(f"{backend} does not serve these inputs: {REGISTRY.decide(REGISTRY_IMPL[backend], facts)}")
+    fp_shape, sc_shape = fusedrope.quant_output_shapes(case.num_tokens, case.num_heads, case.head_dim,
+                                                       case.num_groups, case.quant_group_size, scale_dtype)
+    sc_strides = fusedrope.inverse_rope_quant.scale_strides(sc_shape, transpose_scale, scale_dtype)
+    fp_strides = (fp_shape[1] * fp_shape[2], fp_shape[2], 1)
+    x_fp8, fp_raw, fp_in = _guarded(fp_shape, fp_strides, torch.float8_e4m3fn, lead)
+    x_scale, sc_raw, sc_in = _guarded(sc_shape, sc_strides, scale_dtype, lead)
+    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, case.num_groups, case.quant_group_size,
+                                             transpose_scale, x_fp8, x_scale, backend=backend)
+    assert out[0] is x_fp8 and out[1] is x_scale
+    for name, raw, inside in (("x_fp8", fp_raw, fp_in), ("x_scale", sc_raw, sc_in)):
+        stray = (raw[~inside] != GUARD).any(-1).nonzero()
+        assert stray.numel() == 0, f"{backend} wrote {stray.numel()} {name} elements outside the view"
+    ref = reference(o, pos, cos, sin, case, transpose_scale, scale_dtype=scale_dtype)
+    assert torch.equal(x_scale.view(torch.uint8) if x_scale.element_size() == 1 else x_scale,
+                       ref[1].view(torch.uint8) if ref[1].element_size() == 1 else ref[1])
+    assert_quant_close(x_fp8, x_scale, *ref, rope_blocks(case), backend)
+
+
+def _no_launch(*args, **kwargs):
+    raise AssertionError("the backend was called for empty inputs")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("S,H", [(0, 16), (3, 0), (0, 0)])
+@pytest.mark.parametrize("transpose_scale", [False, True])
+def test_empty_inputs_launch_nothing(backend, S, H, transpose_scale, monkeypatch):
+    o, pos, cos, sin = make_quant_inputs(QuantCase(S, H, 2), device=DEVICE)
+    impl = REGISTRY_IMPL[backend]
+    facts = validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None, None, None)[0]
+    if REGISTRY.decide(impl, facts):
+        pytest.skip(f"{backend} does not serve these inputs: {REGISTRY.decide(impl, facts)}")
+    monkeypatch.setattr(impl, "fn", lambda: _no_launch)  # what _run calls: impl.fn()(...)
+    monkeypatch.setattr(impl, "fn_alloc", lambda: _no_launch)
+    one = make_quant_inputs(QuantCase(1, 16, 2), device=DEVICE)
+    with pytest.raises(AssertionError, match="called for empty"):  # the patch does intercept a real launch
+        fusedrope.inverse_rope_group_quant(*one, 2, backend=backend)
+    dg = H * 512 // 2
+    for bufs in (None, fusedrope.empty_quant_outputs(o, 2, 128, transpose_scale)):
+        x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, transpose_scale,
+                                                  *(bufs or (None, None)), backend=backend)
+        assert x.shape == (S, 2, dg) and x.dtype == torch.float8_e4m3fn
+        assert s.shape == (S, 2, dg // 128) and s.dtype == torch.float8_e8m0fnu
+        if bufs is not None:
+            assert x is bufs[0] and s is bufs[1]
+    x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 32, transpose_scale, backend=backend,
+                                              fp8_dtype=torch.float8_e4m3fnuz, scale_dtype=torch.int32)
+    assert x.shape == (S, 2, dg) and x.dtype == torch.float8_e4m3fnuz
+    assert s.shape == (S, 2, dg // 128) and s.dtype == torch.int32
