@@ -53,6 +53,20 @@ TTS_CASES = {
                       "argument 'q' expected a contiguous last dimension (stride 1), got strides (192, 48, 16, 2)"),
     "cos last stride": (tts_bad(cos=lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
                         "argument 'cos' expected a contiguous last dimension (stride 1)"),
+    "cos dtype": (tts_bad(cos=lambda t: t.float()), TypeError, "argument 'cos' expected dtype bfloat16 (same as 'q'), got float32"),
+    "sin 2-D": (tts_bad(sin=lambda t: t[0]), ValueError,
+                "argument 'sin' expected a 3-D tensor [B or 1, S, D], got 2-D shape [3, 8]"),
+    "k last stride": (tts_bad(k=lambda t: torch.randn(2, 2, 3, 16).to(bf16)[..., ::2]), ValueError,
+                      "argument 'k' expected a contiguous last dimension (stride 1), got strides (96, 48, 16, 2)"),
+    "sin last stride": (tts_bad(sin=lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
+                        "argument 'sin' expected a contiguous last dimension (stride 1), got strides (24, 1, 3)"),
+    "cos device": (tts_bad(cos=lambda t: t.to("meta")), ValueError,
+                   "argument 'cos' expected a tensor on cpu (same device as 'q'), got a tensor on meta"),
+    "sin device": (tts_bad(sin=lambda t: t.to("meta")), ValueError,
+                   "argument 'sin' expected a tensor on cpu (same device as 'q'), got a tensor on meta"),
+    "D=0": (tts_bad(q=torch.randn(2, 4, 3, 0).to(bf16), k=torch.randn(2, 2, 3, 0).to(bf16),
+                    cos=torch.randn(2, 3, 0).to(bf16), sin=torch.randn(2, 3, 0).to(bf16)), ValueError,
+            "argument 'q' expected an even head_dim D >= 2 (last dim), got D=0"),
 }
 
 
@@ -67,10 +81,20 @@ def test_qwen3_tts_rope_bad_input(name):
         torch.ops.fusedrope.qwen3_tts_rope(args["q"], args["k"], args["cos"], args["sin"], "reference")
 
 
-def test_qwen3_tts_rope_inplace_into_broadcast_tensor():
-    q, k, cos, sin = tts_inputs(B=1)
-    with pytest.raises(ValueError, match="argument 'k' expected a writable tensor without broadcast"):
-        fusedrope.qwen3_tts_rope(q, k[:, :1].expand(1, 2, 3, 8), cos, sin, inplace=True)
+@pytest.mark.parametrize("name, dim", [("k", 1), ("q", 1), ("q", 0)])
+def test_qwen3_tts_rope_inplace_into_broadcast_tensor(name, dim):
+    args = dict(zip("q k cos sin".split(), tts_inputs()))
+    t = args[name]
+    args[name] = t.narrow(dim, 0, 1).expand(t.shape)  # stride 0 on `dim`: several indices on one element
+    strides = tuple(0 if d == dim else s for d, s in enumerate(t.stride()))
+    before = args[name].clone()
+    msg = re.escape(f"argument '{name}' expected a writable tensor without broadcast (stride-0) dimensions, "
+                    f"got strides {strides}")
+    with pytest.raises(ValueError, match="^qwen3_tts_rope: " + msg):
+        fusedrope.qwen3_tts_rope(**args, inplace=True)
+    with pytest.raises(ValueError, match=msg):  # the in-place torch op validates the same way
+        torch.ops.fusedrope.qwen3_tts_rope_(args["q"], args["k"], args["cos"], args["sin"], "reference")
+    assert torch.equal(args[name], before)  # refused before anything was written
 
 
 def test_unknown_backend_and_env():
@@ -171,6 +195,18 @@ QUANT_CASES = {
                          "argument 'x_scale' expected column-major ([G, Ks, S] storage) strides (1, 24, 3) for transpose_scale=True, got strides (16, 8, 1)"),
     "x_scale device": (quant_bad(x_scale=lambda a: _bufs()(a)[1].to("meta")), ValueError,
                        "argument 'x_scale' expected a tensor on cpu (same device as 'o'), got a tensor on meta"),
+    "empty cache": (quant_bad(cos_cache=torch.zeros(0, 32), sin_cache=torch.zeros(0, 32)), ValueError,
+                    "argument 'cos_cache' expected shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim=512, got [0, 32]"),
+    "cos device": (quant_bad(cos_cache=lambda a: a["cos_cache"].to("meta")), ValueError,
+                   "argument 'cos_cache' expected a tensor on cpu (same device as 'o'), got a tensor on meta"),
+    "sin device": (quant_bad(sin_cache=lambda a: a["sin_cache"].to("meta")), ValueError,
+                   "argument 'sin_cache' expected a tensor on cpu (same device as 'o'), got a tensor on meta"),
+    "x_fp8 device": (quant_bad(x_fp8=lambda a: _bufs()(a)[0].to("meta"), x_scale=lambda a: _bufs()(a)[1]), ValueError,
+                     "argument 'x_fp8' expected a tensor on cpu (same device as 'o'), got a tensor on meta"),
+    "sin last stride": (quant_bad(sin_cache=lambda a: a["sin_cache"].t().contiguous().t()), ValueError,
+                        "argument 'sin_cache' expected a contiguous last dimension (stride 1), got strides (1, 64)"),
+    "positions int16": (quant_bad(positions=lambda a: a["positions"].to(torch.int16)), TypeError,
+                        "argument 'positions' expected dtype int64 or int32, got int16"),
 }
 
 

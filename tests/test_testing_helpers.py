@@ -1,5 +1,7 @@
 """fusedrope.testing's helpers, which others use to check their own kernels: a wrong output must not pass."""
 
+import re
+
 import pytest
 import torch
 
@@ -83,3 +85,103 @@ def test_round_once_is_the_nearest_value(dtype):
     nearest = torch.where((x - lo).abs() < (hi - x).abs(), lo,
                           torch.where((hi - x).abs() < (x - lo).abs(), hi, torch.where(lo_even, lo, hi)))
     assert torch.equal(round_once(x, dtype).double(), nearest)
+
+
+def _quant_reference(transpose_scale=False):
+    """Reference outputs of a small case on fresh random data, and which of its blocks hold rope dims."""
+    case = QuantCase(3, 4, 2)
+    o, pos, cos, sin = make_quant_inputs(case, seed=int(torch.randint(0, 2 ** 31, ())))
+    ref = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, case.num_groups, case.quant_group_size,
+                                             transpose_scale, backend="reference")
+    return case, ref
+
+
+def _fp8_nudged(ref_fp8, case, in_rope_block: bool, ulps: int):
+    """A copy of ``ref_fp8`` with one random element of a (non-)rope block moved ``ulps`` steps toward zero
+    (away from it if too small), which never crosses into NaN."""
+    mask = rope_blocks(case)
+    S, G, Dg = ref_fp8.shape
+    blocks = (mask if in_rope_block else ~mask).nonzero()
+    g, kb = blocks[torch.randint(0, len(blocks), ())].tolist()
+    s = int(torch.randint(0, S, ()))
+    d = kb * case.quant_group_size + int(torch.randint(0, case.quant_group_size, ()))
+    out = ref_fp8.clone()
+    raw = out.view(torch.uint8)
+    byte = int(raw[s, g, d])
+    mag = byte & 0x7F
+    raw[s, g, d] = (byte & 0x80) | (mag - ulps if mag >= ulps else mag + ulps)
+    assert ulp_diff(out, ref_fp8).sum().item() == ulps  # the copy is exactly `ulps` off, in one element
+    return out
+
+
+@pytest.mark.parametrize("transpose_scale", [False, True])
+def test_quant_check_fails_on_one_scale_byte(transpose_scale):
+    case, (ref_fp8, ref_scale) = _quant_reference(transpose_scale)
+    bad = ref_scale.clone()
+    assert bad.stride() == ref_scale.stride()
+    raw = bad.view(torch.uint8)
+    idx = tuple(int(torch.randint(0, n, ())) for n in raw.shape)
+    raw[idx] += 1
+    assert_quant_close(ref_fp8, ref_scale, ref_fp8, ref_scale, rope_blocks(case))
+    with pytest.raises(AssertionError, match=re.escape(f"scale bytes differ in 1 blocks; first at {idx}: got "
+                                                       f"{int(raw[idx])}, expected {int(raw[idx]) - 1}")):
+        assert_quant_close(ref_fp8, bad, ref_fp8, ref_scale, rope_blocks(case))
+
+
+def test_quant_check_wants_non_rope_blocks_bit_exact():
+    case, (ref_fp8, ref_scale) = _quant_reference()
+    bad = _fp8_nudged(ref_fp8, case, in_rope_block=False, ulps=1)
+    with pytest.raises(AssertionError, match="fp8 bytes differ in 1 elements of non-rope blocks"):
+        assert_quant_close(bad, ref_scale, ref_fp8, ref_scale, rope_blocks(case))
+
+
+def test_quant_check_allows_one_ulp_in_rope_blocks_and_no_more():
+    case, (ref_fp8, ref_scale) = _quant_reference()
+    assert_quant_close(_fp8_nudged(ref_fp8, case, in_rope_block=True, ulps=1), ref_scale, ref_fp8, ref_scale,
+                       rope_blocks(case))
+    bad = _fp8_nudged(ref_fp8, case, in_rope_block=True, ulps=2)
+    with pytest.raises(AssertionError, match="1 of .* elements are more than 1 ulp away; worst 2 ulp"):
+        assert_quant_close(bad, ref_scale, ref_fp8, ref_scale, rope_blocks(case))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_ulp_check_sees_the_sign(dtype):
+    x = torch.randn(4, 8).to(dtype)
+    x = torch.where(x == 0, torch.ones_like(x), x)
+    assert_ulp_close(x, x.double(), 1)
+    with pytest.raises(AssertionError, match="32 of 32 elements are more than 1 ulp away"):
+        assert_ulp_close(-x, x.double(), 1)
+    i = int(torch.randint(0, 8, ()))
+    one = x.clone()
+    one[1, i] = -one[1, i]
+    steps = x[1, i].abs().view({4: torch.int32, 2: torch.int16}[x.element_size()]).item()  # from +0 to |x|
+    with pytest.raises(AssertionError, match=re.escape(f"1 of 32 elements are more than 1 ulp away; worst "
+                                                       f"{2 * steps} ulp at (1, {i})")):
+        assert_ulp_close(one, x.double(), 1)
+
+
+def _bf16_bits(*bits):
+    return torch.tensor([b - (1 << 16) if b >= 1 << 15 else b for b in bits], dtype=torch.int16).view(torch.bfloat16)
+
+
+def test_ulp_check_and_nan():
+    """As documented in ulp_diff: two NaNs (any sign or payload) are 0 apart, NaN and a number are not close."""
+    x = torch.randn(32).to(torch.bfloat16)
+    i = int(torch.randint(0, 32, ()))
+    got = x.clone()
+    got[i] = float("nan")
+    with pytest.raises(AssertionError, match=f"1 of 32 elements are more than 1 ulp away; worst {2 ** 40} ulp "
+                                             f"at \\({i},\\): got nan"):
+        assert_ulp_close(got, x.double())  # NaN for a number
+    with pytest.raises(AssertionError, match="1 of 1 elements are more than 1 ulp away"):
+        assert_ulp_close(_bf16_bits(0x7FC0), torch.ones(1, dtype=torch.float64))  # NaN for 1.0
+    with pytest.raises(AssertionError, match="1 of 1 elements are more than 1 ulp away"):
+        assert_ulp_close(torch.ones(1, dtype=torch.bfloat16), _bf16_bits(0x7FC0))  # 1.0 for NaN
+    nans = _bf16_bits(0x7FC0, 0xFFC0, 0x7F81, 0xFFFF)  # quiet, negative, signalling, negative with payload
+    assert torch.isnan(nans.float()).all()
+    assert_ulp_close(nans, nans.flip(0), 0)
+    assert_ulp_close(nans, torch.full((4,), float("nan"), dtype=torch.float64), 0)
+    want = x.double()
+    want[i] = float("nan")
+    got[i] = nans[int(torch.randint(0, 4, ()))]
+    assert_ulp_close(got, want)
