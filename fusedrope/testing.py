@@ -6,7 +6,9 @@
 * ``qwen3_tts_cos_sin``: the model's cos/sin for given positions.
 * ``ulp_diff`` / ``assert_ulp_close`` / ``round_once``: distance between floating tensors in units in the last
   place; an fp64 value rounded once to a narrower dtype.
-* ``poison_like``: a tensor of the same layout filled with a poison byte, to prove a kernel wrote every element.
+* ``poison_like``: a tensor of the same layout filled with a poison byte, to prove a kernel wrote every element;
+  ``guarded_poison`` / ``bytes_written_outside``: such an output inside a bigger poisoned buffer, to prove it
+  wrote nothing else.
 * ``to_device_keeping_layout``: a strided or offset view moved to another device as the same view.
 * ``QuantCase`` / ``QUANT_CASES`` / ``QUANT_GROUP_SIZE_CASES``: the seed matrices of inverse_rope_group_quant.
 * ``deepseek_rope_cache`` / ``make_quant_inputs``: DeepSeek-V4's cos/sin caches and the op's inputs.
@@ -293,12 +295,70 @@ def poison_like(t: torch.Tensor, byte: int | None = None) -> torch.Tensor:
     -------
     torch.Tensor
     """
-    if byte is None:
-        byte = 0x80 if "fnuz" in str(t.dtype) else 0xFF
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(out.untyped_storage())
-    raw.fill_(byte)
+    raw.fill_(_poison_byte(t.dtype, byte))
     return out
+
+
+def _poison_byte(dtype: torch.dtype, byte: int | None) -> int:
+    return byte if byte is not None else 0x80 if "fnuz" in str(dtype) else 0xFF
+
+
+def guarded_poison(shape, dtype: torch.dtype, device="cpu", strides=None, lead: int = 64, tail: int | None = None,
+                   byte: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """An output view inside a bigger poisoned buffer, so that a kernel's write out of bounds (which a memory
+    checker misses when it lands in the allocator's slack) changes guard bytes that
+    :func:`bytes_written_outside` counts.
+
+    Parameters
+    ----------
+    shape : sequence of int
+    dtype : torch.dtype
+    device : torch.device or str, default "cpu"
+    strides : sequence of int, optional
+        The view's strides; default contiguous.
+    lead : int, default 64
+        Guard elements before the view (its storage offset); an odd value misaligns it.
+    tail : int, optional
+        Guard elements after the view's last element; default as many as the view spans plus 64, so that a
+        write one row or one token off still lands in the buffer.
+    byte : int, optional
+        The poison in every byte; default :func:`poison_like`'s.
+
+    Returns
+    -------
+    (view, buffer) : tuple of torch.Tensor
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.testing import bytes_written_outside, guarded_poison
+    >>> out, buf = guarded_poison((2, 3), torch.bfloat16)
+    >>> out.fill_(1.0) is out, bytes_written_outside(buf, out)
+    (True, 0)
+    >>> buf[64 + 6] = 0  # one element past the view
+    >>> bytes_written_outside(buf, out)
+    2
+    """
+    shape = tuple(shape)
+    if strides is None:
+        strides = torch.empty(shape, device="meta").stride()
+    span = 1 + sum((n - 1) * st for n, st in zip(shape, strides)) if all(shape) else 0
+    buf = torch.empty(lead + span + (span + 64 if tail is None else tail), dtype=dtype, device=device)
+    buf.view(torch.uint8).fill_(_poison_byte(dtype, byte))
+    return buf.as_strided(shape, tuple(strides), lead), buf
+
+
+def bytes_written_outside(buf: torch.Tensor, view: torch.Tensor, byte: int | None = None) -> int:
+    """How many bytes of ``buf`` (from :func:`guarded_poison`) outside ``view``'s elements no longer hold the
+    poison ``byte`` (default :func:`poison_like`'s for the dtype, as there)."""
+    idx = torch.arange(buf.numel(), device=buf.device).as_strided(view.shape, view.stride(),
+                                                                  view.storage_offset())
+    outside = torch.ones(buf.numel(), dtype=torch.bool, device=buf.device)
+    outside[idx.reshape(-1)] = False
+    raw = buf.view(torch.uint8).view(buf.numel(), buf.element_size())
+    return int((raw[outside] != _poison_byte(buf.dtype, byte)).sum())
 
 
 # --------------------------------------------------------------------------------------------------------

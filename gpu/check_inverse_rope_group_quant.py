@@ -56,8 +56,8 @@ from fusedrope import benchmark as B  # noqa: E402
 from fusedrope import bench_report as report  # noqa: E402
 from fusedrope import reference as ref  # noqa: E402
 from fusedrope.inverse_rope_quant import empty_quant_outputs  # noqa: E402
-from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, deepseek_rope_cache,  # noqa: E402
-                               poison_like, scale_bytes, ulp_diff)
+from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, bytes_written_outside,  # noqa: E402
+                               deepseek_rope_cache, guarded_poison, poison_like, scale_bytes, ulp_diff)
 from memcheck import find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
 
 HEAD_GROUPS = QUANT_HEAD_GROUPS
@@ -105,15 +105,13 @@ def fp8_stats(x, xr):
 
 def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m3fn,
              scale_dtype=torch.float8_e8m0fnu, x_offset=0, cpu_reference=False):
-    """Run ``backend`` into poisoned buffers and compare with the reference. Returns a result dict."""
+    """Run ``backend`` into poisoned buffers inside poisoned guard bytes (compute-sanitizer misses a write into
+    the caching allocator's slack) and compare with the reference. Returns a result dict."""
     x0, s0 = empty_quant_outputs(o, G, q, transpose, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
-    if x_offset:  # caller-provided x_fp8 that is contiguous but not 16-byte aligned
-        buf = torch.empty(x0.numel() + x_offset, dtype=torch.uint8, device=o.device)
-        x = buf[x_offset:].view(fp8_dtype).view(x0.shape)
-        x.view(torch.uint8).fill_(0x7F)
-    else:
-        x = poison_like(x0)
-    sc = poison_like(s0, 0xA5)  # not 0xFF: that is a legitimate scale byte (NaN block)
+    # x_offset: caller-provided x_fp8 that is contiguous but not 16-byte aligned
+    x, x_buf = guarded_poison(x0.shape, fp8_dtype, o.device, lead=64 + x_offset)
+    # 0xA5, not 0xFF: that is a legitimate scale byte (NaN block)
+    sc, sc_buf = guarded_poison(s0.shape, scale_dtype, o.device, s0.stride(), byte=0xA5)
     fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, transpose, x, sc, backend=backend)
     xr, sr = poison_like(x0), poison_like(s0, 0xA5)
     if cpu_reference:
@@ -126,9 +124,10 @@ def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m
         ref.inverse_rope_group_quant(o, p, c, s, xr, sr, q)
     scale_equal = torch.equal(scale_bytes(sc), scale_bytes(sr))
     nb, max_ulp = fp8_stats(x, xr)
-    ok = scale_equal and max_ulp <= 1
+    stray = bytes_written_outside(x_buf, x) + bytes_written_outside(sc_buf, sc, 0xA5)
+    ok = scale_equal and max_ulp <= 1 and stray == 0
     return {"ok": bool(ok), "scale_bit_exact": bool(scale_equal), "fp8_bytes_differ": nb,
-            "fp8_max_ulp": max_ulp}
+            "fp8_max_ulp": max_ulp, "guard_bytes_written": stray}
 
 
 def correctness_cases(subset: bool):

@@ -29,7 +29,8 @@ import torch
 import fusedrope
 from fusedrope import cuda_ext, cuda_tts_rope
 from fusedrope.reference import qwen3_tts_rope_oracle
-from fusedrope.testing import TTS_CASES, TtsCase, assert_ulp_close, make_tts_inputs, ulp_diff
+from fusedrope.testing import (TTS_CASES, TtsCase, assert_ulp_close, bytes_written_outside, guarded_poison,
+                               make_tts_inputs, ulp_diff)
 
 import kernel_asm as K
 from compile_cache import (CUDA_CPU_WHEEL_STUBS, build_once, content_key, cuda_include_dir, host_cxx,
@@ -151,22 +152,15 @@ def emu_pick_vec(lib, q, k, cos, sin, q_out, k_out) -> int:
     return lib.emu_qwen3_tts_rope_pick_vec(*_pack(q, k, cos, sin, q_out, k_out))
 
 
-def guarded_like(t: torch.Tensor, pad: int = 64, offset: int = 0, byte: int = 0xFF):
-    """``(view, buffer)``: a contiguous view shaped like ``t`` inside a poisoned buffer with ``pad`` guard
-    elements on each side; ``offset`` shifts it (e.g. 1 = misaligned by one element)."""
-    n = t.numel()
-    buf = torch.empty(n + 2 * pad + offset, dtype=t.dtype)
-    buf.view(torch.uint8).fill_(byte)
-    return buf[pad + offset:pad + offset + n].view(t.shape), buf
+def guarded_like(t: torch.Tensor, offset: int = 0):
+    """``(view, buffer)``: a contiguous view shaped like ``t`` inside a poisoned buffer, 64 guard elements on each
+    side; ``offset`` shifts it (e.g. 1 = misaligned by one element)."""
+    return guarded_poison(t.shape, t.dtype, lead=64 + offset, tail=64)
 
 
 def check_guards(buf, view):
-    """Every element of ``buf`` outside ``view`` still holds the poison (no write out of bounds)."""
-    inside = torch.zeros(buf.numel(), dtype=torch.bool)
-    idx = torch.arange(buf.numel()).as_strided(view.shape, view.stride(), view.storage_offset())
-    inside[idx.reshape(-1)] = True
-    raw = buf.view(torch.int16)
-    assert bool((raw[~inside] == -1).all()), f"{int((raw[~inside] != -1).sum())} guard elements were written"
+    written = bytes_written_outside(buf, view)
+    assert written == 0, f"{written} guard bytes were written"
 
 
 def check(q_out, k_out, q, k, cos, sin):

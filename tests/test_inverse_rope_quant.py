@@ -11,8 +11,9 @@ import fusedrope
 from fusedrope import reference as R
 from fusedrope.baseline import unfused_inverse_rope_group_quant
 from fusedrope.inverse_rope_quant import REGISTRY, validate
-from fusedrope.testing import (QuantCase, assert_quant_close, assert_ulp_close, deepseek_rope_cache,
-                               make_quant_inputs, poison_like, rope_blocks, scale_bytes)
+from fusedrope.testing import (QuantCase, assert_quant_close, assert_ulp_close, bytes_written_outside,
+                               deepseek_rope_cache, guarded_poison, make_quant_inputs, poison_like, rope_blocks,
+                               scale_bytes)
 
 from conftest import DEVICE, backends_here
 
@@ -578,20 +579,6 @@ def test_tiny_negatives_quantise_to_plus_zero_in_fnuz(backend, fp8_dtype, big):
 GUARD = 0xA5
 
 
-def _guarded(shape, strides, dtype, lead: int):
-    """A view with these shape and strides at storage offset ``lead`` (elements) of a buffer whose every byte is
-    GUARD, with as much again plus 64 elements after it (a write a whole row or token off stays inside the buffer);
-    returns (view, byte view of the whole buffer [numel, itemsize], mask of the elements in the view)."""
-    need = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if all(shape) else 0
-    buf = torch.empty(lead + 2 * need + 64, dtype=dtype, device=DEVICE)
-    raw = buf.view(torch.uint8).view(buf.numel(), -1)
-    raw.fill_(GUARD)
-    idx = torch.arange(buf.numel(), device=DEVICE).as_strided(shape, strides, lead)
-    inside = torch.zeros(buf.numel(), dtype=torch.bool, device=DEVICE)
-    inside[idx.flatten()] = True
-    return buf.as_strided(shape, strides, lead), raw, inside
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case,lead", [(QuantCase(1, 8, 1), 16), (QuantCase(5, 16, 2, quant_group_size=32), 5),
                                        (QuantCase(5, 8, 1, quant_group_size=32), 64),
@@ -611,14 +598,14 @@ def test_outputs_inside_poisoned_buffers_write_nothing_outside(backend, case, le
                                                        case.num_groups, case.quant_group_size, scale_dtype)
     sc_strides = fusedrope.inverse_rope_quant.scale_strides(sc_shape, transpose_scale, scale_dtype)
     fp_strides = (fp_shape[1] * fp_shape[2], fp_shape[2], 1)
-    x_fp8, fp_raw, fp_in = _guarded(fp_shape, fp_strides, torch.float8_e4m3fn, lead)
-    x_scale, sc_raw, sc_in = _guarded(sc_shape, sc_strides, scale_dtype, lead)
+    x_fp8, fp_buf = guarded_poison(fp_shape, torch.float8_e4m3fn, DEVICE, fp_strides, lead, byte=GUARD)
+    x_scale, sc_buf = guarded_poison(sc_shape, scale_dtype, DEVICE, sc_strides, lead, byte=GUARD)
     out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, case.num_groups, case.quant_group_size,
                                              transpose_scale, x_fp8, x_scale, backend=backend)
     assert out[0] is x_fp8 and out[1] is x_scale
-    for name, raw, inside in (("x_fp8", fp_raw, fp_in), ("x_scale", sc_raw, sc_in)):
-        stray = (raw[~inside] != GUARD).any(-1).nonzero()
-        assert stray.numel() == 0, f"{backend} wrote {stray.numel()} {name} elements outside the view"
+    for name, buf, view in (("x_fp8", fp_buf, x_fp8), ("x_scale", sc_buf, x_scale)):
+        stray = bytes_written_outside(buf, view, GUARD)
+        assert stray == 0, f"{backend} wrote {stray} {name} bytes outside the view"
     ref = reference(o, pos, cos, sin, case, transpose_scale, scale_dtype=scale_dtype)
     assert torch.equal(x_scale.view(torch.uint8) if x_scale.element_size() == 1 else x_scale,
                        ref[1].view(torch.uint8) if ref[1].element_size() == 1 else ref[1])

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 import fusedrope
 from fusedrope.reference import qwen3_tts_rope_oracle, rotate_half
-from fusedrope.testing import TTS_CASES, TtsCase, assert_ulp_close, make_tts_inputs, poison_like, ulp_diff
+from fusedrope.testing import (TTS_CASES, TtsCase, assert_ulp_close, bytes_written_outside, guarded_poison,
+                               make_tts_inputs, ulp_diff)
 from fusedrope.tts_rope import REGISTRY
 
 from conftest import DEVICE, backends_here
@@ -17,22 +18,6 @@ from conftest import DEVICE, backends_here
 BACKENDS = backends_here("qwen3_tts_rope")
 # The Triton interpreter costs ~5 ms per program (one program per token): keep its cases small.
 SMALL_CASES = [c for c in TTS_CASES if c.batch == 1] + [TTS_CASES[1]]
-
-
-GUARD = 64  # poisoned elements on each side of every output (keeps 16-byte alignment)
-
-
-def guarded_empty(t: torch.Tensor):
-    """``(view, buffer)``: a contiguous view shaped like ``t`` in the middle of a poisoned buffer."""
-    buf = poison_like(torch.empty(t.numel() + 2 * GUARD, dtype=t.dtype, device=t.device))
-    return buf[GUARD:GUARD + t.numel()].view(t.shape), buf
-
-
-def assert_guards_intact(buf: torch.Tensor, name: str) -> None:
-    raw = buf.view(torch.uint8)
-    edge = GUARD * buf.element_size()
-    for side, part in (("before", raw[:edge]), ("after", raw[raw.numel() - edge:])):
-        assert bool((part == 0xFF).all()), f"{name}: {int((part != 0xFF).sum())} guard bytes {side} it were written"
 
 
 def seed_of(case) -> int:
@@ -48,10 +33,10 @@ def run_backend(backend, q, k, cos, sin):
     reason = REGISTRY.decide(impl, facts)
     if reason:  # e.g. the cuda kernel serves bf16/fp16 with D in (64, 128, 256) only
         pytest.skip(f"{backend} does not serve these inputs: {reason}")
-    (q_out, q_buf), (k_out, k_buf) = guarded_empty(q), guarded_empty(k)
+    (q_out, q_buf), (k_out, k_buf) = (guarded_poison(t.shape, t.dtype, t.device) for t in (q, k))
     impl.fn()(q, k, cos, sin, q_out, k_out)
-    assert_guards_intact(q_buf, "q_out")
-    assert_guards_intact(k_buf, "k_out")
+    for name, buf, out in (("q_out", q_buf, q_out), ("k_out", k_buf, k_out)):
+        assert bytes_written_outside(buf, out) == 0, f"{backend} wrote {name} out of bounds"
     return q_out, k_out
 
 
