@@ -12,8 +12,8 @@ Sections
                1); several S; group 32/64/128/256; both scale layouts) plus dtype / stride / alignment /
                clamping / NaN-Inf cases: scale bytes bit-exact, fp8 within 1 ulp (and the count of fp8 bytes
                that differ at all: expected 0, since the hardware cvt.rn.satfinite is the reference's RNE +
-               clamp); outputs poisoned first so unwritten bytes fail; a few cases also against the CPU
-               reference
+               clamp); outputs poisoned first so unwritten bytes fail, inside guard bytes that must stay
+               untouched; a few cases also against the CPU reference
   sanitize     re-runs this script with --sanitize-subset under `compute-sanitizer --tool memcheck` with
                PYTORCH_NO_CUDA_MEMORY_CACHING=1 (so each tensor is its own allocation and an overrun is seen)
   graph        CUDA-graph capture + replay equals eager, also after new data is copied into the inputs
