@@ -243,7 +243,7 @@ def test_torch_compile_fullgraph_matches_eager(inplace):
 @given(
     B=st.integers(1, 3), S=st.integers(1, 4), HQ=st.integers(1, 5), HKV=st.integers(1, 3),
     half=st.sampled_from([1, 3, 8, 64]), pad=st.integers(0, 3), perm=st.booleans(), bcast=st.booleans(),
-    dtype=st.sampled_from([torch.bfloat16, torch.float16]), seed=st.integers(0, 2**16),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), seed=st.integers(0, 2**16),
 )
 def test_property_random_shapes_and_strides(B, S, HQ, HKV, half, pad, perm, bcast, dtype, seed):
     D = 2 * half
