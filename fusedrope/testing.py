@@ -322,9 +322,10 @@ def guarded_poison(shape, dtype: torch.dtype, device="cpu", strides=None, lead: 
         Guard elements before the view (its storage offset); an odd value misaligns it.
     tail : int, optional
         Guard elements after the view's last element; default as many as the view spans plus 64, so that a
-        write one row or one token off still lands in the buffer.
+        write one row or one token past the end still lands in the buffer (before the view there are ``lead``).
     byte : int, optional
-        The poison in every byte; default :func:`poison_like`'s.
+        The poison in every byte; default :func:`poison_like`'s (for the fnuz fp8 types 0x80, which is also
+        their NaN: pass another byte where a kernel may legitimately write NaN).
 
     Returns
     -------

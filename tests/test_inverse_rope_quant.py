@@ -521,11 +521,10 @@ def test_clamping_lands_on_row_max_pos_minus_1(backend, wild):
     o, _, cos, sin = make_quant_inputs(case, device=DEVICE, seed=31, max_pos=32)
     assert not torch.equal(cos[30], cos[31]) and not torch.equal(sin[30], sin[31])
     got_fp8, got_scale = run(backend, o, wild.to(DEVICE), cos, sin, case)
-    want_fp8, want_byte = _quant_at_rows(o, [0, 31, 31, 31], cos, sin, case)
-    neighbour = _quant_at_rows(o, [0, 30, 30, 30], cos, sin, case)[0]
-    assert not torch.equal(neighbour.view(torch.uint8), want_fp8.view(torch.uint8))  # the test can tell 30 from 31
-    assert torch.equal(scale_bytes(got_scale), want_byte)
-    assert torch.equal(got_fp8.view(torch.uint8), want_fp8.view(torch.uint8))
+    want = _quant_at_rows(o, [0, 31, 31, 31], cos, sin, case)
+    with pytest.raises(AssertionError):  # the contract's tolerance still tells row 30 from row 31
+        assert_quant_close(*_quant_at_rows(o, [0, 30, 30, 30], cos, sin, case), *want, rope_blocks(case))
+    assert_quant_close(got_fp8, got_scale, *want, rope_blocks(case), backend)
 
 
 def _fp32(v: float) -> float:
@@ -638,6 +637,9 @@ def test_empty_inputs_launch_nothing(backend, S, H, transpose_scale, monkeypatch
         assert s.shape == (S, 2, dg // 128) and s.dtype == torch.float8_e8m0fnu
         if bufs is not None:
             assert x is bufs[0] and s is bufs[1]
+    other = validate(o, pos, cos, sin, 2, 32, transpose_scale, None, None, torch.float8_e4m3fnuz, torch.int32)[0]
+    if REGISTRY.decide(impl, other):  # e.g. the compiled kernels write no packed int32 scales
+        return
     x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 32, transpose_scale, backend=backend,
                                               fp8_dtype=torch.float8_e4m3fnuz, scale_dtype=torch.int32)
     assert x.shape == (S, 2, dg) and x.dtype == torch.float8_e4m3fnuz
