@@ -193,6 +193,25 @@ def section_build(res):
     log(f"build: {res['seconds']} s, {path}")
 
 
+def empty_direct_case(device):
+    """The raw CUDA op with S == 0 or H == 0 and plain empty buffers: returns without a launch or an error."""
+    op = torch.ops.fusedrope_cuda.inverse_rope_group_quant_out
+    c = torch.zeros(8, 32, device=device)
+    out = {}
+    for S, H in ((0, 16), (3, 0)):
+        o = torch.zeros(S, H, 512, dtype=torch.bfloat16, device=device)
+        dg = H * 512 // 2
+        x = torch.empty(S, 2, dg, dtype=torch.float8_e4m3fn, device=device)
+        sc = torch.empty(S, 2, dg // 128, dtype=torch.uint8, device=device)
+        try:
+            op(o, torch.zeros(max(S, 1), dtype=torch.long, device=device), c, c, x, sc, 128)
+            torch.cuda.synchronize(device)
+            out[f"S{S}-H{H}"] = {"ok": True}
+        except Exception as e:  # noqa: BLE001
+            out[f"S{S}-H{H}"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    return out
+
+
 def section_correctness(res, device, backend, subset=False, cpu_reference_every=0):
     cases = correctness_cases(subset)
     fails = []
@@ -214,6 +233,10 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
     except Exception as e:  # noqa: BLE001
         res["nan_inf"] = {"error": f"{type(e).__name__}: {e}"}
         fails.append("nan_inf")
+    if backend == "cuda":
+        res["empty_direct"] = empty_direct_case(device)
+        if not all(v["ok"] for v in res["empty_direct"].values()):
+            fails.append("empty_direct")
     res["n_cases"] = len(cases) + 1
     res["failed"] = fails
     res["fp8_bytes_differ_total"] = sum(v.get("fp8_bytes_differ", 0) for v in res["cases"].values())
