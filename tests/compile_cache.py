@@ -30,6 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+# The emulated kernels' sanitizer builds: ASan, plus the alignment check, since a misaligned vector access faults
+# on a GPU and so must abort here too.
+ASAN_FLAGS = ["-fsanitize=address,alignment", "-fno-sanitize-recover=alignment", "-fno-omit-frame-pointer", "-g"]
 # Versioned Debian/Ubuntu clang names first (the ones CI installs), then the unversioned one.
 CLANG_NAMES = ("clang++-19", "clang++-20", "clang++-21", "clang++-18", "clang++")
 

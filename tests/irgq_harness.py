@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile_cache import CLANG_NAMES, build_once, content_key, host_cxx
+from compile_cache import ASAN_FLAGS, CLANG_NAMES, build_once, content_key, host_cxx
 from fusedrope import reference as ref
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,9 +108,7 @@ def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False)
     common = source.parents[1] / "kernels_cuda" / COMMON_H.name  # the copy beside a mutated source, if any
     emul = HIP_EMUL if hip else CUDA_EMUL
     harness_cpp = emul / ("harness.cpp" if hip else "irgq_harness.cpp")
-    # ASan, plus the alignment check: a misaligned vector access faults on a GPU, so it must abort here too.
-    flags = (["-fsanitize=address,alignment", "-fno-sanitize-recover=alignment", "-fno-omit-frame-pointer", "-g"]
-             if asan else [])
+    flags = list(ASAN_FLAGS) if asan else []
     if hip:
         flags += ["-Wno-unknown-attributes", "-Wno-ignored-attributes"] + (["-shared-libasan"] if asan else [])
         if vendor != "hip":
