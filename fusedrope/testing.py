@@ -9,7 +9,8 @@
 * ``poison_like``: a tensor of the same layout filled with a poison byte, to prove a kernel wrote every element;
   ``guarded_poison`` / ``bytes_written_outside``: such an output inside a bigger poisoned buffer, to prove it
   wrote nothing else.
-* ``to_device_keeping_layout``: a strided or offset view moved to another device as the same view.
+* ``to_device_keeping_layout``: a strided or offset view moved to another device as the same view;
+  ``own_batch_strides``: cos and sin with different batch strides (one broadcast, one misaligned).
 * ``QuantCase`` / ``QUANT_CASES`` / ``QUANT_GROUP_SIZE_CASES``: the seed matrices of inverse_rope_group_quant.
 * ``deepseek_rope_cache`` / ``make_quant_inputs``: DeepSeek-V4's cos/sin caches and the op's inputs.
 * ``scale_bytes`` / ``rope_blocks`` / ``assert_quant_close``: e8m0 bytes of any scale format, which quant blocks
@@ -28,6 +29,7 @@ Example
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +62,12 @@ class TtsCase:
     @property
     def id(self) -> str:
         return f"{self.name}-B{self.batch}"
+
+    @property
+    def seed(self) -> int:
+        """A seed of its own for the case's random data, the same in every process (``str`` hashes are salted
+        per process)."""
+        return zlib.crc32(self.id.encode()) % 1000
 
     @property
     def rows(self) -> int:
@@ -150,6 +158,19 @@ def make_tts_inputs(case: TtsCase, dtype: torch.dtype = torch.bfloat16, device="
         start = torch.randint(0, 4096, (nb, 1), generator=g)
         cos, sin = qwen3_tts_cos_sin(start + torch.arange(S), D, dtype=dtype)
     return tuple(to_device_keeping_layout(t, device) for t in (q, k, cos, sin))
+
+
+def own_batch_strides(cos: torch.Tensor, sin: torch.Tensor, expanded: str = "cos") -> tuple:
+    """``(cos, sin)`` with the same values, where the ``expanded`` one ("cos" or "sin") is its batch 0 expanded
+    over B (batch stride 0) and the other sits at batch stride S*D + 4: for b >= 1 its rows are not 16-byte
+    aligned, so a kernel must check each table's batch stride on its own before a 16-byte path."""
+    B, S, D = cos.shape
+    other = sin if expanded == "cos" else cos
+    padded = torch.empty(B, S * D + 4, dtype=other.dtype, device=other.device)
+    padded[:, :S * D] = other.reshape(B, S * D)
+    strided = padded[:, :S * D].view(B, S, D)
+    broadcast = (cos if expanded == "cos" else sin)[:1].expand(B, S, D)
+    return (broadcast, strided) if expanded == "cos" else (strided, broadcast)
 
 
 def to_device_keeping_layout(t: torch.Tensor, device) -> torch.Tensor:
