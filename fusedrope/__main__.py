@@ -183,19 +183,20 @@ def report(args) -> int:
 
 
 def build(args) -> int:
-    status = 0
+    """Exit 0 when an extension was built and the other one only cannot build here (the other vendor);
+    1 when a build failed or nothing was built, so an ahead-of-time step in a Dockerfile or CI fails loudly."""
+    built, failed = 0, False
     for name, module in (("CUDA", "fusedrope.cuda_ext"), ("HIP", "fusedrope.hip_ext")):
-        try:
-            mod = __import__(module, fromlist=["build"])
-        except ImportError as e:
-            print(f"{name}: no builder in this version ({e})")
-            continue
+        mod = __import__(module, fromlist=["build"])
         try:
             print(f"{name}: built {mod.build(verbose=args.verbose)}")
+            built += 1
         except Exception as e:  # noqa: BLE001
             print(f"{name}: not built: {e}")
-            status = status or (0 if "cannot build" in str(e) else 1)
-    return status
+            failed = failed or "cannot build" not in str(e)
+    if not built:
+        print("nothing was built: this machine has no toolchain and torch for either kind of compiled kernel")
+    return 0 if built and not failed else 1
 
 
 def bench(args, argv) -> int:

@@ -28,8 +28,9 @@ def triton_available(device: torch.device) -> Reason:
     if device.type == "cpu":
         if triton_interpreting():
             return None
-        return ("Triton runs CPU tensors only in its interpreter: set TRITON_INTERPRET=1 before fusedrope's "
-                "Triton kernels are first used (no GPU kernels can run here)")
+        return ("Triton runs CPU tensors only in its interpreter: set TRITON_INTERPRET=1 before the process's "
+                "first fusedrope call or explain() on a CPU tensor (Triton fixes interpreter mode when fusedrope "
+                "defines its kernels, at that first check)")
     return f"Triton does not run on device type '{device.type}'"
 
 

@@ -83,9 +83,11 @@ class Explanation(list):
 
     chosen: Optional[str] = None
     op: str = ""
+    forced: str = ""  # "FUSEDROPE_BACKEND=name" when the environment forced the choice of a backend="auto" call
 
     def __str__(self) -> str:
-        lines = [f"{self.op}: chosen backend = {self.chosen or 'none'}"]
+        forced = f" (forced by {self.forced})" if self.forced else ""
+        lines = [f"{self.op}: chosen backend = {self.chosen or 'none'}{forced}"]
         for d in self:
             mark = "->" if d.backend == self.chosen else ("ok" if d.runs else "no")
             lines.append(f"  {mark} {d.backend:<10} {d.reason}")
@@ -146,7 +148,8 @@ class OpRegistry:
                              f"{request!r}{has}")
         reason = self.decide(by_name[request], facts)
         if reason is not None:
-            raise BackendUnavailableError(f"{self.op}: backend {request!r} cannot run these inputs: {reason}")
+            forced = f" (forced by {ENV_BACKEND}={request})" if backend == "auto" else ""
+            raise BackendUnavailableError(f"{self.op}: backend {request!r}{forced} cannot run these inputs: {reason}")
         return by_name[request]
 
     def explain(self, facts: tuple, backend: str = "auto") -> Explanation:
@@ -155,6 +158,8 @@ class OpRegistry:
             for i in self.impls
         )
         out.op = self.op
+        if backend == "auto" and forced_backend() in {i.backend for i in self.impls}:
+            out.forced = f"{ENV_BACKEND}={forced_backend()}"
         try:
             out.chosen = self.select(facts, backend).backend
         except (BackendUnavailableError, ValueError) as e:

@@ -255,3 +255,26 @@ def test_cli_no_timing_is_refused_outside_the_report(capsys):
         main(["--no-timing", "build"])
     assert e.value.code == 2
     assert "--no-timing belongs to the report, not to `build`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cuda, hip, code", [
+    ("ok", "cannot build", 0),            # a CUDA machine: HIP only cannot build here
+    ("cannot build", "ok", 0),            # a ROCm machine
+    ("cannot build", "cannot build", 1),  # a CPU machine: nothing built, the AOT step must not pass silently
+    ("ok", "nvcc failed", 1),             # a build that broke
+])
+def test_cli_build_exit_status(cuda, hip, code, monkeypatch, capsys):
+    from fusedrope import cuda_ext, hip_ext
+
+    def builder(outcome):
+        def build(verbose=False):
+            if outcome != "ok":
+                raise RuntimeError(f"fusedrope: {outcome} the kernels: a reason")
+            return "ext.so"
+        return build
+
+    monkeypatch.setattr(cuda_ext, "build", builder(cuda))
+    monkeypatch.setattr(hip_ext, "build", builder(hip))
+    assert main(["build"]) == code
+    out = capsys.readouterr().out
+    assert ("nothing was built" in out) == (cuda != "ok" and hip != "ok")

@@ -71,6 +71,24 @@ def test_environment_variable_forces_auto_only(monkeypatch):
         fusedrope.qwen3_tts_rope(q, k, cos, sin)
 
 
+def test_a_backend_forced_by_the_environment_is_named_as_such(monkeypatch):
+    reg = OpRegistry("toy")
+    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
+    reg.register(Impl("triton", "x:y", lambda f: "no odd sizes", lambda d: None))
+    facts = (torch.device("cpu"), 3)
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "triton")
+    with pytest.raises(fusedrope.BackendUnavailableError,
+                       match="backend 'triton' \\(forced by FUSEDROPE_BACKEND=triton\\) cannot run these inputs"):
+        reg.select(facts)
+    assert "forced by FUSEDROPE_BACKEND=triton" in str(reg.explain(facts))
+    # an explicit argument is not the environment's doing
+    with pytest.raises(fusedrope.BackendUnavailableError, match="backend 'triton' cannot run these inputs"):
+        reg.select(facts, "triton")
+    assert "forced" not in str(reg.explain(facts, "reference"))
+    monkeypatch.delenv(fusedrope.ENV_BACKEND)
+    assert "forced" not in str(reg.explain(facts))
+
+
 def test_selection_is_cached_and_cheap_to_key():
     reg = fusedrope.registry("qwen3_tts_rope")
     facts = fusedrope.tts_rope.validate(*tts_args(), False)
