@@ -111,7 +111,7 @@ def qwen3_tts_rope_oracle(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
 # inverse_rope_group_quant: DeepSeek-V4 attention output -> inverse RoPE -> FP8 per-group quant, e8m0 scales
 # --------------------------------------------------------------------------------------------------------
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
-AMAX_FLOOR = 1e-8  # an all-zero block gets scale byte 92
+AMAX_FLOOR = 1e-8  # an all-zero block gets scale byte 92 (e4m3fn) or 93 (e4m3fnuz)
 E8M0_NAN = 0xFF  # the scale byte of a block that holds NaN or +-Inf
 
 
@@ -141,8 +141,8 @@ def e8m0_scale_bytes(amax: torch.Tensor, fp8_max: float) -> torch.Tensor:
     """The e8m0 byte of ``scale = 2^ceil(log2(amax / fp8_max))``, read off fp32 bits (exact at powers of two):
     the biased exponent of ``t = amax * fp32(1/fp8_max)``, plus one when t's mantissa is non-zero.
 
-    ``amax`` is first raised to ``AMAX_FLOOR`` (1e-8), so an all-zero block gets byte 92; a NaN or +-Inf
-    ``amax`` gets ``E8M0_NAN`` (0xFF).
+    ``amax`` is first raised to ``AMAX_FLOOR`` (1e-8), so an all-zero block gets byte 92 (fp8_max 448) or 93
+    (240); a NaN or +-Inf ``amax`` gets ``E8M0_NAN`` (0xFF).
 
     Parameters
     ----------
