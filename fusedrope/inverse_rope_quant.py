@@ -170,6 +170,16 @@ def _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, 
     return x_fp8, x_scale
 
 
+def _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype, x_fp8, x_scale) -> tuple:
+    """The caller's buffers, with the one(s) left out (None) newly allocated."""
+    if x_fp8 is None or x_scale is None:
+        new_fp8, new_scale = _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype,
+                                            scale_dtype)
+        x_fp8 = new_fp8 if x_fp8 is None else x_fp8
+        x_scale = new_scale if x_scale is None else x_scale
+    return x_fp8, x_scale
+
+
 def _same_layout(t: torch.Tensor, strides: tuple) -> bool:
     """The strides that address elements agree: those of size-1 dims and of empty tensors do not."""
     return t.numel() == 0 or all(n <= 1 or s == e for n, s, e in zip(t.shape, t.stride(), strides))
@@ -306,11 +316,8 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
                                              transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype)
     impl = REGISTRY.select(facts, backend)
     given = x_fp8 is not None, x_scale is not None
-    if not all(given):
-        new_fp8, new_scale = _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype,
-                                            scale_dtype)
-        x_fp8 = new_fp8 if x_fp8 is None else x_fp8
-        x_scale = new_scale if x_scale is None else x_scale
+    x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype, x_fp8,
+                              x_scale)
     if os.environ.get(ENV_CHECK_POSITIONS, "0") not in ("", "0"):
         check_positions_on_host(positions, o.shape[0], cos_cache.shape[0])
     if o.numel():
@@ -407,16 +414,22 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     if compiling or grad:
         # Traced, or inputs that require grad: the torch op, whose outputs raise on backward (no derivative)
         # instead of silently cutting the graph.
-        if x_fp8 is not None and x_scale is not None:
-            if fp8_dtype is not None or scale_dtype is not None:  # the _out op reads the buffers' dtypes
-                validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                         x_fp8, x_scale, fp8_dtype, scale_dtype)
+        if x_fp8 is not None or x_scale is not None:
+            as_e8m0 = False
+            if x_fp8 is None or x_scale is None or fp8_dtype is not None or scale_dtype is not None:
+                # the _out op reads the buffers' dtypes: check them against the arguments, and allocate the
+                # buffer the caller left out, as eager does; an e8m0 one as its uint8 bytes, since inductor has
+                # no e8m0 code generation for a tensor an op mutates
+                _, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups,
+                                                     quant_group_size, transpose_scale, x_fp8, x_scale, fp8_dtype,
+                                                     scale_dtype)
+                as_e8m0 = x_scale is None and scale_dtype == torch.float8_e8m0fnu
+                x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype,
+                                          torch.uint8 if as_e8m0 else scale_dtype, x_fp8, x_scale)
             torch.ops.fusedrope.inverse_rope_group_quant_out(o, positions, cos_cache, sin_cache, num_groups,
                                                              quant_group_size, transpose_scale, x_fp8, x_scale,
                                                              backend)
-            return x_fp8, x_scale
-        if x_fp8 is not None or x_scale is not None:
-            raise ValueError(f"{OP}: under torch.compile pass both x_fp8 and x_scale, or neither")
+            return x_fp8, x_scale.view(torch.float8_e8m0fnu) if as_e8m0 else x_scale
         return torch.ops.fusedrope.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                                             quant_group_size, transpose_scale, fp8_dtype,
                                                             scale_dtype, backend)

@@ -234,6 +234,23 @@ def test_quant_helpers_check_their_arguments():
         fusedrope.empty_quant_outputs(o[0], 2)
 
 
+@pytest.mark.parametrize("op", ["tts", "quant"])
+def test_bad_input_under_torch_compile_keeps_the_message(op):
+    """Dynamo re-raises the error it meets while tracing as its own RuntimeError (docs/design.md says so);
+    the message a user reads must still be fusedrope's."""
+    torch._dynamo.reset()
+    if op == "tts":
+        args = tts_bad(cos=lambda t: t.double())
+        fn = torch.compile(lambda q, k, cos, sin: fusedrope.qwen3_tts_rope(q, k, cos, sin), fullgraph=True)
+        msg = "argument 'cos' expected dtype bfloat16"
+    else:
+        (args, _), = [quant_bad()]
+        fn = torch.compile(lambda **a: fusedrope.inverse_rope_group_quant(**a, num_groups=3), fullgraph=True)
+        msg = "argument 'num_groups' expected a positive int dividing"
+    with pytest.raises(RuntimeError, match=re.escape(msg)):
+        fn(**{n: v for n, v in args.items() if n != "num_groups"})
+
+
 def test_out_op_requires_both_buffers():
     (args, _), = [quant_bad()]
     with pytest.raises(TypeError, match="argument 'x_fp8' expected a torch.Tensor, got NoneType"):

@@ -324,6 +324,29 @@ def test_torch_compile_gets_identical_bytes(transpose_scale, scale_dtype, buffer
         assert a.stride() == b.stride() and torch.equal(bytes_of(a), bytes_of(b))
 
 
+@pytest.mark.parametrize("given", ["x_fp8", "x_scale"])
+def test_torch_compile_with_one_buffer_allocates_the_other_as_eager_does(given):
+    o, pos, cos, sin = make_quant_inputs(SHAPES[0], device=DEVICE, seed=15)
+
+    def wo_a_input(o, pos, cos, sin, buf):
+        kw = {given: buf}
+        return fusedrope.inverse_rope_group_quant(o * 1, pos, cos, sin, 2, 64, True, **kw)
+
+    def buffer():
+        x, s = fusedrope.empty_quant_outputs(o, 2, 64, True, scale_dtype=torch.uint8)
+        return poison_like(x if given == "x_fp8" else s)
+
+    torch._dynamo.reset()
+    eager_buf, got_buf = buffer(), buffer()
+    eager = wo_a_input(o, pos, cos, sin, eager_buf)
+    got = torch.compile(wo_a_input, fullgraph=True)(o, pos, cos, sin, got_buf)
+    mine = 0 if given == "x_fp8" else 1
+    assert got[mine] is got_buf and eager[mine] is eager_buf
+    for a, b in zip(got, eager):
+        assert a.dtype == b.dtype and a.stride() == b.stride()
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
 # opcheck's test_schema does arithmetic on the outputs, which torch has no fp8 kernels for on CPU.
 OPCHECKS = ("test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
 
