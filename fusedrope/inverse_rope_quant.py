@@ -165,9 +165,13 @@ def _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, 
     dg = H * D // num_groups
     fp_shape, sc_shape = _shapes(S, num_groups, dg, dg // quant_group_size, scale_dtype)
     x_fp8 = torch.empty(fp_shape, dtype=fp8_dtype, device=o.device)
-    x_scale = torch.empty_strided(sc_shape, scale_strides(sc_shape, transpose_scale, scale_dtype),
-                                  dtype=scale_dtype, device=o.device)
-    return x_fp8, x_scale
+    strides = scale_strides(sc_shape, transpose_scale, scale_dtype)
+    if transpose_scale and strides[-1] > sc_shape[0]:
+        # packed column-major: the whole [G, Ks/4, align(S, 4)] storage, padding tokens included, as DeepGEMM
+        # allocates it (empty_strided would end the storage at the last token of the last column)
+        x_scale = torch.empty((*sc_shape[1:], strides[-1]), dtype=scale_dtype, device=o.device)
+        return x_fp8, x_scale.permute(2, 0, 1)[:sc_shape[0]]
+    return x_fp8, torch.empty_strided(sc_shape, strides, dtype=scale_dtype, device=o.device)
 
 
 def _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype, x_fp8, x_scale) -> tuple:
@@ -183,6 +187,21 @@ def _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_
 def _same_layout(t: torch.Tensor, strides: tuple) -> bool:
     """The strides that address elements agree: those of size-1 dims and of empty tensors do not."""
     return t.numel() == 0 or all(n <= 1 or s == e for n, s, e in zip(t.shape, t.stride(), strides))
+
+
+def buffer_scale_strides(x_scale: torch.Tensor, transpose_scale: bool, scale_dtype: torch.dtype) -> Optional[tuple]:
+    """The strides the kernels address a caller's ``[S, G, Ks]`` scale buffer with, or None when its layout is
+    not one the op writes: row-major contiguous, or column-major ``(1, Ks*L, L)`` for any ``L >= S``, i.e.
+    storage ``[G, Ks, L]`` with the token dim padded to ``L`` (a max-size buffer sliced to this call's tokens,
+    or TMA-aligned fp32 scales). Strides of size-1 dims address nothing and may be anything."""
+    S, G, Ks = x_scale.shape
+    default = scale_strides((S, G, Ks), transpose_scale, scale_dtype)
+    if not transpose_scale or x_scale.numel() == 0:
+        return default if _same_layout(x_scale, default) else None
+    st = x_scale.stride()
+    lead = st[2] if Ks > 1 else st[1] if G > 1 else default[2]
+    want = (1, Ks * lead, lead)
+    return want if lead >= S and _same_layout(x_scale, want) else None
 
 
 def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
@@ -220,7 +239,7 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
                 ok = (x_fp8 is not None and x_scale is not None
                       and x_fp8.dtype is fp8_t and x_fp8.shape == fp_shape and x_fp8.is_contiguous()
                       and x_scale.dtype is scale_t and x_scale.shape == sc_shape
-                      and x_scale.stride() == scale_strides(sc_shape, bool(transpose_scale), scale_t)
+                      and buffer_scale_strides(x_scale, bool(transpose_scale), scale_t) is not None
                       and x_fp8.device == dev and x_scale.device == dev)
     except (AttributeError, TypeError, ValueError, IndexError):
         ok = False
@@ -273,10 +292,15 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
         C.check_tensor(OP, "x_scale", x_scale)
         C.check_shape(OP, "x_scale", x_scale, sc_shape)
         C.check_dtype(OP, "x_scale", x_scale, (scale_dtype,))
-        want = scale_strides(sc_shape, bool(transpose_scale), scale_dtype)
-        if not _same_layout(x_scale, want):
-            layout = "column-major ([G, Ks, S] storage)" if transpose_scale else "row-major contiguous"
-            C.fail(OP, "x_scale", f"{layout} strides {want} for transpose_scale={bool(transpose_scale)}",
+        if buffer_scale_strides(x_scale, bool(transpose_scale), scale_dtype) is None:
+            want = scale_strides(sc_shape, bool(transpose_scale), scale_dtype)
+            if transpose_scale:
+                ks = "Ks/4" if scale_dtype == PACKED_UE8M0 else "Ks"
+                layout = (f"column-major strides (1, {sc_shape[2]}*L, L) with L >= S={S} (storage [G, {ks}, L]; "
+                          f"empty_quant_outputs gives {want})")
+            else:
+                layout = f"row-major contiguous strides {want}"
+            C.fail(OP, "x_scale", f"{layout} for transpose_scale={bool(transpose_scale)}",
                    f"strides {tuple(x_scale.stride())}")
         C.check_same_device(OP, "o", o, {"x_scale": x_scale})
     facts = (o.device, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype,
@@ -322,10 +346,10 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
         check_positions_on_host(positions, o.shape[0], cos_cache.shape[0])
     if o.numel():
         # A caller's scale buffer may carry any stride on a size-1 dim (e.g. Ks == 1); the backends get the
-        # view with the canonical strides, which addresses the same elements.
+        # view with the strides of buffer_scale_strides, which addresses the same elements.
         scale_out = x_scale
         if given[1]:
-            want = scale_strides(tuple(x_scale.shape), bool(transpose_scale), scale_dtype)
+            want = buffer_scale_strides(x_scale, bool(transpose_scale), scale_dtype)
             scale_out = x_scale if x_scale.stride() == want else x_scale.as_strided(x_scale.shape, want)
         mine = (x_fp8, x_scale) if all(given) else (x_fp8,) if given[0] else (x_scale,) if given[1] else ()
         if mine and not torch.is_inference_mode_enabled() and (mine[0].is_inference() or mine[-1].is_inference()):
@@ -367,7 +391,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
         the ``[S, G, Ks]`` view with strides ``(1, Ks*S, S)``.
     x_fp8, x_scale : torch.Tensor, optional
         Output buffers (e.g. for CUDA-graph capture), checked and written in place; see
-        :func:`empty_quant_outputs` to allocate them.
+        :func:`empty_quant_outputs` to allocate them. A column-major ``x_scale`` may pad its token dim (strides
+        ``(1, Ks*L, L)``, any ``L >= S``: a max-size buffer sliced to this call's tokens).
     fp8_dtype : torch.dtype, optional
         ``torch.float8_e4m3fn`` (FP8_MAX 448, default; NVIDIA, gfx950) or ``torch.float8_e4m3fnuz`` (240, gfx942).
     scale_dtype : torch.dtype, optional

@@ -104,14 +104,17 @@ def fp8_stats(x, xr):
 
 
 def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m3fn,
-             scale_dtype=torch.float8_e8m0fnu, x_offset=0, cpu_reference=False):
+             scale_dtype=torch.float8_e8m0fnu, x_offset=0, scale_pad=0, cpu_reference=False):
     """Run ``backend`` into poisoned buffers inside poisoned guard bytes (compute-sanitizer misses a write into
     the caching allocator's slack) and compare with the reference. Returns a result dict."""
     x0, s0 = empty_quant_outputs(o, G, q, transpose, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
     # x_offset: caller-provided x_fp8 that is contiguous but not 16-byte aligned
     x, x_buf = guarded_poison(x0.shape, fp8_dtype, o.device, lead=64 + x_offset)
+    # scale_pad: a column-major x_scale whose token dim is padded (strides (1, Ks*L, L), L = S + scale_pad)
+    S, _, ks = s0.shape
+    strides = (1, ks * (S + scale_pad), S + scale_pad) if scale_pad else s0.stride()
     # 0xA5, not 0xFF: that is a legitimate scale byte (NaN block)
-    sc, sc_buf = guarded_poison(s0.shape, scale_dtype, o.device, s0.stride(), byte=0xA5)
+    sc, sc_buf = guarded_poison(s0.shape, scale_dtype, o.device, strides, byte=0xA5)
     fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, transpose, x, sc, backend=backend)
     xr, sr = poison_like(x0), poison_like(s0, 0xA5)
     if cpu_reference:
@@ -158,10 +161,12 @@ def correctness_cases(subset: bool):
         ("float32-scale", dict(S=17, H=8), dict(G=1, q=32, transpose=False, scale_dtype=torch.float32)),
         ("odd-heads-H3-G3", dict(S=11, H=3), dict(G=3, q=64, transpose=False)),
         ("many-groups-H16-G16", dict(S=9, H=16), dict(G=16, q=256, transpose=True)),
+        ("padded-col-scale", dict(S=13, H=16), dict(G=2, q=64, transpose=True, scale_dtype=torch.float32,
+                                                    scale_pad=3)),
     ]
     if subset:
         extra = [e for e in extra if e[0] in ("unaligned-o", "unaligned-x_fp8", "unaligned-cache-rows",
-                                              "float32-scale", "fp16-cache-out-of-range-pos")]
+                                              "float32-scale", "fp16-cache-out-of-range-pos", "padded-col-scale")]
     return cases + extra
 
 

@@ -52,7 +52,7 @@ enum Dtype : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 //   x_fp8      [S, G, Dg] contiguous e4m3fn (448) or e4m3fnuz (240)
 //   x_scale    element (s, g, k) at s * scale_stride_s + (g * Ks + k) * scale_stride_b, Ks = Dg / Q, in the
 //              e8m0 byte (float8_e8m0fnu / uint8) or float32 = 2^(byte - 127); covers row-major and the
-//              column-major view (strides (1, Ks*S, S)).
+//              column-major view (strides (1, Ks*L, L), L >= S: the token dim may be padded).
 struct Params {
   const void* o = nullptr;
   int64_t num_tokens = 0;   // S

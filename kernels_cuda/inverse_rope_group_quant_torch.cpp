@@ -4,7 +4,7 @@
 //                                                         quant_group_size) -> ()
 //
 // Writes x_fp8 [S, G, Dg] and x_scale [S, G, Dg/Q] in place (the layout of x_scale, row-major or the column-major
-// view with strides (1, Ks*S, S), is read from its strides; its dtype picks the format: float8_e8m0fnu or uint8
+// view with strides (1, Ks*L, L), L >= S, is read from its strides; its dtype picks the format: float8_e8m0fnu or uint8
 // for the e8m0 byte, float32 for 2^(byte-127)). Launches on the current stream of o's device and never
 // synchronizes (CUDA-graph capturable). fusedrope/inverse_rope_quant.py validates the inputs first; the checks
 // (inverse_rope_group_quant_binding.h, shared with the HIP binding) are the defensive second line (the op is

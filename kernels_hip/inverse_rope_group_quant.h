@@ -14,8 +14,8 @@
 //   x_fp8      [S, G, Dg] contiguous, OCP e4m3fn (FP8_MAX 448) or e4m3fnuz (240)
 //   x_scale    [S, G, Ks], Ks = Dg / quant_group_size; element (s, g, k) lives at
 //              s * scale_stride_s + (g * Ks + k) * scale_stride_b (elements of the scale type), which covers the
-//              row-major layout (G*Ks, Ks, 1) and the column-major view (1, Ks*S, S); the scale type is the e8m0
-//              byte (float8_e8m0fnu or uint8) or float32 holding 2^(byte - 127).
+//              row-major layout (G*Ks, Ks, 1) and the column-major view (1, Ks*L, L), L >= S; the scale type
+//              is the e8m0 byte (float8_e8m0fnu or uint8) or float32 holding 2^(byte - 127).
 // Only head_dim 512 with rope_dim 64 is compiled; other shapes return kUnsupportedShape (the Python side sends
 // those to Triton before they get here).
 #pragma once

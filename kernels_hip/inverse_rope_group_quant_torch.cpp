@@ -5,7 +5,7 @@
 //                                                        quant_group_size) -> ()
 //
 // Writes x_fp8 [S, G, Dg] and x_scale [S, G, Dg/Q] in place; x_scale's layout (row-major, or the column-major
-// view with strides (1, Ks*S, S)) is read from its strides and its dtype picks the format (float8_e8m0fnu or
+// view with strides (1, Ks*L, L), L >= S) is read from its strides and its dtype picks the format (float8_e8m0fnu or
 // uint8: the e8m0 byte; float32: 2^(byte-127)). x_fp8 is float8_e4m3fnuz (gfx942 hardware) or float8_e4m3fn
 // (gfx950 hardware); the other one is correct too, through the kernel's software conversion. Launches on the
 // current stream of o's device, never synchronizes (HIP-graph capturable). fusedrope/inverse_rope_quant.py

@@ -276,6 +276,13 @@ def test_packed_ue8m0_is_deepgemms_layout(backend, transpose_scale):
         assert word == want
     if transpose_scale:  # DeepGEMM's tensor is [G, S, Ks/4] with strides (Ks/4 * align(S, 4), 1, align(S, 4))
         assert got.permute(1, 0, 2).stride() == (8 * 4, 1, 4)
+        # ... and the storage the op allocates holds the padding tokens of the last column too (a consumer may
+        # map all of it, as DeepGEMM allocates it), as does empty_quant_outputs'
+        own = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, True, backend=backend,
+                                                 scale_dtype=torch.int32)
+        assert own[1].untyped_storage().nbytes() == 2 * 8 * 4 * 4 and torch.equal(own[1], got)
+        made = fusedrope.empty_quant_outputs(o, 2, 128, True, scale_dtype=torch.int32)[1]
+        assert made.untyped_storage().nbytes() == 2 * 8 * 4 * 4 and made.stride() == got.stride()
 
 
 # -- baseline ---------------------------------------------------------------------------------------------
@@ -355,8 +362,9 @@ def test_opcheck_both_torch_ops():
     case = SHAPES[3]
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=14)
     for ts in (False, True):
-        torch.library.opcheck(torch.ops.fusedrope.inverse_rope_group_quant.default,
-                              (o, pos, cos, sin, 2, 32, ts, None, torch.uint8, "reference"), test_utils=OPCHECKS)
+        for sd in (torch.uint8, torch.int32):  # int32 column-major: a view of its padded storage
+            torch.library.opcheck(torch.ops.fusedrope.inverse_rope_group_quant.default,
+                                  (o, pos, cos, sin, 2, 32, ts, None, sd, "reference"), test_utils=OPCHECKS)
         x, s = fusedrope.empty_quant_outputs(o, 2, 32, ts, scale_dtype=torch.uint8)
         torch.library.opcheck(torch.ops.fusedrope.inverse_rope_group_quant_out.default,
                               (o, pos, cos, sin, 2, 32, ts, x, s, "reference"), test_utils=OPCHECKS)
@@ -451,6 +459,10 @@ def _valid_calls():
             yield (o, pos, cos, sin, 2, 64, ts, *bufs, torch.float8_e4m3fn, sd)
     yield (o, pos, cos[:, :8], sin[:, :8], 16, 256, False, None, None, None, None)
     yield (o[:0], pos[:0], cos, sin, 1, 128, False, None, None, None, None)
+    # column-major scales in a max-size buffer: the token dim padded to 8
+    x, s = fusedrope.empty_quant_outputs(torch.empty(8, 16, 512, dtype=torch.bfloat16, device=DEVICE), 2, 64, True,
+                                         scale_dtype=torch.float32)
+    yield (o, pos, cos, sin, 2, 64, True, x[:3], s[:3], None, None)
 
 
 def test_fast_validation_agrees_with_every_check():
@@ -461,7 +473,7 @@ def test_fast_validation_agrees_with_every_check():
     for args in _valid_calls():
         assert validate(*args) == _validate_all(*args)
         n += 1
-    assert n == 20
+    assert n == 21
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -632,6 +644,29 @@ def test_outputs_inside_poisoned_buffers_write_nothing_outside(backend, case, le
     ref = reference(o, pos, cos, sin, case, transpose_scale, scale_dtype=scale_dtype)
     assert torch.equal(x_scale.view(torch.uint8) if x_scale.element_size() == 1 else x_scale,
                        ref[1].view(torch.uint8) if ref[1].element_size() == 1 else ref[1])
+    assert_quant_close(x_fp8, x_scale, *ref, rope_blocks(case), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32, torch.int32])
+def test_column_major_scales_with_padded_tokens(backend, scale_dtype):
+    """A column-major x_scale whose token dim is padded to L > S, strides (1, Ks*L, L): what an engine gets by
+    slicing this step's tokens out of one max-size buffer (or TMA-aligned fp32 scales). The op writes the S
+    tokens of every column and none of the padding."""
+    case = QuantCase(5, 8, 2, quant_group_size=32)
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=35)
+    facts = validate(o, pos, cos, sin, 2, 32, True, None, None, None, scale_dtype)[0]
+    if REGISTRY.decide(REGISTRY_IMPL[backend], facts):
+        pytest.skip(f"{backend} does not serve these inputs: {REGISTRY.decide(REGISTRY_IMPL[backend], facts)}")
+    x_fp8, _ = fusedrope.empty_quant_outputs(o, 2, 32, True, scale_dtype=scale_dtype)
+    S, G, Ks = fusedrope.quant_output_shapes(5, 8, 512, 2, 32, scale_dtype)[1]
+    L = 11
+    x_scale, buf = guarded_poison((S, G, Ks), scale_dtype, DEVICE, (1, Ks * L, L), lead=3, byte=GUARD)
+    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 32, True, x_fp8, x_scale, backend=backend)
+    assert out[1] is x_scale and x_scale.stride() == (1, Ks * L, L)
+    assert bytes_written_outside(buf, x_scale, GUARD) == 0
+    ref = reference(o, pos, cos, sin, case, True, scale_dtype=scale_dtype)
+    assert torch.equal(x_scale.contiguous().view(torch.uint8), ref[1].contiguous().view(torch.uint8))
     assert_quant_close(x_fp8, x_scale, *ref, rope_blocks(case), backend)
 
 
