@@ -86,6 +86,26 @@ def test_layouts_dtypes_and_narrow_paths(lib, case):
                  case.get("fp8", torch.float8_e4m3fn), case.get("scale", torch.float8_e8m0fnu))
 
 
+@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32])
+def test_column_major_scales_with_padded_tokens(lib, scale_dtype):
+    """x_scale with strides (1, Ks*L, L), L > S (a max-size buffer sliced to this call's tokens), addressed as the
+    bindings do (block stride = stride(2)): the S tokens of each column are written, the padding is not."""
+    from fusedrope import reference as ref
+    from fusedrope.testing import bytes_written_outside, guarded_poison
+
+    S, H, G, q, L = 3, 16, 2, 64, 7
+    o, p, c, s = quant_inputs(S, H, seed=41)
+    x, _ = quant_outputs(o, G, q, True, scale_dtype=scale_dtype)
+    ks = H * 512 // G // q
+    sc, buf = guarded_poison((S, G, ks), scale_dtype, strides=(1, ks * L, L), lead=5, byte=0xA5)
+    xr, sr = quant_outputs(o, G, q, True, scale_dtype=scale_dtype)
+    assert emulate(lib, o, p, c, s, x, sc, q) == 0
+    ref.inverse_rope_group_quant(o, p, c, s, xr, sr, q)
+    assert bytes_written_outside(buf, sc, 0xA5) == 0
+    assert torch.equal(sc.contiguous().view(torch.uint8), sr.contiguous().view(torch.uint8))
+    assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8))
+
+
 @pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
 def test_special_blocks(lib, fp8_dtype):
     """NaN / Inf only poison their own block (byte 0xFF, fp8 NaN); a zero block gets byte 92; blocks of tiny and
