@@ -56,8 +56,9 @@ from fusedrope import benchmark as B  # noqa: E402
 from fusedrope import bench_report as report  # noqa: E402
 from fusedrope import reference as ref  # noqa: E402
 from fusedrope.inverse_rope_quant import empty_quant_outputs  # noqa: E402
-from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, bytes_written_outside,  # noqa: E402
-                               deepseek_rope_cache, guarded_poison, poison_like, scale_bytes, ulp_diff)
+from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, assert_quant_close,  # noqa: E402
+                               bytes_written_outside, deepseek_rope_cache, guarded_poison, poison_like,
+                               rope_blocks, scale_bytes, ulp_diff)
 from memcheck import find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
 
 HEAD_GROUPS = QUANT_HEAD_GROUPS
@@ -128,9 +129,15 @@ def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m
     scale_equal = torch.equal(scale_bytes(sc), scale_bytes(sr))
     nb, max_ulp = fp8_stats(x, xr)
     stray = bytes_written_outside(x_buf, x) + bytes_written_outside(sc_buf, sc, 0xA5)
-    ok = scale_equal and max_ulp <= 1 and stray == 0
+    S, H, D = o.shape
+    try:  # the whole contract: scales exact, fp8 within 1 ulp, plain blocks exact, rope blocks rounded but for ties
+        assert_quant_close(x, sc, xr, sr, rope_blocks(QuantCase(S, H, G, D, 2 * c.shape[1], q)))
+        contract = "ok"
+    except AssertionError as e:
+        contract = str(e).strip()
+    ok = scale_equal and max_ulp <= 1 and stray == 0 and contract == "ok"
     return {"ok": bool(ok), "scale_bit_exact": bool(scale_equal), "fp8_bytes_differ": nb,
-            "fp8_max_ulp": max_ulp, "guard_bytes_written": stray}
+            "fp8_max_ulp": max_ulp, "guard_bytes_written": stray, "contract": contract}
 
 
 def correctness_cases(subset: bool):

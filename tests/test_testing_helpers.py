@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import fusedrope
-from fusedrope.testing import (QuantCase, TtsCase, assert_quant_close, assert_ulp_close, make_quant_inputs,
-                               make_tts_inputs, rope_blocks, round_once, scale_bytes, to_device_keeping_layout,
-                               ulp_diff)
+from fusedrope.reference import qwen3_tts_rope_oracle
+from fusedrope.testing import (QuantCase, TtsCase, assert_quant_close, assert_tts_rope_close, assert_ulp_close,
+                               make_quant_inputs, make_tts_inputs, rope_blocks, round_once, scale_bytes,
+                               tie_allowance, to_device_keeping_layout, ulp_diff)
 
 
 @pytest.fixture(autouse=True)
@@ -192,3 +193,95 @@ def test_ulp_check_and_nan():
     want[i] = float("nan")
     got[i] = nans[int(torch.randint(0, 4, ()))]
     assert_ulp_close(got, want)
+
+
+def _toward_zero(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` (float64) truncated to ``dtype``: what a kernel that drops the rounding gets."""
+    r = round_once(x, dtype)
+    over = r.double().abs() > x.abs()
+    bits = r.view({2: torch.int16, 1: torch.uint8}[r.element_size()])
+    return torch.where(over, (bits - 1).view(dtype), r)  # one step back toward zero where it rounded up
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ulp_check_fails_a_kernel_that_truncates(dtype):
+    """Truncation stays within 1 ulp, so only the count of inexact elements tells it from rounding."""
+    want = torch.randn(64, 64, dtype=torch.float64)
+    assert_ulp_close(round_once(want, dtype), want)
+    cut = _toward_zero(want, dtype)
+    assert int(ulp_diff(cut, want).max()) == 1 and int((ulp_diff(cut, want) != 0).sum()) > 1000
+    with pytest.raises(AssertionError, match=r"elements are not correctly rounded \(at most 6 may be"):
+        assert_ulp_close(cut, want)
+    assert_ulp_close(cut, want, max_inexact=None)  # the plain 1-ulp bound lets it through
+    few = round_once(want, dtype)
+    few.view(-1)[:tie_allowance(want.numel())] = cut.view(-1)[:tie_allowance(want.numel())]
+    assert_ulp_close(few, want)  # a few inexact elements are rounding ties, not a bug
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tts_contract_check_passes_the_oracle_and_fails_shared_halves(dtype):
+    q, k, cos, sin = make_tts_inputs(TtsCase("t", 2, 5, 4, 2), dtype=dtype, random_cos_sin=True,
+                                     seed=int(torch.randint(0, 2**31, ())))
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    assert_tts_rope_close(q_ref.to(dtype), k_ref.to(dtype), q, k, cos, sin)
+    h = q.shape[-1] // 2
+    shared = torch.cat((cos[..., :h], cos[..., :h]), -1)  # a kernel that reads cos[i] for both halves
+    q_bad, k_bad = qwen3_tts_rope_oracle(q, k, shared, sin)
+    with pytest.raises(AssertionError, match="^q .* elements are (more than 1 ulp away|off by more than two)"):
+        assert_tts_rope_close(q_bad.to(dtype), k_bad.to(dtype), q, k, cos, sin)
+    if dtype == torch.bfloat16:  # products rounded to bf16 before the sum: within a few ulps, not once rounded
+        x, c, s_ = q.float(), cos.float()[:, None], sin.float()[:, None]
+        twice = (x * c).to(dtype).float() + (torch.cat((-x[..., h:], x[..., :h]), -1) * s_).to(dtype).float()
+        with pytest.raises(AssertionError, match="^q "):
+            assert_tts_rope_close(twice.to(dtype), k_ref.to(dtype), q, k, cos, sin)
+
+
+def test_quant_check_fails_rope_blocks_rounded_toward_zero():
+    """A kernel that truncates (or rounds the rotation through bf16) is off by 1 ulp in many rope elements."""
+    case, (ref_fp8, ref_scale) = _quant_reference()
+    mask = rope_blocks(case)
+    S, G, Dg = ref_fp8.shape
+    per_block = ref_fp8.view(torch.uint8).reshape(S, G, mask.shape[1], -1)
+    bad = ref_fp8.clone()
+    raw = bad.view(torch.uint8).reshape(per_block.shape)
+    mag = raw & 0x7F
+    step = (mag > 1) & (mag < 0x7E) & mask[None, :, :, None]  # rope-block elements, no zero or NaN crossing
+    raw[step] = (raw[step] & 0x80) | (mag[step] - 1)
+    n = int(step.sum())
+    assert n > tie_allowance(int(mask.sum()) * S * case.quant_group_size)
+    with pytest.raises(AssertionError, match=f"fp8 bytes differ in {n} elements of rope blocks \\(at most"):
+        assert_quant_close(bad, ref_scale, ref_fp8, ref_scale, mask)
+
+
+def test_quant_check_names_dtype_shape_and_where_plain_blocks_differ():
+    case, (ref_fp8, ref_scale) = _quant_reference()
+    with pytest.raises(AssertionError, match="fp8 dtype torch.float8_e4m3fnuz, expected torch.float8_e4m3fn"):
+        assert_quant_close(ref_fp8.view(torch.float8_e4m3fnuz), ref_scale, ref_fp8, ref_scale, rope_blocks(case))
+    with pytest.raises(AssertionError, match=r"scale shape \(3, 16\), expected \[S, G, Ks\] like \(3, 2, 8\)"):
+        assert_quant_close(ref_fp8, ref_scale.reshape(3, -1), ref_fp8, ref_scale, rope_blocks(case))
+    bad = ref_fp8.clone()
+    raw = bad.view(torch.uint8)
+    raw[2, 1, 5] ^= 0x01  # block 0 of group 1 holds no rope dims
+    assert not bool(rope_blocks(case)[1, 0])
+    with pytest.raises(AssertionError, match=re.escape(
+            f"first at [s, g, block, i] = (2, 1, 0, 5): got {int(raw[2, 1, 5]):#04x}, expected "
+            f"{int(ref_fp8.view(torch.uint8)[2, 1, 5]):#04x}")):
+        assert_quant_close(bad, ref_scale, ref_fp8, ref_scale, rope_blocks(case))
+
+
+def test_edge_case_quant_inputs_hold_what_random_data_does_not():
+    case = QuantCase(6, 4, 2, quant_group_size=64)
+    o, pos, cos, sin = make_quant_inputs(case, edge_cases=True, max_pos=100, seed=3)
+    assert pos[:3].tolist() == [-7, 100, 100 + 10**6]
+    blocks = o.float().reshape(-1, 64)
+    amax = blocks.abs().amax(-1)
+    assert bool((blocks == 0).all(-1).any())  # the amax floor
+    assert bool(torch.isnan(blocks).any()) and bool(torch.isinf(blocks).any())
+    finite = amax[torch.isfinite(amax) & (amax > 0)]
+    for fp8_max in (448.0, 240.0):  # an amax exactly on a scale boundary of each fp8 format
+        k = torch.log2(finite / fp8_max)
+        assert bool((k == k.round()).any())
+    same = make_quant_inputs(case, edge_cases=False, max_pos=100, seed=3)
+    assert bool((same[1] >= 0).all()) and not bool(torch.isnan(same[0].float()).any())
+    x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 64, backend="reference")
+    assert {92, 0xFF} <= set(scale_bytes(s).flatten().tolist())  # the floor's byte; a NaN/Inf block's
