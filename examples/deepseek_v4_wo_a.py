@@ -9,7 +9,8 @@ preshuffled-B blockscale GEMM reads).
 
 ``wo_a_fp8_gemm`` below is a stand-in for that GEMM (dequantise, then a grouped matmul in fp32); it reads the
 scales through their strides, so both layouts work unchanged. ``check`` compares it with the unfused bf16
-path.
+path, and writes once more into this step's slices of persistent max-size buffers, as an engine that captures
+CUDA graphs per batch size would.
 
 Run: ``python examples/deepseek_v4_wo_a.py`` (CPU works: Triton then runs in its interpreter).
 """
@@ -98,6 +99,14 @@ def check(num_tokens=4, num_heads=16, num_groups=2, rank=64, backend="auto", see
             assert torch.equal(x_scale.view(torch.uint8), first[1].view(torch.uint8))
             assert x_scale.stride() == (1, x_scale.shape[2] * S, S)
         results["column-major" if transpose_scale else "row-major"] = rel
+    # An engine keeps one max-size pair of buffers (e.g. to capture a CUDA graph per batch size) and slices this
+    # step's tokens; a column-major slice keeps the max-size token stride, which the op accepts.
+    x_max, s_max = fusedrope.empty_quant_outputs(o.new_empty(4 * S, H, HEAD_DIM), G, QUANT_GROUP, True)
+    x_fp8, x_scale = fusedrope.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, G, QUANT_GROUP, True,
+                                                        x_max[:S], s_max[:S], backend=backend)
+    assert x_scale.stride() == (1, x_scale.shape[2] * 4 * S, 4 * S)
+    assert torch.equal(x_fp8.view(torch.uint8), first[0].view(torch.uint8))
+    assert torch.equal(x_scale.view(torch.uint8), first[1].view(torch.uint8))
     results["backend"] = fusedrope.explain("inverse_rope_group_quant", o, positions, cos_cache, sin_cache, G,
                                            backend=backend).chosen
     return results

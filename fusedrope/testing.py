@@ -20,14 +20,15 @@
   hold rope dims, and the op's accuracy contract (scales bit-exact; fp8 within 1 ulp, bit-exact in blocks
   without rope dims).
 
+docs/oracle.md says which inputs expose which bugs.
+
 Example
 -------
->>> from fusedrope.testing import TTS_CASES, make_tts_inputs, assert_ulp_close
->>> from fusedrope.reference import qwen3_tts_rope_oracle
->>> case = TTS_CASES[0]
->>> q, k, cos, sin = make_tts_inputs(case)
->>> q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
->>> assert_ulp_close(q_ref.to(q.dtype), q_ref, max_ulp=1)  # your kernel's output goes first
+>>> import fusedrope
+>>> from fusedrope.testing import TTS_CASES, assert_tts_rope_close, make_tts_inputs
+>>> q, k, cos, sin = make_tts_inputs(TTS_CASES[0], random_cos_sin=True)  # cos/sin halves differ
+>>> q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")  # your kernel here
+>>> assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
 """
 
 from __future__ import annotations
