@@ -195,7 +195,8 @@ def build(args) -> int:
             print(f"{name}: not built: {e}")
             failed = failed or "cannot build" not in str(e)
     if not built:
-        print("nothing was built: this machine has no toolchain and torch for either kind of compiled kernel")
+        print("nothing was built: " + ("see the build errors above" if failed else
+                                       "this machine has no toolchain and torch for either kind of compiled kernel"))
     return 0 if built and not failed else 1
 
 

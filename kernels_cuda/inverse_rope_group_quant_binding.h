@@ -90,8 +90,8 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
   // The kernel addresses scale (s, g, k) as s*stride(0) + (g*Ks + k)*stride(2): true for the row-major and the
   // column-major layouts, i.e. whenever stride(1) == Ks * stride(2).
   TORCH_CHECK(G == 1 || Ks <= 1 || x_scale.stride(1) == Ks * x_scale.stride(2), n.op,
-              ": argument 'x_scale' expected row-major strides (", G * Ks, ", ", Ks,
-              ", 1) or column-major strides (1, ", Ks, "*L, L) with L >= S=", S, ", got ", x_scale.strides());
+              ": argument 'x_scale' expected stride(1) == Ks*stride(2) (row-major (", G * Ks, ", ", Ks,
+              ", 1) or column-major (1, ", Ks, "*L, L)), got ", x_scale.strides());
   TORCH_CHECK(S * H * D / 16 <= INT32_MAX, n.op, ": expected S*H*head_dim/16 < 2^31, got S=", S, " H=", H);
   if (S == 0 || H == 0) return false;
 

@@ -262,6 +262,7 @@ def test_cli_no_timing_is_refused_outside_the_report(capsys):
     ("cannot build", "ok", 0),            # a ROCm machine
     ("cannot build", "cannot build", 1),  # a CPU machine: nothing built, the AOT step must not pass silently
     ("ok", "nvcc failed", 1),             # a build that broke
+    ("nvcc failed", "cannot build", 1),   # ... and nothing built: the message must not blame the toolchain
 ])
 def test_cli_build_exit_status(cuda, hip, code, monkeypatch, capsys):
     from fusedrope import cuda_ext, hip_ext
@@ -278,3 +279,4 @@ def test_cli_build_exit_status(cuda, hip, code, monkeypatch, capsys):
     assert main(["build"]) == code
     out = capsys.readouterr().out
     assert ("nothing was built" in out) == (cuda != "ok" and hip != "ok")
+    assert ("no toolchain" in out) == (cuda == hip == "cannot build")

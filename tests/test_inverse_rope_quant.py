@@ -466,13 +466,22 @@ def _valid_calls():
     yield (o, pos, cos, sin, 2, 64, True, x[:3], s[:3], None, None)
 
 
-def test_fast_validation_agrees_with_every_check():
-    """validate()'s one-expression path returns what the check-by-check path returns."""
-    from fusedrope.inverse_rope_quant import _validate_all
+def test_fast_validation_agrees_with_every_check(monkeypatch):
+    """validate()'s one-expression path takes every valid call (without falling back to the check-by-check
+    path) and returns what the check-by-check path returns."""
+    from fusedrope import inverse_rope_quant as irq
+
+    check_by_check = irq._validate_all
+
+    def not_here(*args):
+        raise AssertionError("validate() left its fast path for a valid call")
 
     n = 0
     for args in _valid_calls():
-        assert validate(*args) == _validate_all(*args)
+        monkeypatch.setattr(irq, "_validate_all", not_here)
+        fast = validate(*args)
+        monkeypatch.setattr(irq, "_validate_all", check_by_check)
+        assert fast == check_by_check(*args)
         n += 1
     assert n == 21
 

@@ -229,6 +229,9 @@ def test_tts_contract_check_passes_the_oracle_and_fails_shared_halves(dtype):
     q_bad, k_bad = qwen3_tts_rope_oracle(q, k, shared, sin)
     with pytest.raises(AssertionError, match="^q .* elements are (more than 1 ulp away|off by more than two)"):
         assert_tts_rope_close(q_bad.to(dtype), k_bad.to(dtype), q, k, cos, sin)
+    other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+    with pytest.raises(AssertionError, match=f"^q dtype {other}, expected {dtype}"):  # measured in the wrong ulps
+        assert_tts_rope_close(q_ref.to(other), k_ref.to(other), q, k, cos, sin)
     if dtype == torch.bfloat16:  # products rounded to bf16 before the sum: within a few ulps, not once rounded
         x, c, s_ = q.float(), cos.float()[:, None], sin.float()[:, None]
         twice = (x * c).to(dtype).float() + (torch.cat((-x[..., h:], x[..., :h]), -1) * s_).to(dtype).float()
@@ -281,6 +284,8 @@ def test_edge_case_quant_inputs_hold_what_random_data_does_not():
     for fp8_max in (448.0, 240.0):  # an amax exactly on a scale boundary of each fp8 format
         k = torch.log2(finite / fp8_max)
         assert bool((k == k.round()).any())
+    for empty in (QuantCase(0, 4, 2), QuantCase(2, 0, 2)):  # no room: nothing planted, no error
+        assert make_quant_inputs(empty, edge_cases=True)[0].numel() == 0
     same = make_quant_inputs(case, edge_cases=False, max_pos=100, seed=3)
     assert bool((same[1] >= 0).all()) and not bool(torch.isnan(same[0].float()).any())
     x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 64, backend="reference")
