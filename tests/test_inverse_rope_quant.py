@@ -26,6 +26,17 @@ SHAPES = [  # (H, G) of DeepSeek-V4 TP8, and shapes that are not DeepSeek's (gro
 ]
 
 
+REGISTRY_IMPL = {i.backend: i for i in REGISTRY.impls}
+
+
+def skip_unless_served(backend, facts):
+    """Skip the test, with the registry's reason, where ``backend`` does not serve these inputs (e.g. the
+    compiled kernels serve head_dim 512 / rope_dim 64 only)."""
+    reason = REGISTRY.decide(REGISTRY_IMPL[backend], facts)
+    if reason:
+        pytest.skip(f"{backend} does not serve these inputs: {reason}")
+
+
 def run(backend, o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=torch.float8_e4m3fn,
         scale_dtype=torch.float8_e8m0fnu):
     """The backend on poisoned caller-provided buffers, through the public function."""
@@ -33,9 +44,7 @@ def run(backend, o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=
                                                    fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
     facts = validate(o, positions, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, x_fp8, x_scale,
                      None, None)[0]
-    reason = REGISTRY.decide(next(i for i in REGISTRY.impls if i.backend == backend), facts)
-    if reason:  # e.g. the compiled kernels serve head_dim 512 / rope_dim 64 only
-        pytest.skip(f"{backend} does not serve these inputs: {reason}")
+    skip_unless_served(backend, facts)
     x_fp8, x_scale = poison_like(x_fp8), poison_like(x_scale)
     out = fusedrope.inverse_rope_group_quant(o, positions, cos, sin, case.num_groups, case.quant_group_size,
                                              transpose_scale, x_fp8, x_scale, backend=backend)
@@ -436,9 +445,6 @@ def test_one_block_per_group_scale_buffer_with_any_size1_stride(backend, transpo
     assert_quant_close(x_fp8, x_scale, want_fp8, want_scale, rope_blocks(case), backend)
 
 
-REGISTRY_IMPL = {i.backend: i for i in REGISTRY.impls}
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_tokens_with_any_scale_buffer_strides(backend):
     """S = 0: strides of an empty buffer mean nothing, so the natural column-major allocation is accepted."""
@@ -637,8 +643,7 @@ def test_outputs_inside_poisoned_buffers_write_nothing_outside(backend, case, le
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=33)
     facts = validate(o, pos, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, None, None, None,
                      scale_dtype)[0]
-    if REGISTRY.decide(REGISTRY_IMPL[backend], facts):
-        pytest.skip(f"{backend} does not serve these inputs: {REGISTRY.decide(REGISTRY_IMPL[backend], facts)}")
+    skip_unless_served(backend, facts)
     fp_shape, sc_shape = fusedrope.quant_output_shapes(case.num_tokens, case.num_heads, case.head_dim,
                                                        case.num_groups, case.quant_group_size, scale_dtype)
     sc_strides = fusedrope.inverse_rope_quant.scale_strides(sc_shape, transpose_scale, scale_dtype)
@@ -666,8 +671,7 @@ def test_column_major_scales_with_padded_tokens(backend, scale_dtype):
     case = QuantCase(5, 8, 2, quant_group_size=32)
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=35)
     facts = validate(o, pos, cos, sin, 2, 32, True, None, None, None, scale_dtype)[0]
-    if REGISTRY.decide(REGISTRY_IMPL[backend], facts):
-        pytest.skip(f"{backend} does not serve these inputs: {REGISTRY.decide(REGISTRY_IMPL[backend], facts)}")
+    skip_unless_served(backend, facts)
     x_fp8, _ = fusedrope.empty_quant_outputs(o, 2, 32, True, scale_dtype=scale_dtype)
     S, G, Ks = fusedrope.quant_output_shapes(5, 8, 512, 2, 32, scale_dtype)[1]
     L = 11
@@ -691,8 +695,7 @@ def test_empty_inputs_launch_nothing(backend, S, H, transpose_scale, monkeypatch
     o, pos, cos, sin = make_quant_inputs(QuantCase(S, H, 2), device=DEVICE)
     impl = REGISTRY_IMPL[backend]
     facts = validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None, None, None)[0]
-    if REGISTRY.decide(impl, facts):
-        pytest.skip(f"{backend} does not serve these inputs: {REGISTRY.decide(impl, facts)}")
+    skip_unless_served(backend, facts)
     monkeypatch.setattr(impl, "fn", lambda: _no_launch)  # what _run calls: impl.fn()(...)
     monkeypatch.setattr(impl, "fn_alloc", lambda: _no_launch)
     one = make_quant_inputs(QuantCase(1, 16, 2), device=DEVICE)
