@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fusedrope
-from fusedrope.reference import qwen3_tts_rope_oracle
+from fusedrope.reference import qwen3_tts_rope_oracle, rotate_half
 from fusedrope.testing import (QuantCase, TtsCase, assert_quant_close, assert_tts_rope_close, assert_ulp_close,
                                make_quant_inputs, make_tts_inputs, rope_blocks, round_once, scale_bytes,
                                tie_allowance, to_device_keeping_layout, ulp_diff)
@@ -234,7 +234,7 @@ def test_tts_contract_check_passes_the_oracle_and_fails_shared_halves(dtype):
         assert_tts_rope_close(q_ref.to(other), k_ref.to(other), q, k, cos, sin)
     if dtype == torch.bfloat16:  # products rounded to bf16 before the sum: within a few ulps, not once rounded
         x, c, s_ = q.float(), cos.float()[:, None], sin.float()[:, None]
-        twice = (x * c).to(dtype).float() + (torch.cat((-x[..., h:], x[..., :h]), -1) * s_).to(dtype).float()
+        twice = (x * c).to(dtype).float() + (rotate_half(x) * s_).to(dtype).float()
         with pytest.raises(AssertionError, match="^q "):
             assert_tts_rope_close(twice.to(dtype), k_ref.to(dtype), q, k, cos, sin)
 
@@ -244,9 +244,8 @@ def test_quant_check_fails_rope_blocks_rounded_toward_zero():
     case, (ref_fp8, ref_scale) = _quant_reference()
     mask = rope_blocks(case)
     S, G, Dg = ref_fp8.shape
-    per_block = ref_fp8.view(torch.uint8).reshape(S, G, mask.shape[1], -1)
     bad = ref_fp8.clone()
-    raw = bad.view(torch.uint8).reshape(per_block.shape)
+    raw = bad.view(torch.uint8).reshape(S, G, mask.shape[1], -1)  # a view: [s, g, block, i]
     mag = raw & 0x7F
     step = (mag > 1) & (mag < 0x7E) & mask[None, :, :, None]  # rope-block elements, no zero or NaN crossing
     raw[step] = (raw[step] & 0x80) | (mag[step] - 1)
