@@ -21,5 +21,5 @@ def unfused_inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_gro
                                                  fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
     if o.numel():
         k.rope_tail_inplace(o, positions, cos_cache, sin_cache)
-        k.group_quant(o, x_fp8, x_scale, quant_group_size, cos_cache)
+        k.group_quant(o, positions, cos_cache, x_fp8, x_scale, quant_group_size)
     return x_fp8, x_scale
