@@ -85,6 +85,28 @@ def _f(v, nd: int = 2) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
 
 
+L2_MARK = "†"
+L2_NOTE = (f"{L2_MARK} device time from CUDA-graph replay over input sets that together fit in the L2 (multi-kernel "
+           "contenders are captured over at most a few hundred calls): L2 hits, not memory bandwidth.\n")
+
+
+def _device_based(row: dict, key: str) -> bool:
+    """Whether ``row[key]`` comes from graph replay (so is L2-resident when the row says so)."""
+    return key == "device_us" or (key in ("tbps", "frac_copy", "frac_peak", "time")
+                                  and row.get("tbps_basis") == "device_us")
+
+
+def _cell(row: dict, key: str, nd: int = 2, scale: float = 1, value=None) -> str:
+    """One table cell of ``row[key]`` (or ``value``), marked when it is an L2-resident replay time."""
+    v = row.get(key) if value is None else value
+    text = _f(None if v is None else scale * v, nd)
+    return text + L2_MARK if v is not None and row.get("graph_l2_resident") and _device_based(row, key) else text
+
+
+def _l2_note(rows) -> str:
+    return "\n" + L2_NOTE if any(r.get("graph_l2_resident") and r.get("status") == "ok" for r in rows) else ""
+
+
 def _ratio(a, b) -> str:
     return "-" if a is None or not b else f"{a / b:.2f}x"
 
@@ -119,12 +141,11 @@ def tts_seed_table(rows: list[dict]) -> str:
     for cid, cr in _by_case(rows, TTS).items():
         m = meta[cid]
         t = {k: cr.get(k, {}).get("per_call_us") for k in ("eager", "compile", "triton", "cuda")}
-        frac = cr.get("cuda", {}).get("frac_copy")
         lines.append([m["shape"], str(m["batch"]), str(m["rows"]), _f(t["eager"]), _f(t["compile"]),
                       _f(t["triton"]), _f(t["cuda"]), _ratio(t["compile"], t["cuda"]),
-                      _ratio(t["triton"], t["cuda"]), _f(cr.get("cuda", {}).get("tbps"), 3),
-                      _f(None if frac is None else 100 * frac, 0)])
-    return _table(header, lines)
+                      _ratio(t["triton"], t["cuda"]), _cell(cr.get("cuda", {}), "tbps", 3),
+                      _cell(cr.get("cuda", {}), "frac_copy", 0, 100)])
+    return _table(header, lines) + _l2_note(cr.get("cuda", {}) for cr in _by_case(rows, TTS).values())
 
 
 def fused_row(case_rows: dict) -> tuple[Optional[str], dict]:
@@ -144,9 +165,8 @@ def _quant_line(case_rows: dict, lead: list[str]) -> tuple[list[str], str]:
              else f"{name} (auto picks {auto}, not measured)")
     un = case_rows.get("unfused", {})
     tf, tu = _time(fr), _time(un)
-    frac = fr.get("frac_copy")
-    return (lead + [_f(tf), _f(fr.get("tbps"), 3), _f(tu), _f(un.get("tbps"), 3), _ratio(tu, tf),
-                    _f(None if frac is None else 100 * frac, 0)], label)
+    return (lead + [_cell(fr, "time", value=tf), _cell(fr, "tbps", 3), _cell(un, "time", value=tu),
+                    _cell(un, "tbps", 3), _ratio(tu, tf), _cell(fr, "frac_copy", 0, 100)], label)
 
 
 def _time(row: dict):
@@ -189,7 +209,8 @@ def quant_seed_tables(rows: list[dict]) -> str:
         if lines:
             out.append(f"Quant group size axis, hg = ({h}, {g}), {layout} scale\n\n"
                        + _table(["S", "group"] + head, lines))
-    return f"fused = {', '.join(sorted(fused_names)) or 'none measured'}\n\n" + "\n".join(out)
+    return (f"fused = {', '.join(sorted(fused_names)) or 'none measured'}\n\n" + "\n".join(out)
+            + _l2_note(r for r in rows if r.get("op") == QUANT))
 
 
 def contender_tables(rows: list[dict], op: str) -> str:
@@ -208,12 +229,14 @@ def contender_tables(rows: list[dict], op: str) -> str:
                                   ("frac_peak", "% of spec-sheet bandwidth", 0, 100)):
         if not any(key in r for cr in by_case.values() for r in cr.values()):
             continue
-        lines = [[cid] + [_f(None if cr.get(n, {}).get(key) is None else scale * cr[n][key], nd) for n in ran]
-                 for cid, cr in by_case.items()]
+        lines = [[cid] + [_cell(cr.get(n, {}), key, nd, scale) for n in ran] for cid, cr in by_case.items()]
         out.append(f"{title}\n\n" + _table(["case"] + ran, lines))
     notes = [f"- {n}: {skipped[n]}" for n in names if n not in ran and n in skipped]
     if notes:
         out.append("Not measured:\n" + "\n".join(notes) + "\n")
+    note = _l2_note(r for r in rows if r.get("op") == op)
+    if note:
+        out.append(note.lstrip("\n"))
     return "\n".join(out)
 
 

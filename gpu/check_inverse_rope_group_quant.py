@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """One-shot GPU check of the inverse_rope_group_quant CUDA kernel on an H200 (sm_90): build, correctness,
-compute-sanitizer, CUDA-graph replay, benchmark. Every section runs in its own try/except; the whole run is
-meant to stay under 4 minutes (a first build of the CUDA extension takes about 2 of them; gpu/run_all.sh
-builds it once and runs this script after the op-1 one).
+CUDA-graph replay, benchmark, compute-sanitizer, in that order. Every section runs in its own try/except, and
+the result files are rewritten after each, so a run killed later keeps them. --budget-s bounds the run (a first
+build of the CUDA extension takes about 2 minutes; gpu/run_all.sh builds it once and runs this script after the
+op-1 one).
 
     PYTHONPATH=$PWD TORCH_CUDA_ARCH_LIST=9.0 python3 gpu/check_inverse_rope_group_quant.py --out $OUT
 
@@ -14,8 +15,6 @@ Sections
                that differ at all: expected 0, since the hardware cvt.rn.satfinite is the reference's RNE +
                clamp); outputs poisoned first so unwritten bytes fail, inside guard bytes that must stay
                untouched; a few cases also against the CPU reference
-  sanitize     re-runs this script with --sanitize-subset under `compute-sanitizer --tool memcheck` with
-               PYTORCH_NO_CUDA_MEMORY_CACHING=1 (so each tensor is its own allocation and an overrun is seen)
   graph        CUDA-graph capture + replay equals eager, also after new data is copied into the inputs
   bench        fusedrope.benchmark: the copy roofline, then measure() of the cuda, triton and unfused
                (fusedrope.baseline) contenders over the seed's S axis for (H, G) = (16, 2) and (8, 1), its
@@ -23,10 +22,14 @@ Sections
                the deadline; per call (CUDA events) and device time (CUDA-graph replay) over input sets
                rotated beyond the L2 (at most --max-sets); TB/s by the seed's byte count and as a fraction of
                the copy
+  sanitize     re-runs this script with --sanitize-subset under `compute-sanitizer --tool memcheck` with
+               PYTORCH_NO_CUDA_MEMORY_CACHING=1 (so each tensor is its own allocation and an overrun is seen);
+               the bench stops SANITIZE_RESERVE_S before the deadline to leave it the time
+  correctness_triton  the Triton backend on the small subset, for the record (skipped when time is spent)
 
-Outputs under --out: results.json (everything: machine_info, per-case results, bench rows, errors), bench.csv
-(fusedrope.bench_report.write_csv), bench.md (the engine's seed and contender tables, one set per scale layout);
-the seed tables are printed last.
+Outputs under --out, rewritten after every section: results.json (everything: machine_info, per-case results,
+bench rows, errors), bench.csv (fusedrope.bench_report.write_csv), bench.md (the engine's seed and contender
+tables, one set per scale layout); the seed tables are printed last.
 
 --cpu-selftest runs the correctness machinery on the CPU with the reference backend (tiny shapes) and the
 bench section on two tiny configs (the reference backend on the wall clock; the GPU contenders skipped with
@@ -63,6 +66,8 @@ from memcheck import find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.p
 
 HEAD_GROUPS = QUANT_HEAD_GROUPS
 BENCH_CONTENDERS = ("cuda", "triton", "unfused")
+SANITIZE_RESERVE_S = 60  # kept from the bench for compute-sanitizer (the bench also leaves the Triton subset its 20 s)
+TRITON_SUBSET_RESERVE_S = 20
 T_START = time.time()
 
 
@@ -263,13 +268,17 @@ def section_sanitize(res, budget_s: float):
         res["skipped"] = "compute-sanitizer not found"
         log("sanitize: skipped (compute-sanitizer not found)")
         return
+    if budget_s < 30:
+        res["skipped"] = f"time budget spent ({budget_s:.0f} s left for it)"
+        log(f"sanitize: skipped ({res['skipped']})")
+        return
     sub_out = Path(tempfile.mkdtemp(prefix="irgq_sanitize_"))  # not under --out: $OUT holds 8 files at most
     try:
         mc = run_memcheck(cs, [sys.executable, str(Path(__file__).resolve()), "--sanitize-subset", "--out",
-                               str(sub_out)], max(30.0, budget_s), error_exitcode=17, print_limit=20)
+                               str(sub_out)], budget_s, error_exitcode=17, print_limit=20)
         res["command"] = mc["command"]
         if mc["returncode"] == "timeout":
-            res["timeout_s"] = max(30.0, budget_s)
+            res["timeout_s"] = budget_s
             res["tail"] = mc["text"][-2000:]
             log(f"sanitize: timed out after {res['timeout_s']:.0f} s")
             return
@@ -427,9 +436,9 @@ def main(argv=None) -> int:
                 ok = not res.get("failed")
             elif name == "graph":
                 ok = res.get("ok_all", False)
-            elif name == "sanitize":
-                ok = ("skipped" not in res and res.get("errors") == 0 and res.get("returncode") == 0
-                      and not res.get("subset"))
+            elif name == "sanitize":  # a missing tool is a skip (recorded, shown), as in the op-1 script
+                ok = "skipped" in res or (res.get("errors") == 0 and res.get("returncode") == 0
+                                          and not res.get("subset"))
             elif name == "bench":
                 ok = not any(r.get("status") == "error" for r in res.get("rows", []))
             res["ok"] = ok
@@ -437,6 +446,9 @@ def main(argv=None) -> int:
             res.update(ok=False, error=f"{type(e).__name__}: {e}"[:500],
                        traceback=traceback.format_exc()[-4000:])
             log(f"{name}: FAILED: {type(e).__name__}: {e}")
+        finally:  # a run killed later (run_all.sh's hard timeout) keeps what this section found
+            results["meta"]["seconds"] = round(time.time() - T_START, 1)
+            write_reports(results, out)
 
     if args.cpu_selftest:
         torch.set_num_threads(1)  # as the engine on a CPU: a shared VM's parallel regions wait tens of ms
@@ -456,17 +468,24 @@ def main(argv=None) -> int:
         report.write_json(results, out / "results.json")
         return 0 if results["sections"]["correctness"].get("ok") else 1
 
+    # Order: the checks, then the bench (the seed tables) with time kept back for compute-sanitizer and the
+    # Triton subset, which both stop at the deadline; run_all.sh kills the script 30 s after it.
     section("build", section_build)
-    if results["sections"]["build"].get("ok"):
+    built = results["sections"]["build"].get("ok")
+    if built:
         section("correctness", section_correctness, "cuda", "cuda", cpu_reference_every=9)
         section("graph", section_graph)
-        if not args.skip_sanitize:
-            section("sanitize", section_sanitize, max(45.0, min(120.0, deadline - time.time() - 60)))
-    # the fused Triton kernel against the reference on the small subset, for the record
-    section("correctness_triton", section_correctness, "cuda", "triton", subset=True)
     if not args.skip_bench:
-        section("bench", section_bench, dev, deadline, max_sets=args.max_sets, reps=args.reps)
-    results["meta"]["seconds"] = round(time.time() - T_START, 1)
+        reserve = SANITIZE_RESERVE_S if built and not args.skip_sanitize else 0
+        section("bench", section_bench, dev, deadline - reserve - TRITON_SUBSET_RESERVE_S,
+                max_sets=args.max_sets, reps=args.reps)
+    if built and not args.skip_sanitize:
+        section("sanitize", section_sanitize, min(120.0, deadline - time.time() - TRITON_SUBSET_RESERVE_S))
+    # the fused Triton kernel against the reference on the small subset, for the record
+    if deadline - time.time() >= TRITON_SUBSET_RESERVE_S / 2:
+        section("correctness_triton", section_correctness, "cuda", "triton", subset=True)
+    else:
+        results["sections"]["correctness_triton"] = {"ok": True, "skipped": "time budget spent"}
     summary = write_reports(results, out)
     print(summary)
     return 0 if all(s.get("ok") for s in results["sections"].values()) else 1

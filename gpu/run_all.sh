@@ -4,7 +4,7 @@
 #   1. installs the wheels carried in .whl/ (gpu/fetch_wheels.sh: Liger-Kernel) with pip --target /tmp/site;
 #   2. builds the CUDA extension once (TORCH_CUDA_ARCH_LIST=9.0); both scripts then load that build;
 #   3. gpu/check_qwen3_tts_rope.py, then gpu/check_inverse_rope_group_quant.py, each with its own --budget-s
-#      taken from what is left of TOTAL_S (default 450 s) and a hard `timeout` a little above it;
+#      taken from what is left of TOTAL_S (default 520 s) and a hard `timeout` a little above it;
 #   4. prints a short combined table last (gpu/summarize.py).
 #
 # Files under $OUT (the device tool brings back 8 at most, 2 folders down; summarize.py counts them):
@@ -12,7 +12,7 @@
 #            quant/results.json quant/bench.csv quant/bench.md
 # Exit status: 0 only if the build and both scripts passed.
 #
-# Knobs (environment): TOTAL_S, QUANT_S (seconds kept for the op-2 script, default 110), BUILD_TIMEOUT_S (200),
+# Knobs (environment): TOTAL_S, QUANT_S (seconds kept for the op-2 script, default 130), BUILD_TIMEOUT_S (200),
 # TTS_ARGS / QUANT_ARGS (extra arguments, e.g. TTS_ARGS="--no-compile"), PYTHON (python3), FUSEDROPE_GIT_COMMIT
 # (the commit to record; default `git rev-parse HEAD`, which a copy of the tree without .git cannot answer).
 # `gpu/run_all.sh --cpu-selftest` runs the same pipeline with the scripts' CPU modes (no GPU, no build).
@@ -20,8 +20,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
 PY="${PYTHON:-python3}"
-TOTAL_S="${TOTAL_S:-450}"
-QUANT_S="${QUANT_S:-110}"
+TOTAL_S="${TOTAL_S:-520}"
+QUANT_S="${QUANT_S:-130}"
 SELFTEST=0
 [ "${1:-}" = "--cpu-selftest" ] && SELFTEST=1
 mkdir -p "$OUT/tts" "$OUT/quant"
@@ -59,9 +59,15 @@ main() {
         quant_rc=$?
     else
         echo "== build the CUDA extension once ($(date -u +%T))"
-        timeout "${BUILD_TIMEOUT_S:-200}" "$PY" -c \
+        # SIGINT, not TERM: Python unwinds, so torch's build lock is released (a lock left behind would make
+        # both scripts wait on it until their hard timeouts); the lock removal below covers a harder kill.
+        timeout -s INT -k 15 "${BUILD_TIMEOUT_S:-200}" "$PY" -c \
             'from fusedrope import cuda_ext; print("built", cuda_ext.build(verbose=False))'
         build_rc=$?
+        if [ "$build_rc" != 0 ]; then
+            "$PY" -c 'from fusedrope import cuda_ext; print(cuda_ext.build_root())' 2>/dev/null \
+                | xargs -r -I{} find {} -maxdepth 2 -name lock -print -delete
+        fi
 
         left=$((TOTAL_S - SECONDS))
         budget=$(clamp $((left - QUANT_S - 20)) 60 260)

@@ -111,6 +111,28 @@ def test_quant_fused_column_prefers_autos_pick():
     assert "| 8 | 2.00 | 2.000 | 5.00 | 0.800 | 2.50x | 50 |" in text
 
 
+def test_l2_resident_replay_times_are_marked():
+    """A device time from replaying inputs that fit in the L2 is an L2 hit: every cell derived from it carries
+    the mark and the tables say why; per-call times and HBM-sized rotations stay unmarked."""
+    case = QuantCase(8, 16, 2)
+    base = {"op": B.QUANT, **B.case_fields(B.QUANT, case), "status": "ok", "tbps_basis": "device_us"}
+    rows = [{**base, "contender": "cuda", "per_call_us": 9.0, "device_us": 2.0, "tbps": 2.0, "frac_copy": 0.5,
+             "graph_l2_resident": False},
+            {**base, "contender": "unfused", "per_call_us": 9.5, "device_us": 5.0, "tbps": 0.8,
+             "graph_l2_resident": True}]
+    M = report.L2_MARK
+    seed = report.quant_seed_tables(rows)
+    assert f"| 8 | 2.00 | 2.000 | 5.00{M} | 0.800{M} | 2.50x | 50 |" in seed and report.L2_NOTE in seed
+    every = report.contender_tables(rows, B.QUANT)
+    assert f"| {case.id} | 9.00 | 9.50 |" in every  # per call: not from the replay
+    assert f"| {case.id} | 2.00 | 5.00{M} |" in every and report.L2_NOTE in every
+    rows[1]["graph_l2_resident"] = False
+    assert M not in report.quant_seed_tables(rows) + report.contender_tables(rows, B.QUANT)
+    tts = [_row("cuda", per_call_us=6.8, device_us=2.0, tbps=0.03, frac_copy=0.0067, tbps_basis="device_us",
+                graph_l2_resident=True)]
+    assert f"| 0.030{M} | 1{M} |" in report.tts_seed_table(tts) and report.L2_NOTE in report.tts_seed_table(tts)
+
+
 def test_spec_peak_and_its_report_line():
     """The datasheet bandwidth is matched by name (specific names first) and reported beside the copy."""
     assert B.spec_peak("NVIDIA H200")[0] == 4.8
