@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The short combined table that gpu/run_all.sh prints last: build and script exit codes, each script's checks
-and sections, the files under $OUT (8 come back at most), then both ops' seed tables (fusedrope.benchmark's).
+and sections, the files under $OUT (8 come back at most), both ops' seed tables (fusedrope.benchmark's), then
+the issues' speed targets judged from the same rows (gpu/targets.py).
 
     python3 gpu/summarize.py $OUT --build-rc 0 --tts-rc 0 --quant-rc 0
 """
@@ -18,6 +19,7 @@ if str(ROOT) not in sys.path:
 
 from fusedrope import benchmark as B  # noqa: E402
 from fusedrope import bench_report as report  # noqa: E402
+import targets  # noqa: E402  (gpu/targets.py, beside this script)
 
 MAX_FILES = 8  # what the device tool brings back from $OUT
 
@@ -70,9 +72,12 @@ def main(argv=None) -> int:
     print(f"files under $OUT: {len(files)} ({', '.join(files)}){warn}")
     print("\n## qwen3_tts_rope (per call us, CUDA events around back-to-back calls; TB/s from device time)\n")
     print(report.tts_seed_table(tts.get("rows", [])))
-    rows = [r for r in quant.get("sections", {}).get("bench", {}).get("rows", []) if not r.get("transpose_scale")]
+    quant_rows = quant.get("sections", {}).get("bench", {}).get("rows", [])
     print("## inverse_rope_group_quant, row-major scale (device us from CUDA-graph replay)\n")
-    print(report.quant_seed_tables(rows))
+    print(report.quant_seed_tables([r for r in quant_rows if not r.get("transpose_scale")]))
+    print("## the speed targets of issues #4 and #5\n")
+    print(targets.markdown(targets.tts_targets(tts.get("rows", []), tts.get("copy", {}).get("tbps"))
+                           + targets.quant_targets(quant_rows)))
     return 0 if len(files) <= MAX_FILES else 1
 
 

@@ -1,0 +1,106 @@
+"""The speed targets of issues #4 (qwen3_tts_rope's CUDA kernel) and #5 (inverse_rope_group_quant's CUDA
+kernel) on the H200, judged from a run's benchmark rows: each target with what was measured and by how much
+it is met or missed, so a run's summary answers the issues directly. gpu/summarize.py prints them.
+
+A target whose rows are missing (cut by the budget, or a contender that could not run) is "not measured", never
+met.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+TTS, QUANT = "qwen3_tts_rope", "inverse_rope_group_quant"
+
+# issue #4
+TTS_BANDWIDTH_CASE, TTS_BANDWIDTH_FRAC = "wide_heads-B32", 0.75  # device time at >= 75% of the copy
+TTS_LAUNCH_BOUND_US = 3.0  # device time of every launch-bound case
+# A case is launch-bound when moving its bytes at the copy's bandwidth would take at most this long: its time
+# is then the launch and the memory latency, not bandwidth.
+TTS_LAUNCH_BOUND_IDEAL_US = 1.0
+TTS_PER_CALL_OVER = {"compile": 4.5, "liger": 2.0}  # per-call speedup of cuda over these, on every case
+# issue #5
+QUANT_BIG_S, QUANT_BIG_FRAC = 8192, 0.80  # cuda at >= 80% of the copy from S = 8192 up
+QUANT_SMALL_S, QUANT_SMALL_SPEEDUP = 32, 1.9  # cuda >= 1.9x the unfused baseline up to S = 32
+
+
+class Target(NamedTuple):
+    name: str
+    ok: Optional[bool]  # None: not measured
+    detail: str
+
+
+def _ok_rows(rows: list[dict], op: str) -> dict:
+    """``{(case id, column-major scale): {contender: row}}`` of the rows that ran."""
+    out: dict = {}
+    for r in rows:
+        if r.get("op") == op and r.get("status") == "ok":
+            out.setdefault((r["case"], bool(r.get("transpose_scale"))), {})[r["contender"]] = r
+    return out
+
+
+def _judge(name: str, values: list[tuple[str, float]], bound: float, at_least: bool, unit: str) -> Target:
+    """One target over ``values`` (label, measured): met when every value is on the right side of ``bound``;
+    the detail names the worst value and its margin."""
+    if not values:
+        return Target(name, None, "not measured")
+    label, worst = (min if at_least else max)(values, key=lambda v: v[1])
+    ok = all((v >= bound) if at_least else (v <= bound) for _, v in values)
+    margin = worst / bound if at_least else bound / worst
+    bad = [lab for lab, v in values if not ((v >= bound) if at_least else (v <= bound))]
+    detail = (f"worst {label}: {worst:.3g}{unit} vs {'>=' if at_least else '<='} {bound:g}{unit} "
+              f"({margin:.2f}x of the target); {len(values) - len(bad)}/{len(values)} met"
+              + (f"; missed: {', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}" if bad else ""))
+    return Target(name, ok, detail)
+
+
+def tts_targets(rows: list[dict], copy_tbps: Optional[float]) -> list[Target]:
+    by_case = {cid: cr for (cid, _), cr in _ok_rows(rows, TTS).items()}
+    cuda = {cid: cr["cuda"] for cid, cr in by_case.items() if "cuda" in cr}
+    out = []
+    wide = cuda.get(TTS_BANDWIDTH_CASE, {})
+    out.append(_judge(f"#4 {TTS_BANDWIDTH_CASE} device time at >= {TTS_BANDWIDTH_FRAC:.0%} of the copy",
+                      [(TTS_BANDWIDTH_CASE, wide["frac_copy"])] if wide.get("device_us") and "frac_copy" in wide
+                      else [], TTS_BANDWIDTH_FRAC, True, ""))
+    if copy_tbps:
+        bound = [(cid, r["device_us"]) for cid, r in cuda.items() if r.get("device_us")
+                 and r["bytes_moved"] / (copy_tbps * 1e12) * 1e6 <= TTS_LAUNCH_BOUND_IDEAL_US]
+    else:
+        bound = []
+    out.append(_judge(f"#4 launch-bound cases (<= {TTS_LAUNCH_BOUND_IDEAL_US:g} us at the copy's bandwidth) at "
+                      f"<= {TTS_LAUNCH_BOUND_US:g} us device time", bound, TTS_LAUNCH_BOUND_US, False, " us"))
+    for peer, factor in TTS_PER_CALL_OVER.items():
+        ratios = [(cid, cr[peer]["per_call_us"] / cr["cuda"]["per_call_us"]) for cid, cr in by_case.items()
+                  if "cuda" in cr and peer in cr]
+        out.append(_judge(f"#4 per call >= {factor:g}x faster than {peer}, every case", ratios, factor, True, "x"))
+    return out
+
+
+def quant_targets(rows: list[dict]) -> list[Target]:
+    cases = _ok_rows(rows, QUANT)
+    layout = {False: "", True: " col"}
+    big, small, everywhere = [], [], []
+    for (cid, col), cr in cases.items():
+        fused, unfused = cr.get("cuda", {}), cr.get("unfused", {})
+        if not fused.get("device_us"):
+            continue
+        label = cid + layout[col]
+        if fused["num_tokens"] >= QUANT_BIG_S and "frac_copy" in fused:
+            big.append((label, fused["frac_copy"]))
+        if unfused.get("device_us"):
+            speedup = unfused["device_us"] / fused["device_us"]
+            everywhere.append((label, speedup))
+            if fused["num_tokens"] <= QUANT_SMALL_S:
+                small.append((label, speedup))
+    return [_judge(f"#5 cuda at >= {QUANT_BIG_FRAC:.0%} of the copy for S >= {QUANT_BIG_S}", big, QUANT_BIG_FRAC,
+                   True, ""),
+            _judge(f"#5 cuda >= {QUANT_SMALL_SPEEDUP:g}x the unfused baseline for S <= {QUANT_SMALL_S}", small,
+                   QUANT_SMALL_SPEEDUP, True, "x"),
+            _judge("#5 cuda faster than the unfused baseline at every (S, group) point", everywhere, 1.0, True,
+                   "x")]
+
+
+def markdown(targets: list[Target]) -> str:
+    mark = {True: "met", False: "MISSED", None: "not measured"}
+    return "| target | verdict | measured |\n|---|---|---|\n" + "".join(
+        f"| {t.name} | {mark[t.ok]} | {t.detail} |\n" for t in targets)
