@@ -44,6 +44,21 @@ def gpu_arch(device: torch.device) -> str:
     return f"sm_{props.major}{props.minor}"
 
 
+# The fp8 format each GPU converts to in hardware: float8_e4m3fnuz on gfx942 (MI300), OCP float8_e4m3fn on gfx950
+# (MI350/MI355) and NVIDIA; every other device gets e4m3fn, the ops' default.
+NATIVE_FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
+
+
+def arch_fp8_dtype(arch: str) -> torch.dtype:
+    """The fp8 dtype ``arch`` ('sm_90', 'gfx942', '' for no GPU) writes natively (see NATIVE_FP8)."""
+    return NATIVE_FP8.get(arch, torch.float8_e4m3fn)
+
+
+def native_fp8_dtype(device: torch.device) -> torch.dtype:
+    """The fp8 dtype ``device`` writes natively: float8_e4m3fnuz on gfx942, float8_e4m3fn everywhere else."""
+    return arch_fp8_dtype(gpu_arch(device))
+
+
 def cuda_toolkit_reason(device: torch.device) -> Reason:
     """Why compiled CUDA kernels cannot run on this device, or None when they can."""
     if device.type != "cuda":

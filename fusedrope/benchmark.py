@@ -9,10 +9,11 @@ Timing on a GPU (both per call, in microseconds, median over ``reps`` samples):
 * ``device_us`` (b): ``n`` calls captured in one CUDA graph and replayed: device time with the launch gaps of
   a graph replay instead of Python's.
 
-Each call takes the next of ``n`` input sets whose inputs together hold at least 3x the L2 (60 MB on an H200),
-so bandwidth numbers are not L2 hits. A device-to-device copy measured in the same run is the roofline (bytes
-read plus written); ``tbps`` = the case's ``bytes_moved()`` / time, ``frac_copy`` = ``tbps`` / copy TB/s, and
-``frac_peak`` = ``tbps`` / the GPU's spec-sheet memory bandwidth (:data:`SPEC_PEAK_TBPS`) where it is known.
+Each call takes the next of ``n`` input sets whose inputs together hold at least 3x the GPU's last cache (the L2,
+60 MB on an H200; the 256 MB Infinity Cache behind the L2 on MI300/MI350), so bandwidth numbers are not cache
+hits. A device-to-device copy measured in the same run is the roofline (bytes read plus written); ``tbps`` = the
+case's ``bytes_moved()`` / time, ``frac_copy`` = ``tbps`` / copy TB/s, and ``frac_peak`` = ``tbps`` / the GPU's
+spec-sheet memory bandwidth (:data:`SPEC_PEAK_TBPS`) where it is known.
 
 On a CPU-only machine the same code runs on tiny sizes with the wall clock, and every output says
 "CPU, not representative".
@@ -47,7 +48,7 @@ import torch
 
 from . import __version__
 from . import reference as R
-from .backends import gpu_arch, triton_available
+from .backends import gpu_arch, native_fp8_dtype, triton_available
 from .bench_report import markdown, plot, write_results
 from .bench_timing import time_graph_us, time_per_call_us
 from .inverse_rope_quant import OP as QUANT
@@ -61,6 +62,10 @@ OPS = (TTS, QUANT)
 ENV_GIT_COMMIT = "FUSEDROPE_GIT_COMMIT"
 CPU_LABEL = "CPU, not representative: wall-clock timing on a CPU, no GPU kernel ran"
 DEFAULT_L2_BYTES = 60 * 2**20  # H200; used when the device does not report its L2
+# Caches behind the L2 that rotated inputs must outgrow too, by arch prefix: the 256 MB AMD Infinity Cache (MALL)
+# of MI300X/MI325X (gfx94x; AMD CDNA 3 architecture whitepaper) and MI350X/MI355X (gfx95x; AMD CDNA 4
+# architecture whitepaper). On NVIDIA GPUs the L2 is the last cache.
+LAST_LEVEL_CACHE_BYTES = (("gfx94", 256 * 2**20), ("gfx95", 256 * 2**20))
 ROTATE_L2_FACTOR = 3
 MAX_SETS = 4800
 GRAPH_CAP_MANY_KERNELS = 400  # eager / compile / reference launch many kernels per call: capture fewer calls
@@ -177,6 +182,15 @@ def l2_bytes(device: torch.device) -> int:
     return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or DEFAULT_L2_BYTES)
 
 
+def cache_bytes(device: torch.device) -> int:
+    """The cache that rotated input sets must outgrow: the L2, or the larger cache behind it where the GPU has one
+    (:data:`LAST_LEVEL_CACHE_BYTES`); 0 on a CPU."""
+    if device.type != "cuda":
+        return 0
+    arch = gpu_arch(device)
+    return max([l2_bytes(device)] + [size for prefix, size in LAST_LEVEL_CACHE_BYTES if arch.startswith(prefix)])
+
+
 def input_bytes(op: str, case) -> int:
     """Bytes of one input set (outputs not counted): q, k, cos, sin; or o and its positions."""
     if op == TTS:
@@ -185,15 +199,11 @@ def input_bytes(op: str, case) -> int:
 
 
 def num_sets(set_bytes: int, device: torch.device, max_sets: int = MAX_SETS) -> int:
-    """Enough input sets of ``set_bytes`` to hold ``ROTATE_L2_FACTOR`` x the L2 (at least 2); 2 on a CPU."""
+    """Enough input sets of ``set_bytes`` to hold ``ROTATE_L2_FACTOR`` x the last cache (:func:`cache_bytes`; at
+    least 2); 2 on a CPU."""
     if device.type != "cuda":
         return 2
-    return max(2, min(max_sets, math.ceil(ROTATE_L2_FACTOR * l2_bytes(device) / max(set_bytes, 1))))
-
-
-def native_fp8_dtype(device: torch.device) -> torch.dtype:
-    """float8_e4m3fnuz on gfx942 (its hardware format), float8_e4m3fn everywhere else."""
-    return torch.float8_e4m3fnuz if gpu_arch(device) == "gfx942" else torch.float8_e4m3fn
+    return max(2, min(max_sets, math.ceil(ROTATE_L2_FACTOR * cache_bytes(device) / max(set_bytes, 1))))
 
 
 def tts_sets(case: TtsCase, n: int, device: torch.device, dtype=torch.bfloat16, seed: int = 0) -> list:
@@ -519,8 +529,8 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
     moved, set_bytes = case_fields(op, case)["bytes_moved"], input_bytes(op, case)
     base = {"op": op, **case_fields(op, case), "n_sets": n, "rotated_mb": round(n * set_bytes / 2**20, 2),
             "auto_backend": auto_backend(op, case, sets), "device": device.type}
-    if device.type == "cuda":  # below 2, small cases (capped at MAX_SETS sets) partly hit the L2
-        base["rotated_over_l2"] = round(n * set_bytes / l2_bytes(device), 2)
+    if device.type == "cuda":  # below 2, small cases (capped at MAX_SETS sets) partly hit the last cache
+        base["rotated_over_l2"] = round(n * set_bytes / cache_bytes(device), 2)
     if op == QUANT:
         base["transpose_scale"] = bool(sets[0][6])
     rows = []
@@ -544,7 +554,7 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
             try:
                 row["device_us"] = round(time_graph_us(call, ng, reps), 3)
                 row["graph_calls"] = ng
-                row["graph_l2_resident"] = ng * set_bytes < l2_bytes(device)
+                row["graph_l2_resident"] = ng * set_bytes < cache_bytes(device)
             except Exception as e:  # noqa: BLE001
                 row["device_error"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
                 _recover(device)
@@ -628,7 +638,7 @@ def machine_info(device: torch.device, command: Optional[str] = None) -> dict:
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         info.update(gpu=p.name, gpu_arch=gpu_arch(device), multiprocessors=p.multi_processor_count,
-                    l2_bytes=l2_bytes(device), gpu_memory_bytes=p.total_memory)
+                    l2_bytes=l2_bytes(device), rotate_cache_bytes=cache_bytes(device), gpu_memory_bytes=p.total_memory)
         peak = spec_peak(p.name)
         if peak:
             info.update(hbm_peak_tbps=peak[0], hbm_peak_source=peak[1])

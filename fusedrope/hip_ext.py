@@ -11,7 +11,8 @@
   ``fusedrope.kernels_hip``, beside ``fusedrope.kernels_cuda`` whose shared headers the HIP sources include as
   ``"../kernels_cuda/<name>.h"``).
 * Targets: ``$PYTORCH_ROCM_ARCH`` (e.g. ``"gfx942"`` or ``"gfx942;gfx950"``) if set, else the visible GPUs;
-  only gfx942 and gfx950 are compiled (the kernels use their fp8 instructions).
+  only gfx942 and gfx950 are compiled (the kernels use their fp8 instructions): the build sees
+  PYTORCH_ROCM_ARCH set to just those.
 
 The build, load and cache logic is fusedrope/jit_ext.py's (shared with the CUDA extension); this module says
 what is HIP's.
@@ -24,8 +25,9 @@ module and the torch binding have never run on AMD hardware or a ROCm machine fr
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -74,8 +76,13 @@ class HipExtension(jit_ext.Extension):
     def build_tag(self) -> str:
         return "rocm" + str(torch.version.hip or "").replace(".", "")[:4] if torch.version.hip else "cpu"
 
-    def target_flags(self, archs: str) -> list[str]:
-        return [f"--offload-arch={a}" for a in archs.split(";")]  # torch adds no other --offload-arch then
+    @contextlib.contextmanager
+    def target_env(self, archs: str) -> Iterator[None]:
+        """PYTORCH_ROCM_ARCH = exactly ``archs`` for the build's duration: torch's cpp_extension adds an
+        --offload-arch for every arch it names (every visible card when unset), whatever flags we pass, and
+        ROCm images often set it to a long list that the kernels' fp8 instructions do not compile for."""
+        with jit_ext.env_set("PYTORCH_ROCM_ARCH", archs):
+            yield
 
     def toolkit_reason(self) -> Optional[str]:
         """Why no HIP build is possible here (torch flavour, hipcc), independent of a device; None if it

@@ -22,11 +22,9 @@ from typing import Optional
 import torch
 
 from . import hip_ext
-from .backends import gpu_arch
+from .backends import arch_fp8_dtype, gpu_arch
 from ._checks import dtype_name
 from .compiled_inverse_rope_quant import CompiledOp, envelope_reason
-
-NATIVE_FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 
 
 def supports(facts: tuple) -> Optional[str]:
@@ -34,10 +32,11 @@ def supports(facts: tuple) -> Optional[str]:
     fp8_dtype, scale_dtype, transpose_scale)`` from ``fusedrope.inverse_rope_quant.validate``."""
     device, fp8_dtype = facts[0], facts[7]
     arch = gpu_arch(device)
-    if arch not in NATIVE_FP8:
-        return f"hip kernel runs on gfx942/gfx950, this device is {arch or device}"
-    if fp8_dtype != NATIVE_FP8[arch]:
-        return (f"hip kernel writes {dtype_name(NATIVE_FP8[arch])} on {arch} (its hardware fp8 format), "
+    if arch not in hip_ext.ARCHS:
+        return f"hip kernel runs on {'/'.join(hip_ext.ARCHS)}, this device is {arch or device}"
+    native = arch_fp8_dtype(arch)
+    if fp8_dtype != native:
+        return (f"hip kernel writes {dtype_name(native)} on {arch} (its hardware fp8 format), "
                 f"got fp8_dtype={dtype_name(fp8_dtype)} (Triton serves it)")
     return envelope_reason("hip kernel", facts)
 

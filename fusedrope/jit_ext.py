@@ -58,13 +58,10 @@ class Extension:
         """The toolkit part of torch's extension subfolder (``cu130``, ``rocm62``, ``cpu``)."""
         raise NotImplementedError
 
-    def target_flags(self, archs: str) -> list[str]:
-        """Compiler flags that select ``archs`` (none where an environment variable does it)."""
-        return []
-
     @contextlib.contextmanager
     def target_env(self, archs: str) -> Iterator[None]:
-        """The environment torch's build reads the target architectures from, set for the build's duration."""
+        """The environment torch's build reads the target architectures from (TORCH_CUDA_ARCH_LIST,
+        PYTORCH_ROCM_ARCH), set to ``archs`` for the build's duration."""
         yield
 
     def toolkit_reason(self) -> Optional[str]:
@@ -147,7 +144,7 @@ class Extension:
                 name=name,
                 sources=[str(s) for s in self.sources()],
                 extra_cflags=list(self.cxx_flags),
-                extra_cuda_cflags=[*self.device_flags, *self.target_flags(archs)],
+                extra_cuda_cflags=list(self.device_flags),
                 extra_include_paths=[str(self.kernel_dir())],
                 build_directory=str(directory),
                 is_python_module=False,

@@ -11,10 +11,13 @@ The scale address of block ``kb`` (= g*Ks + k) of token ``s`` is ``s*stride_s + 
 layouts: row-major ``(Ks*G, 1)``, column-major ``(1, S)``.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from .backends import arch_fp8_dtype, gpu_arch
 from .reference import FP8_MAX
 from .triton_utils import INTERPRETED, WARP_SIZE, f32_to_fp8_bits, round_to
 
@@ -126,12 +129,27 @@ def num_warps_for(tile_elems: int, warp_size: int = WARP_SIZE) -> int:
     return max(1, min(8, tile_elems // (16 * warp_size)))
 
 
+def integer_fp8_rounding(fp8_dtype: torch.dtype, arch: str) -> bool:
+    """The quant kernel's EXACT for ``arch``: integer-bit fp8 rounding under the interpreter (its conversions
+    are wrong), and for fnuz on every GPU whose hardware format it is not: Triton 3.6 asserts compiling
+    fp32 -> fnuz for gfx950 (ElementwiseOpToLLVM.cpp, Fp32_to_Fp8E4M3FNUZ_HW), NVIDIA Triton has no fnuz."""
+    fnuz = torch.float8_e4m3fnuz
+    return INTERPRETED or (fp8_dtype == fnuz and arch_fp8_dtype(arch) != fnuz)
+
+
+@functools.lru_cache(maxsize=None)
+def _fnuz_in_software(device: torch.device) -> bool:
+    return integer_fp8_rounding(torch.float8_e4m3fnuz, gpu_arch(device))  # once per device: not per call
+
+
 def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size, rope: bool):
     S, H, D = o.shape
     row = H * D
     packed = x_scale.dtype == torch.int32
     block_t, block_n = _tiles(S, row, group_size, packed)
     scale_fp32 = x_scale.dtype == torch.float32
+    fnuz = x_fp8.dtype == torch.float8_e4m3fnuz
+    exact = INTERPRETED or (fnuz and _fnuz_in_software(x_fp8.device))  # e4m3fn: no device lookup at all
     xs = x_scale if scale_fp32 or packed else x_scale.view(torch.uint8)
     grid = (triton.cdiv(S, block_t), triton.cdiv(row, block_n))
     _group_quant_kernel[grid](
@@ -139,8 +157,8 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size
         S, row, row // group_size, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
         sin_cache.stride(0), x_scale.stride(0), x_scale.stride(2),
         HEAD_DIM=D, ROPE_DIM=2 * cos_cache.shape[1], GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
-        FP8_MAX=FP8_MAX[x_fp8.dtype], FP8_TYPE=_FP8_TL[x_fp8.dtype], FNUZ=x_fp8.dtype == torch.float8_e4m3fnuz,
-        SCALE_FP32=scale_fp32, PACKED=packed, ROPE=rope, EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_n),
+        FP8_MAX=FP8_MAX[x_fp8.dtype], FP8_TYPE=_FP8_TL[x_fp8.dtype], FNUZ=fnuz,
+        SCALE_FP32=scale_fp32, PACKED=packed, ROPE=rope, EXACT=exact, num_warps=num_warps_for(block_t * block_n),
         enable_fp_fusion=False,  # no FMA: the rope matches the reference bit for bit, so scale bytes do too
     )
 

@@ -2,8 +2,9 @@
 
 Under ``TRITON_INTERPRET=1`` (how CI runs the kernels on CPU) Triton 3.9's float conversions are wrong:
 ``.to(tl.bfloat16)`` truncates and ``.to(tl.float8e4nv)`` rounds wrongly and makes NaN instead of
-saturating. The kernels take an ``EXACT`` constexpr, set only when interpreting, that swaps in the
-integer-bit roundings below; compiled GPU code keeps the native conversions.
+saturating. The kernels take an ``EXACT`` constexpr, set when interpreting, that swaps in the integer-bit
+roundings below; compiled GPU code keeps the native conversions, except for fp8 formats the GPU has none for
+(``triton_inverse_rope_quant.integer_fp8_rounding``).
 """
 
 import torch

@@ -302,3 +302,25 @@ def test_cli_build_exit_status(cuda, hip, code, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert ("nothing was built" in out) == (cuda != "ok" and hip != "ok")
     assert ("no toolchain" in out) == (cuda == hip == "cannot build")
+
+
+@pytest.mark.parametrize("name,arch,hip,l2,cache", [
+    ("NVIDIA H200", "", None, 60 * 2**20, 60 * 2**20),
+    ("AMD Instinct MI300X", "gfx942:sramecc+:xnack-", "6.4", 4 * 2**20, 256 * 2**20),
+    ("AMD Instinct MI355X", "gfx950:sramecc+:xnack-", "7.0", 4 * 2**20, 256 * 2**20),
+])
+def test_rotated_inputs_outgrow_the_last_cache(monkeypatch, name, arch, hip, l2, cache):
+    """Input sets hold 3x the GPU's last cache: the L2 on NVIDIA, the 256 MiB Infinity Cache behind the small L2 of
+    MI300/MI355; the results' metadata records the size used beside the L2."""
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(name=name, L2_cache_size=l2, major=9, minor=0, gcnArchName=arch,
+                            multi_processor_count=304, total_memory=192 * 2**30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    gpu = torch.device("cuda", 0)
+    assert B.cache_bytes(gpu) == cache
+    assert B.num_sets(2**20, gpu) == 3 * cache // 2**20
+    meta = B.machine_info(gpu)
+    assert meta["l2_bytes"] == l2 and meta["rotate_cache_bytes"] == cache

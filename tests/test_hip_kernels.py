@@ -171,6 +171,30 @@ def test_hip_ext_sources_and_reasons():
         assert hip_ext.available(torch.device("cpu"))
 
 
+def test_hip_build_targets_exactly_its_archs(tmp_path, monkeypatch):
+    """torch's JIT build adds an --offload-arch of its own for every arch in PYTORCH_ROCM_ARCH (ROCm images set
+    long lists) before our flags: the build sees it set to the kernels' archs only, then the caller's again."""
+    import os
+
+    from torch.utils import cpp_extension
+
+    from fusedrope import hip_ext
+
+    def load(**kw):  # hipcc's target flags as cpp_extension.load composes them: its own, then extra_cuda_cflags
+        flags = cpp_extension._get_rocm_arch_flags(["-DWITH_HIP"]) + kw["extra_cuda_cflags"]
+        seen.extend(f for f in flags if "offload-arch" in f or "amdgpu-target" in f)
+
+    seen, image_list = [], "gfx90a;gfx942;gfx1100"
+    monkeypatch.setenv("PYTORCH_ROCM_ARCH", image_list)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", load)
+    archs = hip_ext.arch_list()
+    assert archs == "gfx942"
+    hip_ext.EXT._build("fusedrope_hip_test", archs, verbose=False)
+    assert seen == ["--offload-arch=gfx942"]
+    assert os.environ["PYTORCH_ROCM_ARCH"] == image_list
+
+
 def test_hipified_copies_are_not_sources(tmp_path, monkeypatch):
     """On ROCm, torch's hipify writes ``*_hip.*`` copies beside the sources; building them too would define every
     kernel twice, and hashing them would change the build name after the first build."""

@@ -10,6 +10,7 @@ from torch._inductor.exc import InductorError
 
 import fusedrope
 from fusedrope import reference as R
+from fusedrope.backends import native_fp8_dtype
 from fusedrope.baseline import unfused_inverse_rope_group_quant
 from fusedrope.inverse_rope_quant import REGISTRY, validate
 from fusedrope.testing import (QuantCase, assert_quant_close, assert_ulp_close, bytes_written_outside,
@@ -20,6 +21,9 @@ from conftest import DEVICE, backends_here
 
 BACKENDS = backends_here("inverse_rope_group_quant")
 FP8 = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
+# The tests' default: what this device writes natively (fnuz on gfx942), the one format a compiled kernel writes
+# there, so that it gets every test and not only those that pass fp8_dtype.
+FP8_HERE = native_fp8_dtype(DEVICE)
 SHAPES = [  # (H, G) of DeepSeek-V4 TP8, and shapes that are not DeepSeek's (groups splitting heads)
     QuantCase(3, 16, 2), QuantCase(5, 8, 1), QuantCase(4, 2, 3, head_dim=192, rope_dim=32, quant_group_size=64),
     QuantCase(2, 4, 2, head_dim=64, rope_dim=16, quant_group_size=32),
@@ -37,7 +41,7 @@ def skip_unless_served(backend, facts):
         pytest.skip(f"{backend} does not serve these inputs: {reason}")
 
 
-def run(backend, o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=torch.float8_e4m3fn,
+def run(backend, o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=FP8_HERE,
         scale_dtype=torch.float8_e8m0fnu):
     """The backend on poisoned caller-provided buffers, through the public function."""
     x_fp8, x_scale = fusedrope.empty_quant_outputs(o, case.num_groups, case.quant_group_size, transpose_scale,
@@ -52,7 +56,7 @@ def run(backend, o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=
     return x_fp8, x_scale
 
 
-def reference(o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=torch.float8_e4m3fn,
+def reference(o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=FP8_HERE,
               scale_dtype=torch.float8_e8m0fnu):
     return fusedrope.inverse_rope_group_quant(o, positions, cos, sin, case.num_groups, case.quant_group_size,
                                               transpose_scale, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype,
@@ -192,15 +196,16 @@ def test_boundary_inputs_really_straddle_the_boundary():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_all_zero_blocks_get_byte_92(backend):
+def test_all_zero_blocks_get_the_floor_byte(backend):
+    """92 for e4m3fn, 93 for fnuz (test_all_zero_block_bytes_from_the_formula)."""
     case = QuantCase(2, 4, 2, quant_group_size=32)
     o = torch.zeros(2, 4, 512, dtype=torch.bfloat16, device=DEVICE)
     o[1, 3, 7] = 1.0
     pos = torch.tensor([0, 9], device=DEVICE)
     cos, sin = (t.to(DEVICE) for t in deepseek_rope_cache(16))
     x_fp8, x_scale = run(backend, o, pos, cos, sin, case)
-    b = scale_bytes(x_scale)
-    assert int(b[0].min()) == int(b[0].max()) == 92 and int((b != 92).sum()) == 1
+    b, floor = scale_bytes(x_scale), _e8m0_byte(0.0, R.FP8_MAX[FP8_HERE])
+    assert int(b[0].min()) == int(b[0].max()) == floor and int((b != floor).sum()) == 1
     assert int(x_fp8.float().count_nonzero()) == 1  # (the rotation may leave -0.0: IEEE 0*c - 0*n)
 
 
@@ -240,8 +245,8 @@ def test_out_of_range_positions_are_clamped(backend, monkeypatch):
     monkeypatch.setenv("FUSEDROPE_CHECK_POSITIONS", "1")
     with pytest.raises(ValueError, match=r"argument 'positions' expected values in \[0, max_pos=32\), "
                                          r"got positions\[0\]=-5 \(3 out of range\)"):
-        fusedrope.inverse_rope_group_quant(o, wild, cos, sin, 1, backend=backend)
-    fusedrope.inverse_rope_group_quant(o, tame, cos, sin, 1, backend=backend)  # in range: fine
+        fusedrope.inverse_rope_group_quant(o, wild, cos, sin, 1, backend=backend, fp8_dtype=FP8_HERE)
+    fusedrope.inverse_rope_group_quant(o, tame, cos, sin, 1, backend=backend, fp8_dtype=FP8_HERE)  # in range: fine
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -258,10 +263,10 @@ def test_empty_and_single_token(backend):
 def test_allocating_call_and_layouts(backend):
     case = SHAPES[0]
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=11)
-    x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend=backend)
-    assert x.dtype == torch.float8_e4m3fn and x.is_contiguous() and s.dtype == torch.float8_e8m0fnu
+    x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend=backend, fp8_dtype=FP8_HERE)
+    assert x.dtype == FP8_HERE and x.is_contiguous() and s.dtype == torch.float8_e8m0fnu
     assert s.is_contiguous()
-    xt, st = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, True, backend=backend)
+    xt, st = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, True, backend=backend, fp8_dtype=FP8_HERE)
     S, G, Ks = st.shape
     assert st.stride() == (1, Ks * S, S)
     assert torch.equal(st.view(torch.uint8), s.view(torch.uint8))
@@ -289,7 +294,7 @@ def test_packed_ue8m0_is_deepgemms_layout(backend, transpose_scale):
         # ... and the storage the op allocates holds the padding tokens of the last column too (a consumer may
         # map all of it, as DeepGEMM allocates it), as does empty_quant_outputs'
         own = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, True, backend=backend,
-                                                 scale_dtype=torch.int32)
+                                                 fp8_dtype=FP8_HERE, scale_dtype=torch.int32)
         assert own[1].untyped_storage().nbytes() == 2 * 8 * 4 * 4 and torch.equal(own[1], got)
         made = fusedrope.empty_quant_outputs(o, 2, 128, True, scale_dtype=torch.int32)[1]
         assert made.untyped_storage().nbytes() == 2 * 8 * 4 * 4 and made.stride() == got.stride()
@@ -438,14 +443,14 @@ def test_one_block_per_group_scale_buffer_with_any_size1_stride(backend, transpo
     case = QuantCase(3, 2, 2, head_dim=128, quant_group_size=128)  # Dg = 128 -> Ks = 1
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=21)
     if REGISTRY.decide(REGISTRY_IMPL[backend], validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None,
-                                                         None, None)[0]):
+                                                         FP8_HERE, None)[0]):
         pytest.skip(f"{backend} does not serve head_dim 128")
     want_fp8, want_scale = reference(o, pos, cos, sin, case, transpose_scale)
     S, G = 3, 2
     arena = torch.full((4096,), 0xAB, dtype=torch.uint8, device=DEVICE)
     strides = (1, S, 1000) if transpose_scale else (G, 1, 1000)  # as torch.empty(G, S).t().unsqueeze(-1) gives
     x_scale = arena.as_strided((S, G, 1), strides).view(torch.float8_e8m0fnu)
-    x_fp8 = poison_like(torch.empty(S, G, 128, dtype=torch.float8_e4m3fn, device=DEVICE))
+    x_fp8 = poison_like(torch.empty(S, G, 128, dtype=FP8_HERE, device=DEVICE))
     fusedrope.inverse_rope_group_quant(o, pos, cos, sin, G, 128, transpose_scale, x_fp8, x_scale, backend=backend)
     assert torch.equal(x_scale.view(torch.uint8), want_scale.view(torch.uint8))
     assert torch.equal(arena[S * G:], torch.full_like(arena[S * G:], 0xAB)), "wrote past the scale buffer"
@@ -456,7 +461,7 @@ def test_one_block_per_group_scale_buffer_with_any_size1_stride(backend, transpo
 def test_no_tokens_with_any_scale_buffer_strides(backend):
     """S = 0: strides of an empty buffer mean nothing, so the natural column-major allocation is accepted."""
     o, pos, cos, sin = make_quant_inputs(QuantCase(0, 16, 2), device=DEVICE)
-    x_fp8 = torch.empty(0, 2, 4096, dtype=torch.float8_e4m3fn, device=DEVICE)
+    x_fp8 = torch.empty(0, 2, 4096, dtype=FP8_HERE, device=DEVICE)
     x_scale = torch.empty(2, 32, 0, dtype=torch.float8_e8m0fnu, device=DEVICE).permute(2, 0, 1)
     out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, True, x_fp8, x_scale, backend=backend)
     assert out[0] is x_fp8 and out[1] is x_scale
@@ -505,21 +510,22 @@ def test_inputs_that_require_grad_give_outputs_that_refuse_backward(backend):
     case = SHAPES[0]
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE)
     o.requires_grad_()
-    x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend=backend)
+    x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend=backend, fp8_dtype=FP8_HERE)
     want = reference(o.detach(), pos, cos, sin, case)
     assert torch.equal(x.view(torch.uint8), want[0].view(torch.uint8))
     assert x.requires_grad
     with pytest.raises(RuntimeError, match="no autograd formula"):
         x.float().sum().backward()
     with torch.no_grad():  # the usual inference call: plain outputs
-        assert not fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend=backend)[0].requires_grad
+        assert not fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend=backend,
+                                                      fp8_dtype=FP8_HERE)[0].requires_grad
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_buffers_written_from_inputs_that_require_grad_carry_no_history(backend):
     o, pos, cos, sin = make_quant_inputs(SHAPES[0], device=DEVICE)
     want = reference(o, pos, cos, sin, SHAPES[0])
-    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2)
+    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2, fp8_dtype=FP8_HERE)
     fusedrope.inverse_rope_group_quant(o.requires_grad_(), pos, cos, sin, 2, 128, False, x_fp8, x_scale,
                                        backend=backend)
     assert not x_fp8.requires_grad and x_fp8.grad_fn is None and x_scale.grad_fn is None
@@ -529,7 +535,7 @@ def test_buffers_written_from_inputs_that_require_grad_carry_no_history(backend)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_caller_buffers_get_a_new_version(backend):
     o, pos, cos, sin = make_quant_inputs(SHAPES[0], device=DEVICE)
-    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2)
+    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2, fp8_dtype=FP8_HERE)
     before = x_fp8._version, x_scale._version
     fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, False, x_fp8, x_scale, backend=backend)
     assert x_fp8._version > before[0] and x_scale._version > before[1]
@@ -549,6 +555,13 @@ def test_num_groups_traced_as_symint():
         assert torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
 
 
+def test_fp8_dtype_defaults_to_e4m3fn_on_every_device():
+    """The default is SPEC's float8_e4m3fn, also where the tests default to the device's own format."""
+    o, pos, cos, sin = make_quant_inputs(SHAPES[0], device=DEVICE)
+    assert fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend="reference")[0].dtype == torch.float8_e4m3fn
+    assert fusedrope.empty_quant_outputs(o, 2)[0].dtype == torch.float8_e4m3fn
+
+
 def test_position_check_skips_meta_tensors(monkeypatch):
     monkeypatch.setenv(fusedrope.inverse_rope_quant.ENV_CHECK_POSITIONS, "1")
     o, pos, cos, sin = (t.to("meta") for t in make_quant_inputs(QuantCase(3, 16, 2)))
@@ -557,7 +570,7 @@ def test_position_check_skips_meta_tensors(monkeypatch):
 
 
 # -- clamping against hand-picked rows, fnuz zero, guard bytes, empty launches ------------------------------
-def _quant_at_rows(o, rows, cos, sin, case, fp8_dtype=torch.float8_e4m3fn):
+def _quant_at_rows(o, rows, cos, sin, case, fp8_dtype=FP8_HERE):
     """The op's math on cache rows picked by hand, never through reference.clamp_positions (which the oracle
     and the reference backend share): the fp32 rotation as the reference writes it, then its quantiser."""
     rows = torch.tensor(rows, device=o.device)
@@ -648,14 +661,14 @@ def test_outputs_inside_poisoned_buffers_write_nothing_outside(backend, case, le
     """x_fp8 and x_scale are views at an offset inside bigger buffers: every byte before, after and between
     the view's elements (the packed column-major layout's padding tokens) keeps its guard value."""
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=33)
-    facts = validate(o, pos, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, None, None, None,
+    facts = validate(o, pos, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, None, None, FP8_HERE,
                      scale_dtype)[0]
     skip_unless_served(backend, facts)
     fp_shape, sc_shape = fusedrope.quant_output_shapes(case.num_tokens, case.num_heads, case.head_dim,
                                                        case.num_groups, case.quant_group_size, scale_dtype)
     sc_strides = fusedrope.inverse_rope_quant.scale_strides(sc_shape, transpose_scale, scale_dtype)
     fp_strides = (fp_shape[1] * fp_shape[2], fp_shape[2], 1)
-    x_fp8, fp_buf = guarded_poison(fp_shape, torch.float8_e4m3fn, DEVICE, fp_strides, lead, byte=GUARD)
+    x_fp8, fp_buf = guarded_poison(fp_shape, FP8_HERE, DEVICE, fp_strides, lead, byte=GUARD)
     x_scale, sc_buf = guarded_poison(sc_shape, scale_dtype, DEVICE, sc_strides, lead, byte=GUARD)
     out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, case.num_groups, case.quant_group_size,
                                              transpose_scale, x_fp8, x_scale, backend=backend)
@@ -677,9 +690,9 @@ def test_column_major_scales_with_padded_tokens(backend, scale_dtype):
     tokens of every column and none of the padding."""
     case = QuantCase(5, 8, 2, quant_group_size=32)
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=35)
-    facts = validate(o, pos, cos, sin, 2, 32, True, None, None, None, scale_dtype)[0]
+    facts = validate(o, pos, cos, sin, 2, 32, True, None, None, FP8_HERE, scale_dtype)[0]
     skip_unless_served(backend, facts)
-    x_fp8, _ = fusedrope.empty_quant_outputs(o, 2, 32, True, scale_dtype=scale_dtype)
+    x_fp8, _ = fusedrope.empty_quant_outputs(o, 2, 32, True, fp8_dtype=FP8_HERE, scale_dtype=scale_dtype)
     S, G, Ks = fusedrope.quant_output_shapes(5, 8, 512, 2, 32, scale_dtype)[1]
     L = 11
     x_scale, buf = guarded_poison((S, G, Ks), scale_dtype, DEVICE, (1, Ks * L, L), lead=3, byte=GUARD)
@@ -701,18 +714,18 @@ def _no_launch(*args, **kwargs):
 def test_empty_inputs_launch_nothing(backend, S, H, transpose_scale, monkeypatch):
     o, pos, cos, sin = make_quant_inputs(QuantCase(S, H, 2), device=DEVICE)
     impl = REGISTRY_IMPL[backend]
-    facts = validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None, None, None)[0]
+    facts = validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None, FP8_HERE, None)[0]
     skip_unless_served(backend, facts)
     monkeypatch.setattr(impl, "fn", lambda: _no_launch)  # what _run calls: impl.fn()(...)
     monkeypatch.setattr(impl, "fn_alloc", lambda: _no_launch)
     one = make_quant_inputs(QuantCase(1, 16, 2), device=DEVICE)
     with pytest.raises(AssertionError, match="called for empty"):  # the patch does intercept a real launch
-        fusedrope.inverse_rope_group_quant(*one, 2, backend=backend)
+        fusedrope.inverse_rope_group_quant(*one, 2, backend=backend, fp8_dtype=FP8_HERE)
     dg = H * 512 // 2
-    for bufs in (None, fusedrope.empty_quant_outputs(o, 2, 128, transpose_scale)):
+    for bufs in (None, fusedrope.empty_quant_outputs(o, 2, 128, transpose_scale, fp8_dtype=FP8_HERE)):
         x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, transpose_scale,
-                                                  *(bufs or (None, None)), backend=backend)
-        assert x.shape == (S, 2, dg) and x.dtype == torch.float8_e4m3fn
+                                                  *(bufs or (None, None)), backend=backend, fp8_dtype=FP8_HERE)
+        assert x.shape == (S, 2, dg) and x.dtype == FP8_HERE
         assert s.shape == (S, 2, dg // 128) and s.dtype == torch.float8_e8m0fnu
         if bufs is not None:
             assert x is bufs[0] and s is bufs[1]

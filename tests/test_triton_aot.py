@@ -1,5 +1,6 @@
-"""The Triton kernels compile ahead of time for sm_90, gfx942 and gfx950 (no GPU needed), and their o / q / k
-/ fp8 accesses are 16 bytes wide with no local memory or scratch: the performance intent, checked on CPU."""
+"""The Triton kernels compile ahead of time for sm_90, gfx942 and gfx950 (no GPU needed), the quant kernel in
+both fp8 formats, and their o / q / k / fp8 accesses are 16 bytes wide with no local memory or scratch: the
+performance intent, checked on CPU."""
 
 import json
 import os
@@ -19,7 +20,7 @@ DEVICE_TRITON_ENV = "FUSEDROPE_DEVICE_TRITON_PYTHON"
 
 
 @pytest.fixture(scope="module", params=["this-env", "device-triton"])
-def counts(request):
+def counts(request, tmp_path_factory):
     python = sys.executable
     if request.param == "device-triton":
         python = os.environ.get(DEVICE_TRITON_ENV, "")
@@ -28,6 +29,9 @@ def counts(request):
                         "H200 image's version")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
+    # An empty cache: every kernel really compiles (Triton 3.6's gfx950 fnuz failure shows only after a gfx942
+    # compile in the same process, which a cached gfx942 kernel skips).
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp(f"triton-cache-{request.param}"))
     out = subprocess.run([python, str(ROOT / "tests" / "triton_aot.py")], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -49,15 +53,49 @@ def test_tts_rope_is_all_16_byte_accesses(counts, target):
         assert c["load_x4"] == c["loads"] > 0 and c["store_x4"] == c["stores"] > 0 and c["scratch"] == 0
 
 
+@pytest.mark.parametrize("fmt", ["fn", "fnuz"])
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
-def test_inverse_rope_quant_reads_o_and_writes_fp8_in_16_bytes(counts, target, group):
-    c = counts[f"inverse_rope_quant_g{group}/{target}"]
+def test_inverse_rope_quant_reads_o_and_writes_fp8_in_16_bytes(counts, target, group, fmt):
+    # Every fp8 format compiles on every target, with the EXACT the launcher picks there (integer rounding for
+    # fnuz off gfx942).
+    c = counts[f"inverse_rope_quant_g{group}_{fmt}/{target}"]
     if target.startswith("sm_"):
-        # 16 bf16 of o per thread = two LDG.128; 16 fp8 = one STG.128; hardware e4m3x2 conversions.
-        assert c["sass_ldg128"] == 2 and c["sass_stg128"] == 1 and c["sass_local"] == 0 and c["cvt_e4m3"] >= 8
+        # 16 bf16 of o per thread = two LDG.128; 16 fp8 = one STG.128; hardware e4m3x2 conversions for e4m3fn.
+        assert c["sass_ldg128"] == 2 and c["sass_stg128"] == 1 and c["sass_local"] == 0
+        assert c["cvt_e4m3"] >= 8 if fmt == "fn" else c["cvt_e4m3"] == 0
     else:
         assert c["load_x4"] == 2 and c["store_x4"] == 1 and c["scratch"] == 0
+
+
+@pytest.mark.parametrize("arch,fnuz_exact", [("sm_90", True), ("gfx942", False), ("gfx950", True), ("", True)])
+def test_launcher_rounds_fnuz_with_integer_ops_off_gfx942(monkeypatch, arch, fnuz_exact):
+    """What the quant launcher passes as EXACT on a GPU, per arch: the hardware conversion except for fnuz
+    where the hardware format is not fnuz; the arch is looked up once per device."""
+    import torch
+
+    from fusedrope import triton_inverse_rope_quant as irq
+    from fusedrope.testing import QuantCase, make_quant_inputs
+
+    seen, looked_up = [], []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(kw["EXACT"])
+
+    monkeypatch.setattr(irq, "INTERPRETED", False)
+    monkeypatch.setattr(irq, "_group_quant_kernel", Recorder())
+    monkeypatch.setattr(irq, "gpu_arch", lambda d: looked_up.append(d) or arch)
+    irq._fnuz_in_software.cache_clear()
+    try:
+        o, pos, cos, sin = make_quant_inputs(QuantCase(1, 16, 2))
+        for fp8 in (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e4m3fnuz):
+            x, s = torch.empty(1, 2, 4096, dtype=fp8), torch.empty(1, 2, 32, dtype=torch.uint8)
+            irq.inverse_rope_group_quant(o, pos, cos, sin, x, s, 128)
+            assert seen[-1] == irq.integer_fp8_rounding(fp8, arch)  # the AOT check compiles this EXACT
+    finally:
+        irq._fnuz_in_software.cache_clear()
+    assert seen == [False, fnuz_exact, fnuz_exact] and len(looked_up) == 1
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])

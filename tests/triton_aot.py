@@ -1,5 +1,6 @@
 """Compile fusedrope's Triton kernels ahead of time for GPUs this machine does not have (sm_90, gfx942,
-gfx950) and count the memory instructions that say whether accesses are 16 bytes wide.
+gfx950; the quant kernel in both fp8 formats, with the EXACT its launcher picks for the arch) and count the
+memory instructions that say whether accesses are 16 bytes wide.
 
 Run as a script (TRITON_INTERPRET must be unset): prints one JSON object {kernel/target: {counts}}.
 Pointers and the strides an engine's tensors have are declared divisible by 16, as Triton's launcher
@@ -14,15 +15,19 @@ import sys
 assert os.environ.get("TRITON_INTERPRET", "0") != "1", "unset TRITON_INTERPRET to compile for GPUs"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from fusedrope import triton_inverse_rope_quant as irq  # noqa: E402
 from fusedrope import triton_tts_rope as tts  # noqa: E402
+from fusedrope.backends import arch_fp8_dtype  # noqa: E402
 
 TARGETS = {"sm_90": GPUTarget("cuda", 90, 32), "gfx942": GPUTarget("hip", "gfx942", 64),
            "gfx950": GPUTarget("hip", "gfx950", 64)}
+FNUZ = torch.float8_e4m3fnuz
+FP8_FORMATS = {"fn": torch.float8_e4m3fn, "fnuz": FNUZ}
 
 
 def compile_kernel(fn, pointers: dict, constexprs: dict, divisible: set, target, num_warps: int, **opts):
@@ -80,24 +85,22 @@ def tts_kernel(target, dtype="bf16", head_dim=128):
                           dict(HALF=half, BLOCK_D=half, BLOCK_H=block_h, EXACT=False), strides, target, warps)
 
 
-def quant_kernel(target, group_size=128, fnuz=False, rope=True):
-    import torch
-
-    fp8 = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
+def quant_kernel(tname, fp8, group_size=128, rope=True):
+    """The fused quant kernel for target ``tname`` writing ``fp8``, with the EXACT its launcher picks there."""
+    target = TARGETS[tname]
     block_t, block_n = irq._tiles(1024, 16 * 512, group_size)
     ptrs = dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", xq_ptr="*u8", xs_ptr="*u8")
     consts = dict(HEAD_DIM=512, ROPE_DIM=64, GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
-                  FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fnuz, SCALE_FP32=False, PACKED=False,
-                  ROPE=rope, EXACT=False)
+                  FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == FNUZ, SCALE_FP32=False,
+                  PACKED=False, ROPE=rope, EXACT=irq.integer_fp8_rounding(fp8, tname))
     return compile_kernel(irq._group_quant_kernel, ptrs, consts, {"ROW", "NBLK", "cos_stride", "sin_stride"},
                           target, irq.num_warps_for(block_t * block_n, target.warp_size), enable_fp_fusion=False)
 
 
-def variants(target) -> int:
+def variants(tname) -> int:
     """Compile every other specialisation a GPU call can hit (dtypes, head_dims, masked halves, fp32 / packed
     scales, int32 positions, the baseline's rope kernel): a first GPU run must not die in the compiler."""
-    import torch
-
+    target = TARGETS[tname]
     n = 0
     for dt in ("fp16", "fp32", "bf16"):
         for head_dim in (64, 96, 256):
@@ -107,15 +110,16 @@ def variants(target) -> int:
             consts = dict(HALF=half, BLOCK_D=block_d, BLOCK_H=max(1, 1024 // block_d), EXACT=False)
             compile_kernel(tts._tts_rope_kernel, ptrs, consts, set(), target, 4)
             n += 1
-    fp8 = torch.float8_e4m3fnuz if target.arch == "gfx942" else torch.float8_e4m3fn
+    fp8 = arch_fp8_dtype(tname)
     for (heads, head_dim, rope_dim, gs) in ((3, 192, 32, 64), (16, 512, 64, 256)):
         for scale_fp32, packed in ((True, False), (False, True)):
             block_t, block_n = irq._tiles(7, heads * head_dim, gs, packed)
             ptrs = dict(o_ptr="*fp16", pos_ptr="*i32", cos_ptr="*bf16", sin_ptr="*bf16", xq_ptr="*u8",
                         xs_ptr="*fp32" if scale_fp32 else "*i32")
             consts = dict(HEAD_DIM=head_dim, ROPE_DIM=rope_dim, GS=gs, BLOCK_T=block_t, BLOCK_N=block_n,
-                          FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == torch.float8_e4m3fnuz,
-                          SCALE_FP32=scale_fp32, PACKED=packed, ROPE=True, EXACT=False)
+                          FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == FNUZ,
+                          SCALE_FP32=scale_fp32, PACKED=packed, ROPE=True,
+                          EXACT=irq.integer_fp8_rounding(fp8, tname))
             compile_kernel(irq._group_quant_kernel, ptrs, consts, set(), target, 4, enable_fp_fusion=False)
             n += 1
     block_t, block_n = irq._tiles(7, 16 * 512, 512)
@@ -130,10 +134,10 @@ def main() -> dict:
     out = {}
     for tname, target in TARGETS.items():
         out[f"tts_rope/{tname}"] = counts(tts_kernel(target), target)
-        for gs in (32, 128):
-            fnuz = tname == "gfx942"
-            out[f"inverse_rope_quant_g{gs}/{tname}"] = counts(quant_kernel(target, gs, fnuz), target)
-        out[f"variants/{tname}"] = {"compiled": variants(target)}
+        for fmt, fp8 in FP8_FORMATS.items():  # every format on every target: fnuz on gfx950 is a real call
+            for gs in (32, 128):
+                out[f"inverse_rope_quant_g{gs}_{fmt}/{tname}"] = counts(quant_kernel(tname, fp8, gs), target)
+        out[f"variants/{tname}"] = {"compiled": variants(tname)}
     return out
 
 
