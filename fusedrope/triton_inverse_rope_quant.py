@@ -131,15 +131,21 @@ def num_warps_for(tile_elems: int, warp_size: int = WARP_SIZE) -> int:
 
 def integer_fp8_rounding(fp8_dtype: torch.dtype, arch: str) -> bool:
     """The quant kernel's EXACT for ``arch``: integer-bit fp8 rounding under the interpreter (its conversions
-    are wrong), and for fnuz on every GPU whose hardware format it is not: Triton 3.6 asserts compiling
-    fp32 -> fnuz for gfx950 (ElementwiseOpToLLVM.cpp, Fp32_to_Fp8E4M3FNUZ_HW), NVIDIA Triton has no fnuz."""
+    are wrong), and where Triton has no conversion to ``fp8_dtype`` for ``arch``: e4m3fn before sm_89 (A100:
+    "fp8e4nv not supported in this architecture"), and fnuz on every GPU whose hardware format it is not
+    (Triton 3.6 asserts compiling fp32 -> fnuz for gfx950, ElementwiseOpToLLVM.cpp Fp32_to_Fp8E4M3FNUZ_HW;
+    NVIDIA Triton has no fnuz)."""
     fnuz = torch.float8_e4m3fnuz
-    return INTERPRETED or (fp8_dtype == fnuz and arch_fp8_dtype(arch) != fnuz)
+    if INTERPRETED:
+        return True
+    if fp8_dtype == fnuz:
+        return arch_fp8_dtype(arch) != fnuz
+    return arch.startswith("sm_") and int(arch[3:]) < 89
 
 
 @functools.lru_cache(maxsize=None)
-def _fnuz_in_software(device: torch.device) -> bool:
-    return integer_fp8_rounding(torch.float8_e4m3fnuz, gpu_arch(device))  # once per device: not per call
+def _fp8_in_software(device: torch.device, fp8_dtype: torch.dtype) -> bool:
+    return integer_fp8_rounding(fp8_dtype, gpu_arch(device))  # once per device and format: not per call
 
 
 def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size, rope: bool):
@@ -149,7 +155,7 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size
     block_t, block_n = _tiles(S, row, group_size, packed)
     scale_fp32 = x_scale.dtype == torch.float32
     fnuz = x_fp8.dtype == torch.float8_e4m3fnuz
-    exact = INTERPRETED or (fnuz and _fnuz_in_software(x_fp8.device))  # e4m3fn: no device lookup at all
+    exact = INTERPRETED or _fp8_in_software(x_fp8.device, x_fp8.dtype)
     xs = x_scale if scale_fp32 or packed else x_scale.view(torch.uint8)
     grid = (triton.cdiv(S, block_t), triton.cdiv(row, block_n))
     _group_quant_kernel[grid](

@@ -43,7 +43,7 @@ def counts(request, tmp_path_factory):
     return result
 
 
-@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
+@pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])
 def test_tts_rope_is_all_16_byte_accesses(counts, target):
     c = counts[f"tts_rope/{target}"]
     if target.startswith("sm_"):
@@ -55,23 +55,27 @@ def test_tts_rope_is_all_16_byte_accesses(counts, target):
 
 @pytest.mark.parametrize("fmt", ["fn", "fnuz"])
 @pytest.mark.parametrize("group", [32, 128])
-@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
+@pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])
 def test_inverse_rope_quant_reads_o_and_writes_fp8_in_16_bytes(counts, target, group, fmt):
     # Every fp8 format compiles on every target, with the EXACT the launcher picks there (integer rounding for
-    # fnuz off gfx942).
+    # fnuz off gfx942, and for e4m3fn before sm_89).
     c = counts[f"inverse_rope_quant_g{group}_{fmt}/{target}"]
     if target.startswith("sm_"):
-        # 16 bf16 of o per thread = two LDG.128; 16 fp8 = one STG.128; hardware e4m3x2 conversions for e4m3fn.
+        # 16 bf16 of o per thread = two LDG.128; 16 fp8 = one STG.128; hardware e4m3x2 conversions for e4m3fn
+        # on sm_90.
         assert c["sass_ldg128"] == 2 and c["sass_stg128"] == 1 and c["sass_local"] == 0
-        assert c["cvt_e4m3"] >= 8 if fmt == "fn" else c["cvt_e4m3"] == 0
+        assert c["cvt_e4m3"] >= 8 if (fmt, target) == ("fn", "sm_90") else c["cvt_e4m3"] == 0
     else:
         assert c["load_x4"] == 2 and c["store_x4"] == 1 and c["scratch"] == 0
 
 
-@pytest.mark.parametrize("arch,fnuz_exact", [("sm_90", True), ("gfx942", False), ("gfx950", True), ("", True)])
-def test_launcher_rounds_fnuz_with_integer_ops_off_gfx942(monkeypatch, arch, fnuz_exact):
-    """What the quant launcher passes as EXACT on a GPU, per arch: the hardware conversion except for fnuz
-    where the hardware format is not fnuz; the arch is looked up once per device."""
+@pytest.mark.parametrize("arch,fn_exact,fnuz_exact", [
+    ("sm_90", False, True), ("sm_89", False, True), ("sm_100", False, True), ("sm_80", True, True),
+    ("sm_86", True, True), ("gfx942", False, False), ("gfx950", False, True)])
+def test_launcher_rounds_with_integer_ops_where_triton_has_no_conversion(monkeypatch, arch, fn_exact, fnuz_exact):
+    """What the quant launcher passes as EXACT on a GPU, per arch: the hardware conversion, except integer
+    rounding for fnuz where the hardware format is not fnuz and for e4m3fn before sm_89; the arch is looked up
+    once per device and format."""
     import torch
 
     from fusedrope import triton_inverse_rope_quant as irq
@@ -86,7 +90,7 @@ def test_launcher_rounds_fnuz_with_integer_ops_off_gfx942(monkeypatch, arch, fnu
     monkeypatch.setattr(irq, "INTERPRETED", False)
     monkeypatch.setattr(irq, "_group_quant_kernel", Recorder())
     monkeypatch.setattr(irq, "gpu_arch", lambda d: looked_up.append(d) or arch)
-    irq._fnuz_in_software.cache_clear()
+    irq._fp8_in_software.cache_clear()
     try:
         o, pos, cos, sin = make_quant_inputs(QuantCase(1, 16, 2))
         for fp8 in (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e4m3fnuz):
@@ -94,11 +98,11 @@ def test_launcher_rounds_fnuz_with_integer_ops_off_gfx942(monkeypatch, arch, fnu
             irq.inverse_rope_group_quant(o, pos, cos, sin, x, s, 128)
             assert seen[-1] == irq.integer_fp8_rounding(fp8, arch)  # the AOT check compiles this EXACT
     finally:
-        irq._fnuz_in_software.cache_clear()
-    assert seen == [False, fnuz_exact, fnuz_exact] and len(looked_up) == 1
+        irq._fp8_in_software.cache_clear()
+    assert seen == [fn_exact, fnuz_exact, fnuz_exact] and len(looked_up) == 2
 
 
-@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
+@pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])
 def test_every_other_specialisation_compiles(counts, target):
     # 9 TTS dtype x head_dim variants, 4 quant scale-format variants, the baseline's rope kernel.
     assert counts[f"variants/{target}"]["compiled"] == 14

@@ -1,4 +1,4 @@
-"""Compile fusedrope's Triton kernels ahead of time for GPUs this machine does not have (sm_90, gfx942,
+"""Compile fusedrope's Triton kernels ahead of time for GPUs this machine does not have (sm_90, sm_80, gfx942,
 gfx950; the quant kernel in both fp8 formats, with the EXACT its launcher picks for the arch) and count the
 memory instructions that say whether accesses are 16 bytes wide.
 
@@ -24,8 +24,8 @@ from fusedrope import triton_inverse_rope_quant as irq  # noqa: E402
 from fusedrope import triton_tts_rope as tts  # noqa: E402
 from fusedrope.backends import arch_fp8_dtype  # noqa: E402
 
-TARGETS = {"sm_90": GPUTarget("cuda", 90, 32), "gfx942": GPUTarget("hip", "gfx942", 64),
-           "gfx950": GPUTarget("hip", "gfx950", 64)}
+TARGETS = {"sm_90": GPUTarget("cuda", 90, 32), "sm_80": GPUTarget("cuda", 80, 32),
+           "gfx942": GPUTarget("hip", "gfx942", 64), "gfx950": GPUTarget("hip", "gfx950", 64)}
 FNUZ = torch.float8_e4m3fnuz
 FP8_FORMATS = {"fn": torch.float8_e4m3fn, "fnuz": FNUZ}
 
