@@ -12,7 +12,7 @@
 #            quant/results.json quant/bench.csv quant/bench.md
 # Exit status: 0 only if the build and both scripts passed.
 #
-# Knobs (environment): TOTAL_S, QUANT_S (seconds kept for the op-2 script, default 130), BUILD_TIMEOUT_S (200),
+# Knobs (environment): TOTAL_S, QUANT_S (seconds kept for the op-2 script, default 160), BUILD_TIMEOUT_S (200),
 # TTS_ARGS / QUANT_ARGS (extra arguments, e.g. TTS_ARGS="--no-compile"), PYTHON (python3), FUSEDROPE_GIT_COMMIT
 # (the commit to record; default `git rev-parse HEAD`, which a copy of the tree without .git cannot answer).
 # `gpu/run_all.sh --cpu-selftest` runs the same pipeline with the scripts' CPU modes (no GPU, no build).
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
 PY="${PYTHON:-python3}"
 TOTAL_S="${TOTAL_S:-520}"
-QUANT_S="${QUANT_S:-130}"
+QUANT_S="${QUANT_S:-160}"
 SELFTEST=0
 [ "${1:-}" = "--cpu-selftest" ] && SELFTEST=1
 mkdir -p "$OUT/tts" "$OUT/quant"
