@@ -86,8 +86,9 @@ def _f(v, nd: int = 2) -> str:
 
 
 L2_MARK = "†"
-L2_NOTE = (f"{L2_MARK} device time from CUDA-graph replay over input sets that together fit in the L2 (multi-kernel "
-           "contenders are captured over at most a few hundred calls): L2 hits, not memory bandwidth.\n")
+L2_NOTE = (f"{L2_MARK} device time from CUDA-graph replay over input sets that together fit in the GPU's last cache "
+           "(the L2; the Infinity Cache on MI300/MI350; multi-kernel contenders are captured over at most a few "
+           "hundred calls): cache hits, not memory bandwidth.\n")
 
 
 def _device_based(row: dict, key: str) -> bool:
@@ -244,7 +245,9 @@ def markdown(results: dict) -> str:
     """All tables of a run, with the machine, commit, command and timing method above them."""
     m, rows, cp = results["meta"], results["rows"], results.get("copy", {})
     gpu = m.get("gpu")
-    on_gpu = f"; GPU {gpu} ({m.get('gpu_arch')}, L2 {m.get('l2_bytes', 0) / 2**20:.0f} MiB)" if gpu else ""
+    behind = m.get("rotate_cache_bytes", 0) > m.get("l2_bytes", 0)  # a cache behind the L2 (AMD Infinity Cache)
+    on_gpu = (f"; GPU {gpu} ({m.get('gpu_arch')}, L2 {m.get('l2_bytes', 0) / 2**20:.0f} MiB"
+              + (f", last cache {m['rotate_cache_bytes'] / 2**20:.0f} MiB" if behind else "") + ")") if gpu else ""
     dirty = {True: " (working tree had uncommitted changes)", None: " (no git checkout: tree state unknown)"}.get(
         m["git_dirty"], "")
     lines = [f"# fusedrope benchmark: {where(m)}", "",

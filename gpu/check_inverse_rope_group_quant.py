@@ -24,7 +24,8 @@ Sections
                the copy
   sanitize     re-runs this script with --sanitize-subset under `compute-sanitizer --tool memcheck` with
                PYTORCH_NO_CUDA_MEMORY_CACHING=1 (so each tensor is its own allocation and an overrun is seen);
-               the bench stops SANITIZE_RESERVE_S before the deadline to leave it the time
+               the bench starts no config within SANITIZE_RESERVE_S + TRITON_SUBSET_RESERVE_S of the deadline
+               to leave it the time (when compute-sanitizer is there)
   correctness_triton  the Triton backend on the small subset, for the record (skipped when time is spent)
 
 Outputs under --out, rewritten after every section: results.json (everything: machine_info, per-case results,
@@ -68,6 +69,7 @@ HEAD_GROUPS = QUANT_HEAD_GROUPS
 BENCH_CONTENDERS = ("cuda", "triton", "unfused")
 SANITIZE_RESERVE_S = 60  # kept from the bench for compute-sanitizer (the bench also leaves the Triton subset its 20 s)
 TRITON_SUBSET_RESERVE_S = 20
+NO_SANITIZER = "compute-sanitizer not found"
 T_START = time.time()
 
 
@@ -265,8 +267,8 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
 def section_sanitize(res, budget_s: float):
     cs = find_sanitizer()
     if cs is None:
-        res["skipped"] = "compute-sanitizer not found"
-        log("sanitize: skipped (compute-sanitizer not found)")
+        res["skipped"] = NO_SANITIZER
+        log(f"sanitize: skipped ({NO_SANITIZER})")
         return
     if budget_s < 30:
         res["skipped"] = f"time budget spent ({budget_s:.0f} s left for it)"
@@ -329,8 +331,8 @@ def section_graph(res, backend="cuda"):
 def bench_configs():
     """(axis, (H, G) name, H, G, S, quant group, column-major scale) in priority order (the deadline cuts from
     the end): first the points issue #5's targets name ((16, 2) at S <= 32 and S >= 8192, and the group-size
-    axis, group 32 included), then the rest of (16, 2) over S, (8, 1) over S, column-major scales. The tables
-    sort by S whatever the order."""
+    axis, group 32 included), then the rest of (16, 2) over S, (8, 1) over S, column-major scales. The rows
+    are kept in table order (layout, (H, G), S, group) whatever the measuring order."""
     first = [S for S in QUANT_SEQ_LENS if S <= 32 or S >= 8192]
     cfgs = [("seq", "V4-Pro-TP8", 16, 2, S, 128, False) for S in first]
     cfgs += [("group", "V4-Pro-TP8", 16, 2, S, q, False) for S in (8192, 2048) for q in (32, 64)]
@@ -341,7 +343,7 @@ def bench_configs():
 
 
 def section_bench(res, device: torch.device, deadline: float, configs=None, only=BENCH_CONTENDERS,
-                  max_sets: int = B.MAX_SETS, reps: int = 5):
+                  max_sets: int = B.MAX_SETS, reps: int = 5, after_config=lambda: None):
     """fusedrope.benchmark's copy roofline and measure() per config, until the deadline."""
     res["copy"] = B.copy_roofline(device)
     copy = res["copy"]["tbps"]
@@ -357,7 +359,11 @@ def section_bench(res, device: torch.device, deadline: float, configs=None, only
         sets = B.quant_sets(case, B.num_sets(B.input_bytes(B.QUANT, case), device, max_sets), device, t)
         rows += [dict(r, axis=axis, hg=hg_name)
                  for r in B.measure(B.QUANT, case, cl, device, reps=reps, copy_tbps=copy, sets=sets, log=log)]
+        # in table order whatever the measuring order (stable: contenders keep theirs)
+        rows.sort(key=lambda r: (bool(r.get("transpose_scale")), -r["num_heads"], r["num_tokens"],
+                                 r["quant_group_size"]))
         del sets
+        after_config()  # a run killed later keeps these rows
 
 
 # ------------------------------------------------------------------------------------------------ reports
@@ -439,9 +445,9 @@ def main(argv=None) -> int:
                 ok = not res.get("failed")
             elif name == "graph":
                 ok = res.get("ok_all", False)
-            elif name == "sanitize":  # a missing tool is a skip (recorded, shown), as in the op-1 script
-                ok = "skipped" in res or (res.get("errors") == 0 and res.get("returncode") == 0
-                                          and not res.get("subset"))
+            elif name == "sanitize":  # a missing tool is a skip (recorded, shown); no time left is a failure
+                ok = res.get("skipped") == NO_SANITIZER or (res.get("errors") == 0 and res.get("returncode") == 0
+                                                            and not res.get("subset"))
             elif name == "bench":
                 ok = not any(r.get("status") == "error" for r in res.get("rows", []))
             res["ok"] = ok
@@ -472,16 +478,16 @@ def main(argv=None) -> int:
         return 0 if results["sections"]["correctness"].get("ok") else 1
 
     # Order: the checks, then the bench (the seed tables) with time kept back for compute-sanitizer and the
-    # Triton subset, which both stop at the deadline; run_all.sh kills the script 30 s after it.
+    # Triton subset, which both stop at the deadline; run_all.sh's hard timeout comes a little after it.
     section("build", section_build)
     built = results["sections"]["build"].get("ok")
     if built:
         section("correctness", section_correctness, "cuda", "cuda", cpu_reference_every=9)
         section("graph", section_graph)
     if not args.skip_bench:
-        reserve = SANITIZE_RESERVE_S if built and not args.skip_sanitize else 0
+        reserve = SANITIZE_RESERVE_S if built and not args.skip_sanitize and find_sanitizer() else 0
         section("bench", section_bench, dev, deadline - reserve - TRITON_SUBSET_RESERVE_S,
-                max_sets=args.max_sets, reps=args.reps)
+                max_sets=args.max_sets, reps=args.reps, after_config=lambda: write_reports(results, out))
     if built and not args.skip_sanitize:
         section("sanitize", section_sanitize, min(120.0, deadline - time.time() - TRITON_SUBSET_RESERVE_S))
     # the fused Triton kernel against the reference on the small subset, for the record

@@ -2,13 +2,15 @@
 kernel) on the H200, judged from a run's benchmark rows: each target with what was measured and by how much
 it is met or missed, so a run's summary answers the issues directly. gpu/summarize.py prints them.
 
-A target whose rows are missing (cut by the budget, or a contender that could not run) is "not measured", never
-met.
+A target is met only when every point it names was measured and meets it; one measured point that misses makes
+it MISSED; otherwise (points cut by the budget, a contender that could not run) it is "not measured".
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
+
+from fusedrope.testing import TTS_CASES, QuantCase, TtsCase
 
 TTS, QUANT = "qwen3_tts_rope", "inverse_rope_group_quant"
 
@@ -26,7 +28,7 @@ QUANT_SMALL_S, QUANT_SMALL_SPEEDUP = 32, 1.9  # cuda >= 1.9x the unfused baselin
 
 class Target(NamedTuple):
     name: str
-    ok: Optional[bool]  # None: not measured
+    ok: Optional[bool]  # None: not measured on every point it names
     detail: str
 
 
@@ -39,65 +41,76 @@ def _ok_rows(rows: list[dict], op: str) -> dict:
     return out
 
 
-def _judge(name: str, values: list[tuple[str, float]], bound: float, at_least: bool, unit: str) -> Target:
-    """One target over ``values`` (label, measured): met when every value is on the right side of ``bound``;
-    the detail names the worst value and its margin."""
+def _judge(name: str, values: list[tuple[str, float]], expected: int, bound: float, at_least: bool,
+           unit: str) -> Target:
+    """One target over ``expected`` points, of which ``values`` (label, measured) were measured: MISSED as soon
+    as one measured point misses, met only when every point was measured and meets it, else not measured. The
+    detail names the worst value and its margin."""
     if not values:
-        return Target(name, None, "not measured")
+        return Target(name, None, f"not measured (0/{expected} points)")
     label, worst = (min if at_least else max)(values, key=lambda v: v[1])
-    ok = all((v >= bound) if at_least else (v <= bound) for _, v in values)
-    margin = worst / bound if at_least else bound / worst
     bad = [lab for lab, v in values if not ((v >= bound) if at_least else (v <= bound))]
+    ok = False if bad else (True if len(values) >= expected else None)
+    margin = worst / bound if at_least else bound / worst
     detail = (f"worst {label}: {worst:.3g}{unit} vs {'>=' if at_least else '<='} {bound:g}{unit} "
-              f"({margin:.2f}x of the target); {len(values) - len(bad)}/{len(values)} met"
+              f"({margin:.2f}x of the target); {len(values) - len(bad)}/{len(values)} met, "
+              f"{len(values)}/{expected} points measured"
               + (f"; missed: {', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}" if bad else ""))
     return Target(name, ok, detail)
 
 
-def tts_targets(rows: list[dict], copy_tbps: Optional[float]) -> list[Target]:
+def launch_bound(case: TtsCase, copy_tbps: float) -> bool:
+    """Whether moving ``case``'s bytes at the copy's bandwidth takes at most TTS_LAUNCH_BOUND_IDEAL_US."""
+    return case.bytes_moved() / (copy_tbps * 1e12) * 1e6 <= TTS_LAUNCH_BOUND_IDEAL_US
+
+
+def tts_targets(rows: list[dict], copy_tbps: Optional[float], cases=TTS_CASES) -> list[Target]:
+    """Issue #4's targets over ``cases`` (the seed matrix)."""
     by_case = {cid: cr for (cid, _), cr in _ok_rows(rows, TTS).items()}
     cuda = {cid: cr["cuda"] for cid, cr in by_case.items() if "cuda" in cr}
     out = []
     wide = cuda.get(TTS_BANDWIDTH_CASE, {})
     out.append(_judge(f"#4 {TTS_BANDWIDTH_CASE} device time at >= {TTS_BANDWIDTH_FRAC:.0%} of the copy",
                       [(TTS_BANDWIDTH_CASE, wide["frac_copy"])] if wide.get("device_us") and "frac_copy" in wide
-                      else [], TTS_BANDWIDTH_FRAC, True, ""))
-    if copy_tbps:
-        bound = [(cid, r["device_us"]) for cid, r in cuda.items() if r.get("device_us")
-                 and r["bytes_moved"] / (copy_tbps * 1e12) * 1e6 <= TTS_LAUNCH_BOUND_IDEAL_US]
-    else:
-        bound = []
+                      else [], 1, TTS_BANDWIDTH_FRAC, True, ""))
+    bound_ids = [c.id for c in cases if copy_tbps and launch_bound(c, copy_tbps)]
     out.append(_judge(f"#4 launch-bound cases (<= {TTS_LAUNCH_BOUND_IDEAL_US:g} us at the copy's bandwidth) at "
-                      f"<= {TTS_LAUNCH_BOUND_US:g} us device time", bound, TTS_LAUNCH_BOUND_US, False, " us"))
+                      f"<= {TTS_LAUNCH_BOUND_US:g} us device time",
+                      [(cid, cuda[cid]["device_us"]) for cid in bound_ids if cuda.get(cid, {}).get("device_us")],
+                      len(bound_ids) if copy_tbps else 1, TTS_LAUNCH_BOUND_US, False, " us"))
     for peer, factor in TTS_PER_CALL_OVER.items():
-        ratios = [(cid, cr[peer]["per_call_us"] / cr["cuda"]["per_call_us"]) for cid, cr in by_case.items()
-                  if "cuda" in cr and peer in cr]
-        out.append(_judge(f"#4 per call >= {factor:g}x faster than {peer}, every case", ratios, factor, True, "x"))
+        ratios = [(c.id, by_case[c.id][peer]["per_call_us"] / by_case[c.id]["cuda"]["per_call_us"])
+                  for c in cases if "cuda" in by_case.get(c.id, {}) and peer in by_case[c.id]]
+        out.append(_judge(f"#4 per call >= {factor:g}x faster than {peer}, every case", ratios, len(cases), factor,
+                          True, "x"))
     return out
 
 
-def quant_targets(rows: list[dict]) -> list[Target]:
+def quant_targets(rows: list[dict], points: list[tuple[QuantCase, bool]]) -> list[Target]:
+    """Issue #5's targets over ``points``: (case, column-major scale) pairs, what the bench was to measure."""
     cases = _ok_rows(rows, QUANT)
-    layout = {False: "", True: " col"}
     big, small, everywhere = [], [], []
-    for (cid, col), cr in cases.items():
+    for case, col in points:
+        cr = cases.get((case.id, col), {})
         fused, unfused = cr.get("cuda", {}), cr.get("unfused", {})
         if not fused.get("device_us"):
             continue
-        label = cid + layout[col]
-        if fused["num_tokens"] >= QUANT_BIG_S and "frac_copy" in fused:
+        label = case.id + (" col" if col else "")
+        if case.num_tokens >= QUANT_BIG_S and "frac_copy" in fused:
             big.append((label, fused["frac_copy"]))
         if unfused.get("device_us"):
             speedup = unfused["device_us"] / fused["device_us"]
             everywhere.append((label, speedup))
-            if fused["num_tokens"] <= QUANT_SMALL_S:
+            if case.num_tokens <= QUANT_SMALL_S:
                 small.append((label, speedup))
-    return [_judge(f"#5 cuda at >= {QUANT_BIG_FRAC:.0%} of the copy for S >= {QUANT_BIG_S}", big, QUANT_BIG_FRAC,
-                   True, ""),
+    n_big = sum(c.num_tokens >= QUANT_BIG_S for c, _ in points)
+    n_small = sum(c.num_tokens <= QUANT_SMALL_S for c, _ in points)
+    return [_judge(f"#5 cuda at >= {QUANT_BIG_FRAC:.0%} of the copy for S >= {QUANT_BIG_S}", big, n_big,
+                   QUANT_BIG_FRAC, True, ""),
             _judge(f"#5 cuda >= {QUANT_SMALL_SPEEDUP:g}x the unfused baseline for S <= {QUANT_SMALL_S}", small,
-                   QUANT_SMALL_SPEEDUP, True, "x"),
-            _judge("#5 cuda faster than the unfused baseline at every (S, group) point", everywhere, 1.0, True,
-                   "x")]
+                   n_small, QUANT_SMALL_SPEEDUP, True, "x"),
+            _judge("#5 cuda faster than the unfused baseline at every (S, group) point", everywhere, len(points),
+                   1.0, True, "x")]
 
 
 def markdown(targets: list[Target]) -> str:

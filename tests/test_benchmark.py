@@ -148,6 +148,10 @@ def test_spec_peak_and_its_report_line():
                "rows": [], "copy": {"tbps": 4.0, "timing": "x"}}
     assert "- spec-sheet memory bandwidth: 4.8 TB/s (NVIDIA H200 datasheet (HBM3e)), the copy reaches 83% of it" \
         in report.markdown(results)
+    assert "(sm_90, L2 60 MiB)" in report.markdown(results)
+    results["meta"].update(gpu="AMD Instinct MI300X", gpu_arch="gfx942", l2_bytes=4 * 2**20,
+                           rotate_cache_bytes=256 * 2**20)
+    assert "(gfx942, L2 4 MiB, last cache 256 MiB)" in report.markdown(results)
     rows = [_row("cuda", device_us=2.0, tbps=3.6, frac_copy=0.9, frac_peak=0.75)]
     assert "% of spec-sheet bandwidth" in report.contender_tables(rows, B.TTS)
 

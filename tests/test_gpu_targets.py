@@ -1,8 +1,11 @@
-"""gpu/targets.py: the issues' speed targets judged from benchmark rows (synthetic rows here: what a GPU run
-writes, through fusedrope.benchmark.case_fields)."""
+"""gpu/targets.py: the issues' speed targets judged from benchmark rows. The rows come from
+fusedrope.benchmark.measure on the CPU (stand-in contenders named like the GPU ones), with the device time and
+its bandwidth fields set the way measure() sets them on a GPU."""
 
 import sys
 from pathlib import Path
+
+import torch
 
 from fusedrope import benchmark as B
 from fusedrope.testing import TTS_CASES, QuantCase
@@ -11,61 +14,83 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
 
 import targets as T  # noqa: E402
 
+CPU = torch.device("cpu")
 COPY_TBPS = 4.0
 
 
-def tts_row(case_id, contender, per_call_us, device_us=None):
-    case = next(c for c in TTS_CASES if c.id == case_id)
-    row = {"op": B.TTS, **B.case_fields(B.TTS, case), "contender": contender, "status": "ok",
-           "per_call_us": per_call_us}
-    if device_us:
-        row.update(device_us=device_us, frac_copy=case.bytes_moved() / (device_us * 1e-6) / 1e12 / COPY_TBPS)
+def measured(op, case, names, transpose_scale=False):
+    """``{contender: row}`` from measure() with no-op stand-ins (per-call time on the wall clock)."""
+    cl = [B.Contender(n, op, "stand-in", lambda c, s: (lambda i: None)) for n in names]
+    sets = B.make_sets(op, case, CPU, transpose_scale=transpose_scale) if op == B.QUANT else None
+    rows = B.measure(op, case, cl, CPU, reps=1, copy_tbps=COPY_TBPS, sets=sets)
+    return {r["contender"]: r for r in rows}
+
+
+def timed(row, per_call_us=None, device_us=None):
+    """Set the row's times as a GPU run would: TB/s and its fractions from the device time."""
+    if per_call_us is not None:
+        row["per_call_us"] = per_call_us
+    if device_us is not None:
+        row.update(device_us=device_us, tbps_basis="device_us", tbps=row["bytes_moved"] / (device_us * 1e-6) / 1e12)
+        row.update(B.bandwidth_fields(row["tbps"], COPY_TBPS, CPU))
     return row
 
 
-def quant_row(S, contender, device_us, q=128, col=False):
-    case = QuantCase(S, 16, 2, quant_group_size=q)
-    fields = B.case_fields(B.QUANT, case)
-    return {"op": B.QUANT, **fields, "contender": contender, "status": "ok", "transpose_scale": col,
-            "device_us": device_us, "frac_copy": fields["bytes_moved"] / (device_us * 1e-6) / 1e12 / COPY_TBPS}
+def verdict(targets, words):
+    return next(t for t in targets if words in t.name)
 
 
-def verdicts(targets):
-    return {t.name.split(" ", 1)[1]: t.ok for t in targets}
+def tts_matrix(cuda_us, compile_us, liger_us, device_us, cases=TTS_CASES):
+    rows = []
+    for c in cases:
+        r = measured(B.TTS, c, ("cuda", "compile", "liger"))
+        rows += [timed(r["cuda"], cuda_us(c), device_us(c)), timed(r["compile"], compile_us(c)),
+                 timed(r["liger"], liger_us(c))]
+    return rows
 
 
-def test_tts_targets_met_missed_and_unmeasured():
-    wide = next(c for c in TTS_CASES if c.id == "wide_heads-B32").bytes_moved()
-    at_80 = wide / (0.80 * COPY_TBPS * 1e12) * 1e6  # device us at 80% of the copy
-    rows = [tts_row("wide_heads-B32", "cuda", 40.0, at_80), tts_row("wide_heads-B32", "compile", 200.0),
-            tts_row("wide_heads-B32", "liger", 100.0),
-            tts_row("qwen3_tts-B1", "cuda", 8.0, 2.5), tts_row("qwen3_tts-B1", "compile", 30.0),  # 3.75x: missed
-            tts_row("qwen3_tts-B1", "liger", 20.0)]
+def at_frac(case, frac):
+    return case.bytes_moved() / (frac * COPY_TBPS * 1e12) * 1e6  # device us at this fraction of the copy
+
+
+def test_tts_targets_met_only_on_the_whole_matrix():
+    small = TTS_CASES[:2]  # qwen3_tts B1 and B8: launch-bound at 4 TB/s
+    assert all(T.launch_bound(c, COPY_TBPS) for c in small)
+    assert not T.launch_bound(next(c for c in TTS_CASES if c.id == "wide_heads-B32"), COPY_TBPS)
+    rows = tts_matrix(lambda c: 5.0, lambda c: 25.0, lambda c: 12.0,
+                      lambda c: 2.5 if T.launch_bound(c, COPY_TBPS) else at_frac(c, 0.8))
     got = T.tts_targets(rows, COPY_TBPS)
-    v = verdicts(got)
-    assert v["wide_heads-B32 device time at >= 75% of the copy"] is True
-    assert v["launch-bound cases (<= 1 us at the copy's bandwidth) at <= 3 us device time"] is True
-    compile_t = next(t for t in got if "compile" in t.name)
-    assert compile_t.ok is False and "worst qwen3_tts-B1: 3.75x" in compile_t.detail and "1/2 met" in compile_t.detail
-    assert v["per call >= 2x faster than liger, every case"] is True
-    # wide_heads-B32 is not launch-bound at 4 TB/s (its bytes take longer than 1 us); a slow small case misses
-    rows[3] = tts_row("qwen3_tts-B1", "cuda", 8.0, 3.5)
-    assert verdicts(T.tts_targets(rows, COPY_TBPS))[
-        "launch-bound cases (<= 1 us at the copy's bandwidth) at <= 3 us device time"] is False
-    # without the cuda rows nothing is measured, and nothing passes
-    assert all(t.ok is None for t in T.tts_targets([r for r in rows if r["contender"] != "cuda"], COPY_TBPS))
+    assert all(t.ok is True for t in got), T.markdown(got)
+    # a case cut by the budget: nothing "every case" is met any more, and nothing is missed either
+    cut = [r for r in rows if r["case"] != "gqa1-B8"]
+    assert verdict(T.tts_targets(cut, COPY_TBPS), "compile").ok is None
+    assert "17/18 points measured" in verdict(T.tts_targets(cut, COPY_TBPS), "compile").detail
+    # one measured miss is a miss, however much is missing
+    slow = tts_matrix(lambda c: 5.0, lambda c: 25.0 if c.batch > 1 else 15.0, lambda c: 12.0,
+                      lambda c: 3.5 if c.id == "qwen3_tts-B1" else at_frac(c, 0.7), cases=TTS_CASES[:2])
+    got = T.tts_targets(slow, COPY_TBPS)
+    assert verdict(got, "compile").ok is False and "worst qwen3_tts-B1: 3x" in verdict(got, "compile").detail
+    assert verdict(got, "launch-bound").ok is False
+    assert verdict(got, "wide_heads").ok is None  # not in these rows
 
 
-def test_quant_targets_judge_every_point():
-    big = QuantCase(8192, 16, 2).bytes_moved()
-    at_85 = big / (0.85 * COPY_TBPS * 1e12) * 1e6
-    rows = [quant_row(8192, "cuda", at_85), quant_row(8192, "unfused", 2 * at_85),
-            quant_row(8, "cuda", 3.0), quant_row(8, "unfused", 6.0),
-            quant_row(8192, "cuda", at_85, q=32), quant_row(8192, "unfused", 0.9 * at_85, q=32)]  # group 32 loses
-    v = verdicts(T.quant_targets(rows))
-    assert v["cuda at >= 80% of the copy for S >= 8192"] is True
-    assert v["cuda >= 1.9x the unfused baseline for S <= 32"] is True
-    assert v["cuda faster than the unfused baseline at every (S, group) point"] is False
-    rows[3] = quant_row(8, "unfused", 5.0)  # 1.67x
-    assert verdicts(T.quant_targets(rows))["cuda >= 1.9x the unfused baseline for S <= 32"] is False
-    assert "| MISSED |" in T.markdown(T.quant_targets(rows))
+def test_quant_targets_judge_every_planned_point():
+    points = [(QuantCase(8, 2, 1), False), (QuantCase(8192, 2, 1), False),  # small H: cheap CPU input sets
+              (QuantCase(8192, 2, 1, quant_group_size=32), True)]
+
+    def rows_for(speedups, frac=0.85):
+        rows = []
+        for (case, col), speedup in zip(points, speedups):
+            r = measured(B.QUANT, case, ("cuda", "unfused"), col)
+            fused_us = at_frac(case, frac) if case.num_tokens >= 8192 else 3.0
+            rows += [timed(r["cuda"], device_us=fused_us), timed(r["unfused"], device_us=speedup * fused_us)]
+        return rows
+
+    got = T.quant_targets(rows_for([2.0, 1.5, 1.2]), points)
+    assert all(t.ok is True for t in got), T.markdown(got)
+    got = T.quant_targets(rows_for([2.0, 1.5, 0.9]), points)  # group 32 loses at S = 8192
+    assert verdict(got, "every").ok is False and "missed: " + points[2][0].id in verdict(got, "every").detail
+    assert verdict(T.quant_targets(rows_for([1.7, 1.5, 1.2]), points), "S <= 32").ok is False
+    assert verdict(T.quant_targets(rows_for([2.0, 1.5, 1.2], frac=0.7), points), "copy").ok is False
+    assert verdict(T.quant_targets(rows_for([2.0, 1.5]), points), "every").ok is None  # a point not measured
+    assert "| MISSED |" in T.markdown(T.quant_targets(rows_for([2.0, 1.5, 0.9]), points))
