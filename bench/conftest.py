@@ -4,11 +4,12 @@ Every test times one contender on one seed case; ``benchmark.group`` is the case
 the contenders of a case side by side. What is timed and how comes from ``fusedrope.benchmark``:
 
 * the stats pytest-benchmark prints are per call over back-to-back calls rotating among input sets (inputs >=
-  3x the L2 on a GPU), with a timer that synchronises the GPU before reading the clock, so a round ends when
-  the device work ends (host overhead included: the seeds' method);
+  3x the last cache on a GPU: the L2, or AMD's Infinity Cache), with a timer that synchronises the GPU before
+  reading the clock, so a round ends when the device work ends (host overhead included: the seeds' method);
 * ``extra_info`` (in ``--benchmark-json``) adds the device time per call from CUDA-graph replay
-  (``device_us``), ``tbps`` (from device time on a GPU, per-call time on a CPU), ``frac_copy`` against a
-  device-to-device copy measured once per session and ``frac_peak`` against the GPU's spec-sheet bandwidth.
+  (``device_us``; ``graph_l2_resident`` when the replayed inputs fit in the last cache), ``tbps`` (from
+  device time on a GPU, per-call time on a CPU), ``frac_copy`` against a device-to-device copy measured once
+  per session and ``frac_peak`` against the GPU's spec-sheet bandwidth.
 
 A contender that cannot run here is skipped with the reason (no GPU, backend unavailable, liger_kernel
 missing, Triton only in its CPU interpreter). On a CPU, op-2 cases above ``FUSEDROPE_BENCH_CPU_MAX_TOKENS``
@@ -63,19 +64,24 @@ def run_contender(benchmark, copy_tbps, contenders_here):
         call = contender.make(case, sets)
         for i in range(2):  # compile / autotune / first-use build outside the timing
             call(i)
-        set_bytes = B.case_fields(op, case)["bytes_moved"]
-        info = {"contender": name, "what": contender.what, "n_sets": len(sets), "bytes_moved": set_bytes,
+        moved = B.case_fields(op, case)["bytes_moved"]
+        info = {"contender": name, "what": contender.what, "n_sets": len(sets), "bytes_moved": moved,
                 "device": DEVICE.type, "copy_tbps": copy_tbps}
         if DEVICE.type == "cuda":
             graph_calls = min(len(sets), B.GRAPH_CAP_MANY_KERNELS) if contender.many_kernels else len(sets)
-            info.update(device_us=timing.time_graph_us(call, graph_calls), graph_calls=graph_calls)
+            info.update(device_us=timing.time_graph_us(call, graph_calls), graph_calls=graph_calls,
+                        # as in the CLI's rows: replayed inputs that fit in the last cache are cache hits
+                        graph_l2_resident=graph_calls * B.input_bytes(op, case) < B.cache_bytes(DEVICE),
+                        rotated_over_l2=round(len(sets) * B.input_bytes(op, case) / B.cache_bytes(DEVICE), 2))
         iterations = timing.calls_per_sample(call, len(sets), DEVICE)
         counter = itertools.count()
         benchmark.pedantic(lambda: call(next(counter)), rounds=5 if DEVICE.type == "cuda" else 10,
                            iterations=iterations, warmup_rounds=1)
+        if benchmark.stats is None:  # --benchmark-disable: the calls ran once, nothing was timed
+            return
         info["per_call_us"] = benchmark.stats.stats.median * 1e6
         seconds = (info.get("device_us") or info["per_call_us"]) * 1e-6
-        info["tbps"] = set_bytes / seconds / 1e12
+        info["tbps"] = moved / seconds / 1e12
         info.update(B.bandwidth_fields(info["tbps"], copy_tbps, DEVICE))
         benchmark.extra_info.update(info)
 

@@ -132,21 +132,52 @@ def _first(case_rows: dict) -> dict:
     return next(iter(case_rows.values()), {})
 
 
+def tts_fused_name(rows: list[dict]) -> str:
+    """Op 1's fused contender for the seed table: ``cuda`` where it was measured, else the backend auto picks
+    (Triton on ROCm, which has no hand-written op-1 kernel), else the first measured in the registry's order."""
+    ok = [r for r in rows if r.get("op") == TTS and r.get("status") == "ok"]
+    names = {r["contender"] for r in ok}
+    for name in ["cuda"] + [r.get("auto_backend") for r in ok[:1]] + list(BACKENDS):
+        if name in names:
+            return name
+    return "cuda"
+
+
 def tts_seed_table(rows: list[dict]) -> str:
-    """Op 1 in the seed's columns (per-call us, CUDA events around back-to-back calls), with the cuda kernel's
-    TB/s and fraction of the copy roofline added."""
-    header = ["shape", "batch", "rows", "eager us", "torch.compile us", "triton us", "cuda us",
-              "compile / cuda", "triton / cuda", "cuda TB/s", "% copy"]
+    """Op 1 in the seed's columns (per-call us, CUDA events around back-to-back calls), with the fused kernel's
+    TB/s and fraction of the copy roofline added (:func:`tts_fused_name`: the cuda kernel where measured)."""
+    f = tts_fused_name(rows)
+    header = ["shape", "batch", "rows", "eager us", "torch.compile us", "triton us", f"{f} us",
+              f"compile / {f}", f"triton / {f}", f"{f} TB/s", "% copy"]
     lines = []
     meta = {r["case"]: r for r in rows if r.get("op") == TTS}
     for cid, cr in _by_case(rows, TTS).items():
         m = meta[cid]
-        t = {k: cr.get(k, {}).get("per_call_us") for k in ("eager", "compile", "triton", "cuda")}
+        t = {k: cr.get(k, {}).get("per_call_us") for k in ("eager", "compile", "triton", f)}
         lines.append([m["shape"], str(m["batch"]), str(m["rows"]), _f(t["eager"]), _f(t["compile"]),
-                      _f(t["triton"]), _f(t["cuda"]), _ratio(t["compile"], t["cuda"]),
-                      _ratio(t["triton"], t["cuda"]), _cell(cr.get("cuda", {}), "tbps", 3),
-                      _cell(cr.get("cuda", {}), "frac_copy", 0, 100)])
-    return _table(header, lines) + _l2_note(cr.get("cuda", {}) for cr in _by_case(rows, TTS).values())
+                      _f(t["triton"]), _f(t[f]), _ratio(t["compile"], t[f]),
+                      _ratio(t["triton"], t[f]), _cell(cr.get(f, {}), "tbps", 3),
+                      _cell(cr.get(f, {}), "frac_copy", 0, 100)])
+    return _table(header, lines) + _l2_note(cr.get(f, {}) for cr in _by_case(rows, TTS).values())
+
+
+def time_basis(rows: list[dict], gpu: bool, short: bool = False) -> str:
+    """What the ok ``rows``' times (and so their TB/s) are: device time from graph replay, or per call where a
+    row has no device time (``--no-graph``, or a failed capture), said per contender (``short``: for a plot
+    axis)."""
+    if not gpu:
+        return "per call, wall clock"
+    ok = [r for r in rows if r.get("status") == "ok"]
+    per_call = sorted({r["contender"] for r in ok if r.get("tbps_basis") != "device_us"})
+    if not per_call:
+        return "device time (CUDA-graph replay)" if short else "device time from CUDA-graph replay"
+    if len(per_call) == len({r["contender"] for r in ok}):
+        return "per call (CUDA events)" if short else \
+            "per call (CUDA events around back-to-back calls, host overhead included): no graph replay"
+    if short:
+        return "device time, per call where not replayed"
+    return ("device time from CUDA-graph replay, except per call (host overhead included) for rows of "
+            + ", ".join(per_call))
 
 
 def fused_row(case_rows: dict) -> tuple[Optional[str], dict]:
@@ -268,14 +299,14 @@ def markdown(results: dict) -> str:
                        "nothing about GPU kernels.")]
     text = "\n".join(lines) + "\n"
     if any(r.get("op") == TTS for r in rows):
-        basis = "device time" if gpu else "per-call time"
+        f = tts_fused_name(rows)
+        basis = time_basis([r for r in rows if r.get("op") == TTS and r["contender"] == f], gpu)
         text += ("\n## qwen3_tts_rope (seed columns: per call, host overhead included; TB/s and % copy of "
-                 f"the cuda kernel from {basis})\n\n" + tts_seed_table(rows))
+                 f"{f} from {basis})\n\n" + tts_seed_table(rows))
         text += "\n### every contender\n\n" + contender_tables(rows, TTS)
     if any(r.get("op") == QUANT for r in rows):
-        text += ("\n## inverse_rope_group_quant (seed columns; times are " +
-                 ("device time from CUDA-graph replay" if gpu else "per call, wall clock") + ")\n\n"
-                 + quant_seed_tables(rows))
+        text += ("\n## inverse_rope_group_quant (seed columns; times are "
+                 + time_basis([r for r in rows if r.get("op") == QUANT], gpu) + ")\n\n" + quant_seed_tables(rows))
         text += "\n### every contender\n\n" + contender_tables(rows, QUANT)
     return text
 
@@ -313,7 +344,7 @@ def plot(results: dict, out_dir) -> list[Path]:
             ax_b.plot(x, [p[2] for p in pts], marker="o", label=contender)
         if copy_tbps:
             ax_b.axhline(copy_tbps, color="gray", linestyle="--", label=f"copy {copy_tbps:.2f} TB/s")
-        basis = "device time (CUDA-graph replay)" if m.get("gpu") else "per call, wall clock"
+        basis = time_basis(ok, bool(m.get("gpu")), short=True)
         ax_t.set(xscale="log", yscale="log", xlabel="bytes moved per call (MB)",
                  ylabel=f"us per call, {basis}", title=f"{name}: time")
         ax_b.set(xscale="log", xlabel="bytes moved per call (MB)", ylabel="TB/s (bytes read + written)",

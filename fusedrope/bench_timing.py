@@ -88,6 +88,26 @@ def time_per_call_us(call: Callable[[int], object], n: int, device: torch.device
     return statistics.median(samples)
 
 
+def _capture(graph, call: Callable[[int], object], n: int) -> None:
+    """Capture ``n`` calls into ``graph``. On failure the caller's stream is restored (torch's context manager
+    skips that when ending the capture raises, leaving later work on the dead capture stream) and the call's own
+    error is raised, not the capture's "operation failed due to a previous error during capture"."""
+    prev, first = torch.cuda.current_stream(), []
+    try:
+        with torch.cuda.graph(graph):
+            try:
+                for i in range(n):
+                    call(i)
+            except BaseException as e:
+                first.append(e)
+                raise
+    except BaseException as e:
+        torch.cuda.set_stream(prev)
+        if first and first[0] is not e:
+            raise first[0] from e
+        raise
+
+
 def time_graph_us(call: Callable[[int], object], n: int, reps: int = 5) -> float:
     """(b) Device time per call from CUDA-graph replay. GPU only.
 
@@ -113,14 +133,13 @@ def time_graph_us(call: Callable[[int], object], n: int, reps: int = 5) -> float
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(n):
-            call(i)
+    _capture(graph, call, n)
     graph.replay()
     torch.cuda.synchronize()
     samples = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()  # untimed: the GPU is busy when `start` fires, so the launch latency is not timed
         start.record()
         graph.replay()
         end.record()

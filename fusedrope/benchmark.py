@@ -764,7 +764,8 @@ def default_out_dir(device: torch.device, matrix: str) -> Path:
 
 
 def cli(args, command: str) -> int:
-    """``python -m fusedrope bench``: run, write the files, print the tables. Exit 1 if a contender failed."""
+    """``python -m fusedrope bench``: run, write the files, print the tables. Exit 1 if a contender failed
+    (or its graph capture did)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     matrix = "quick" if args.quick else "seed"
     if device.type == "cpu" and matrix == "seed" and not args.full:
@@ -798,7 +799,7 @@ def cli(args, command: str) -> int:
     print()
     print(markdown(results))
     print("files:", *results["files"], sep="\n  ")
-    errors = [r for r in results["rows"] if r.get("status") == "error"]
-    for r in errors:
-        print(f"ERROR {r['op']} {r['case']} {r['contender']}: {r['reason']}")
+    errors = [r for r in results["rows"] if r.get("status") == "error" or r.get("device_error")]
+    for r in errors:  # a failed graph capture leaves the row's per-call time, but no device time: an error too
+        print(f"ERROR {r['op']} {r['case']} {r['contender']}: {r.get('device_error') or r['reason']}")
     return 1 if errors else 0

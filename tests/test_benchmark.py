@@ -24,8 +24,14 @@ from conftest import DEVICE
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
-TTS_SEED_COLUMNS = ("| shape | batch | rows | eager us | torch.compile us | triton us | cuda us | "
-                    "compile / cuda | triton / cuda | cuda TB/s | % copy |")
+
+
+def tts_seed_columns(fused="cuda"):
+    return (f"| shape | batch | rows | eager us | torch.compile us | triton us | {fused} us | compile / {fused} | "
+            f"triton / {fused} | {fused} TB/s | % copy |")
+
+
+TTS_SEED_COLUMNS = tts_seed_columns()
 QUANT_SEED_COLUMNS = "| S | fused us | fused TB/s | unfused us | unfused TB/s | speedup | % copy |"
 GROUP_COLUMNS = "| S | group | fused us | fused TB/s | unfused us | unfused TB/s | speedup | % copy |"
 
@@ -66,7 +72,8 @@ def test_cli_bench_on_cpu_writes_every_file(tmp_path, capsys):
     assert compile_row["reason"] == "torch.compile disabled (--no-compile)"
 
     md = (out / "results.md").read_text()
-    assert TTS_SEED_COLUMNS in md and QUANT_SEED_COLUMNS in md and B.CPU_LABEL in md
+    # no cuda kernel here: op 1's fused column is the backend auto picks, as op 2's is
+    assert tts_seed_columns("triton") in md and QUANT_SEED_COLUMNS in md and B.CPU_LABEL in md
     assert "| small_tts | 1 | 96 |" in md and "fused = triton" in md
     assert md in printed  # the tables are printed too
     pngs = sorted(p.name for p in out.glob("*.png"))
@@ -226,6 +233,12 @@ def test_pytest_benchmark_suite_runs_and_skips_with_reasons():
     assert "unfused: CPU interpreter timings are not meaningful" in out
     assert "cuda: cuda backend unavailable" in out
     assert "4 passed" in out  # eager + reference, for each op
+    # --benchmark-disable (a smoke run of the suite) runs each call once and times nothing: no crash
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "bench/test_bench_tts_rope.py", "--benchmark-disable", "-q",
+         "-p", "no:cacheprovider", "-k", "small_tts-B1 and eager"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
 
 
 def test_provenance_without_a_git_checkout(monkeypatch):
@@ -328,3 +341,69 @@ def test_rotated_inputs_outgrow_the_last_cache(monkeypatch, name, arch, hip, l2,
     assert B.num_sets(2**20, gpu) == 3 * cache // 2**20
     meta = B.machine_info(gpu)
     assert meta["l2_bytes"] == l2 and meta["rotate_cache_bytes"] == cache
+
+
+def test_time_basis_says_where_rows_fell_back_to_per_call():
+    rows = [_row("cuda", per_call_us=6.0, device_us=2.0, tbps_basis="device_us"),
+            _row("eager", per_call_us=60.0, tbps_basis="per_call_us")]
+    assert report.time_basis(rows[:1], gpu=True) == "device time from CUDA-graph replay"
+    assert report.time_basis(rows, gpu=True).endswith("except per call (host overhead included) for rows of eager")
+    assert report.time_basis(rows[1:], gpu=True).startswith("per call (CUDA events")
+    assert report.time_basis(rows, gpu=False) == "per call, wall clock"
+    assert report.time_basis(rows, gpu=True, short=True) == "device time, per call where not replayed"
+
+
+def test_tts_seed_table_uses_the_backend_that_ran_where_cuda_did_not():
+    """On ROCm (no hand-written op-1 kernel) the fused column is the backend auto picks, not an empty cuda one."""
+    rows = [_row("eager", per_call_us=66.0, auto_backend="triton"),
+            _row("compile", per_call_us=30.0, auto_backend="triton"),
+            _row("cuda", status="skipped", reason="no CUDA", auto_backend="triton"),
+            _row("triton", per_call_us=20.0, tbps=0.05, frac_copy=0.01, auto_backend="triton")]
+    table = report.tts_seed_table(rows)
+    assert table.splitlines()[0] == tts_seed_columns("triton")
+    assert table.splitlines()[2].startswith("| qwen3_tts | 1 | 384 | 66.00 | 30.00 | 20.00 | 20.00 | 1.50x |")
+    rows[2].update(status="ok", per_call_us=6.0)
+    assert report.tts_seed_table(rows).splitlines()[0] == TTS_SEED_COLUMNS  # cuda wherever it was measured
+
+
+def test_a_failed_graph_capture_raises_the_calls_error_and_restores_the_stream(monkeypatch):
+    """torch's graph context ends the capture before restoring the stream; when ending raises (as it does after
+    an error inside the capture) the stream stays the capture's, and its error hides the call's."""
+    import contextlib
+
+    from fusedrope import bench_timing
+
+    stream = {"now": "caller"}
+
+    @contextlib.contextmanager
+    def graph(g):
+        stream["now"] = "capture"
+        yield
+        stream["now"] = "caller"
+
+    def ending_raises(g):
+        cm = graph(g)
+
+        class Ctx:
+            def __enter__(self):
+                return cm.__enter__()
+
+            def __exit__(self, *exc):
+                if exc[0] is not None:
+                    raise RuntimeError("operation failed due to a previous error during capture")
+                return cm.__exit__(*exc)
+        return Ctx()
+
+    monkeypatch.setattr(torch.cuda, "graph", ending_raises)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream["now"])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: stream.update(now=s))
+
+    def call(i):
+        raise ValueError("a host sync inside the capture")
+
+    with pytest.raises(ValueError, match="host sync"):
+        bench_timing._capture(object(), call, 3)
+    assert stream["now"] == "caller"
+    calls = []
+    bench_timing._capture(object(), calls.append, 3)  # a good capture: every call, stream left as it was
+    assert calls == [0, 1, 2] and stream["now"] == "caller"
