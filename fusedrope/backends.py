@@ -44,8 +44,9 @@ def gpu_arch(device: torch.device) -> str:
     return f"sm_{props.major}{props.minor}"
 
 
-# The fp8 format each GPU converts to in hardware: float8_e4m3fnuz on gfx942 (MI300), OCP float8_e4m3fn on gfx950
-# (MI350/MI355) and NVIDIA; every other device gets e4m3fn, the ops' default.
+# The fp8 format the ops should write on each GPU, the one its FP8 GEMMs read: float8_e4m3fnuz on gfx942 (MI300),
+# OCP float8_e4m3fn on gfx950 (MI350/MI355) and NVIDIA (converted in hardware from sm_89 on); every other device
+# gets e4m3fn, the ops' default.
 NATIVE_FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 
 

@@ -118,7 +118,8 @@ def time_graph_us(call: Callable[[int], object], n: int, reps: int = 5) -> float
     n : int
         Calls captured in the graph (after warm-up calls on a side stream).
     reps : int, default 5
-        Timed replays (after one untimed); the median is returned.
+        Timed replays, each right after an untimed one (so the GPU is busy when timing starts); the median
+        is returned.
 
     Returns
     -------

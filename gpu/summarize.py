@@ -72,10 +72,12 @@ def main(argv=None) -> int:
     print(f"inverse_rope_q  exit {args.quant_rc}: {quant_line(quant)}")
     warn = "" if len(files) <= MAX_FILES else f"  MORE THAN {MAX_FILES}: some will not come back"
     print(f"files under $OUT: {len(files)} ({', '.join(files)}){warn}")
-    print("\n## qwen3_tts_rope (per call us, CUDA events around back-to-back calls; TB/s from device time)\n")
-    print(report.tts_seed_table(tts.get("rows", [])))
+    gpu, tts_rows = bool(meta.get("gpu")), tts.get("rows", [])
+    fused = [r for r in tts_rows if r.get("contender") == report.tts_fused_name(tts_rows)]
+    print(f"\n## qwen3_tts_rope (per call us, host overhead included; TB/s from {report.time_basis(fused, gpu)})\n")
+    print(report.tts_seed_table(tts_rows))
     quant_rows = quant.get("sections", {}).get("bench", {}).get("rows", [])
-    print("## inverse_rope_group_quant, row-major scale (device us from CUDA-graph replay)\n")
+    print(f"## inverse_rope_group_quant, row-major scale (times: {report.time_basis(quant_rows, gpu)})\n")
     print(report.quant_seed_tables([r for r in quant_rows if not r.get("transpose_scale")]))
     print("## the speed targets of issues #4 and #5\n")
     points = [(QuantCase(S, H, G, quant_group_size=q), col) for _, _, H, G, S, q, col in bench_configs()]

@@ -1,4 +1,4 @@
-"""The Triton kernels compile ahead of time for sm_90, gfx942 and gfx950 (no GPU needed), the quant kernel in
+"""The Triton kernels compile ahead of time for sm_90, sm_80, gfx942 and gfx950 (no GPU needed), the quant kernel in
 both fp8 formats, and their o / q / k / fp8 accesses are 16 bytes wide with no local memory or scratch: the
 performance intent, checked on CPU."""
 
