@@ -94,3 +94,34 @@ def test_quant_targets_judge_every_planned_point():
     assert verdict(T.quant_targets(rows_for([2.0, 1.5, 1.2], frac=0.7), points), "copy").ok is False
     assert verdict(T.quant_targets(rows_for([2.0, 1.5]), points), "every").ok is None  # a point not measured
     assert "| MISSED |" in T.markdown(T.quant_targets(rows_for([2.0, 1.5, 0.9]), points))
+
+
+def test_summary_prints_seed_tables_and_targets_from_the_result_files(tmp_path, capsys):
+    """gpu/summarize.py (what run_all.sh prints last) reads both scripts' results.json and judges the targets;
+    more than the 8 files the device tool brings back fails it."""
+    import json
+
+    import summarize
+
+    wide = next(c for c in TTS_CASES if c.id == "wide_heads-B32")
+    r = measured(B.TTS, wide, ("cuda", "compile"))
+    meta = {**B.machine_info(CPU), "gpu": "NVIDIA H200"}
+    tts = {"meta": meta, "copy": {"tbps": COPY_TBPS}, "checks": [{"section": "s", "name": "n", "ok": True}],
+           "sections": {}, "rows": [timed(r["cuda"], 40.0, at_frac(wide, 0.8)), timed(r["compile"], 200.0)]}
+    case = QuantCase(8, 16, 2)  # one of the op-2 bench's planned points
+    q = measured(B.QUANT, case, ("cuda", "unfused"))
+    quant = {"meta": meta, "sections": {"bench": {"ok": True, "rows": [timed(q["cuda"], device_us=3.0),
+                                                                      timed(q["unfused"], device_us=9.0)]}}}
+    for sub, res in (("tts", tts), ("quant", quant)):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "results.json").write_text(json.dumps(res))
+    assert summarize.main([str(tmp_path), "--build-rc", "0", "--tts-rc", "0", "--quant-rc", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "| #4 wide_heads-B32 device time at >= 75% of the copy | met |" in out
+    assert "| #4 per call >= 4.5x faster than compile, every case | not measured |" in out  # 1 of 18 cases
+    assert "| #5 cuda >= 1.9x the unfused baseline for S <= 32 | not measured | worst S8-H16-G2" in out
+    assert "1/6 points measured" in out
+    assert "TB/s from device time from CUDA-graph replay" in out and "fused = cuda" in out
+    for i in range(7):
+        (tmp_path / f"extra{i}.txt").write_text("x")
+    assert summarize.main([str(tmp_path)]) == 1
