@@ -10,7 +10,7 @@
 # Files under $OUT (the device tool brings back 8 at most, 2 folders down; summarize.py counts them):
 #   log.txt  tts/results.json tts/bench.csv tts/bench.md tts/sanitizer.log
 #            quant/results.json quant/bench.csv quant/bench.md
-# Exit status: 0 only if the build and both scripts passed.
+# Exit status: 0 only if the build and both scripts passed and no more than 8 files are under $OUT.
 #
 # Knobs (environment): TOTAL_S, QUANT_S (seconds kept for the op-2 script, default 160), BUILD_TIMEOUT_S (200),
 # TTS_ARGS / QUANT_ARGS (extra arguments, e.g. TTS_ARGS="--no-compile"), PYTHON (python3), FUSEDROPE_GIT_COMMIT
