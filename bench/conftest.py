@@ -68,11 +68,10 @@ def run_contender(benchmark, copy_tbps, contenders_here):
         info = {"contender": name, "what": contender.what, "n_sets": len(sets), "bytes_moved": moved,
                 "device": DEVICE.type, "copy_tbps": copy_tbps}
         if DEVICE.type == "cuda":
-            graph_calls = min(len(sets), B.GRAPH_CAP_MANY_KERNELS) if contender.many_kernels else len(sets)
-            info.update(device_us=timing.time_graph_us(call, graph_calls), graph_calls=graph_calls,
-                        # as in the CLI's rows: replayed inputs that fit in the last cache are cache hits
-                        graph_l2_resident=graph_calls * B.input_bytes(op, case) < B.cache_bytes(DEVICE),
-                        rotated_over_l2=round(len(sets) * B.input_bytes(op, case) / B.cache_bytes(DEVICE), 2))
+            set_bytes = B.input_bytes(op, case)
+            replay = B.replay_fields(contender, len(sets), set_bytes, DEVICE)  # as in the CLI's rows
+            info.update(device_us=timing.time_graph_us(call, replay["graph_calls"]), **replay,
+                        rotated_over_l2=round(len(sets) * set_bytes / B.cache_bytes(DEVICE), 2))
         iterations = timing.calls_per_sample(call, len(sets), DEVICE)
         counter = itertools.count()
         benchmark.pedantic(lambda: call(next(counter)), rounds=5 if DEVICE.type == "cuda" else 10,

@@ -151,14 +151,15 @@ def tts_seed_table(rows: list[dict]) -> str:
               f"compile / {f}", f"triton / {f}", f"{f} TB/s", "% copy"]
     lines = []
     meta = {r["case"]: r for r in rows if r.get("op") == TTS}
-    for cid, cr in _by_case(rows, TTS).items():
+    by_case = _by_case(rows, TTS)
+    for cid, cr in by_case.items():
         m = meta[cid]
         t = {k: cr.get(k, {}).get("per_call_us") for k in ("eager", "compile", "triton", f)}
         lines.append([m["shape"], str(m["batch"]), str(m["rows"]), _f(t["eager"]), _f(t["compile"]),
                       _f(t["triton"]), _f(t[f]), _ratio(t["compile"], t[f]),
                       _ratio(t["triton"], t[f]), _cell(cr.get(f, {}), "tbps", 3),
                       _cell(cr.get(f, {}), "frac_copy", 0, 100)])
-    return _table(header, lines) + _l2_note(cr.get(f, {}) for cr in _by_case(rows, TTS).values())
+    return _table(header, lines) + _l2_note(cr.get(f, {}) for cr in by_case.values())
 
 
 def time_basis(rows: list[dict], gpu: bool, short: bool = False) -> str:

@@ -191,6 +191,14 @@ def cache_bytes(device: torch.device) -> int:
     return max([l2_bytes(device)] + [size for prefix, size in LAST_LEVEL_CACHE_BYTES if arch.startswith(prefix)])
 
 
+def replay_fields(contender, n: int, set_bytes: int, device: torch.device) -> dict:
+    """``graph_calls``: how many of ``n`` rotating calls a CUDA graph of ``contender`` captures (fewer for one
+    that launches many kernels per call); ``graph_l2_resident``: whether their inputs fit in the last cache (so a
+    replay times cache hits)."""
+    calls = min(n, GRAPH_CAP_MANY_KERNELS) if contender.many_kernels else n
+    return {"graph_calls": calls, "graph_l2_resident": calls * set_bytes < cache_bytes(device)}
+
+
 def input_bytes(op: str, case) -> int:
     """Bytes of one input set (outputs not counted): q, k, cos, sin; or o and its positions."""
     if op == TTS:
@@ -550,11 +558,10 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
             _recover(device)
             continue
         if graph and device.type == "cuda":
-            ng = min(n, GRAPH_CAP_MANY_KERNELS) if c.many_kernels else n
+            replay = replay_fields(c, n, set_bytes, device)
             try:
-                row["device_us"] = round(time_graph_us(call, ng, reps), 3)
-                row["graph_calls"] = ng
-                row["graph_l2_resident"] = ng * set_bytes < cache_bytes(device)
+                row["device_us"] = round(time_graph_us(call, replay["graph_calls"], reps), 3)
+                row.update(replay)
             except Exception as e:  # noqa: BLE001
                 row["device_error"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
                 _recover(device)

@@ -407,3 +407,14 @@ def test_a_failed_graph_capture_raises_the_calls_error_and_restores_the_stream(m
     calls = []
     bench_timing._capture(object(), calls.append, 3)  # a good capture: every call, stream left as it was
     assert calls == [0, 1, 2] and stream["now"] == "caller"
+
+
+def test_replay_fields_cap_many_kernel_contenders_and_flag_cache_hits(monkeypatch):
+    """What both the CLI's rows and the pytest suite record of a graph replay (GPU-only code, so faked here)."""
+    monkeypatch.setattr(B, "cache_bytes", lambda device: 1_000_000)
+    one = B.Contender("cuda", B.TTS, "one kernel", None)
+    many = B.Contender("eager", B.TTS, "many kernels", None, many_kernels=True)
+    cap = B.GRAPH_CAP_MANY_KERNELS
+    assert B.replay_fields(one, 2 * cap, 1000, CPU) == {"graph_calls": 2 * cap, "graph_l2_resident": True}
+    assert B.replay_fields(one, 2000, 1000, CPU) == {"graph_calls": 2000, "graph_l2_resident": False}
+    assert B.replay_fields(many, 2000, 1000, CPU) == {"graph_calls": cap, "graph_l2_resident": True}
