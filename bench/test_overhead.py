@@ -2,8 +2,9 @@
 
     pytest bench/test_overhead.py --benchmark-only --benchmark-group-by=group
 
-``public`` calls ``fusedrope.qwen3_tts_rope``; ``direct`` calls the same backend function on outputs
-allocated the same way; ``validate+select`` is the difference the public API adds (target: < 3 us).
+``public`` calls ``fusedrope.qwen3_tts_rope`` (also ``inplace`` into views of one fused qkv buffer);
+``direct`` calls the same backend function on outputs allocated the same way; ``validate+select`` is the
+difference the public API adds (target: < 3 us).
 A no-op backend isolates the host path from any kernel time.
 """
 
@@ -46,6 +47,16 @@ def test_public_call_auto(benchmark, tiny, noop_reference, monkeypatch):
     monkeypatch.setenv(fusedrope.ENV_BACKEND, "reference")
     q, k, cos, sin = tiny
     benchmark(lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin))
+
+
+def test_public_call_inplace_fused_qkv(benchmark, noop_reference):
+    """In place into q and k heads of one fused projection buffer, the engine layout: the overlap check
+    compares their layouts (cached), since they share a storage."""
+    qkv = torch.randn(1, 1, 4, 8, dtype=torch.bfloat16)
+    q, k = qkv[:, :, :2].transpose(1, 2), qkv[:, :, 2:3].transpose(1, 2)
+    cos, sin = torch.randn(1, 1, 8, dtype=torch.bfloat16), torch.randn(1, 1, 8, dtype=torch.bfloat16)
+    with torch.no_grad():
+        benchmark(lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True, backend="reference"))
 
 
 def test_direct_backend_call(benchmark, tiny, noop_reference):

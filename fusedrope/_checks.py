@@ -7,6 +7,8 @@ The ops run a cheap all-good test first and only come here to build the message.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -76,7 +78,7 @@ def needs_grad(*tensors) -> bool:
 
 def has_no_data(t: torch.Tensor) -> bool:
     """A meta or fake tensor (tracing, torch.compile): no values to read, and a data_ptr() that means nothing."""
-    return t.is_meta or isinstance(t, torch._subclasses.FakeTensor)
+    return t.is_meta or (type(t) is not torch.Tensor and isinstance(t, torch._subclasses.FakeTensor))
 
 
 def check_writable_no_overlap(op: str, name: str, t: torch.Tensor) -> None:
@@ -84,3 +86,67 @@ def check_writable_no_overlap(op: str, name: str, t: torch.Tensor) -> None:
     for size, stride in zip(t.shape, t.stride()):
         if size > 1 and stride == 0:
             fail(op, name, "a writable tensor without broadcast (stride-0) dimensions", f"strides {tuple(t.stride())}")
+
+
+def _strides_down(shape, strides) -> tuple:
+    """``(stride, size)`` of the dims that address more than one element, largest stride first."""
+    return tuple(sorted(((st, n) for n, st in zip(shape, strides) if n > 1 and st), reverse=True))
+
+
+def _has_byte(dims: tuple, size: int, nbytes_to_last: int, x: int) -> bool:
+    """Byte ``x`` (from the tensor's first byte) belongs to one of its elements. Exact for every layout whose
+    strides nest (each larger than the reach of the smaller ones: any slice of a dense tensor, e.g.), where
+    taking the largest index first is the only choice; elsewhere it may say False, never wrongly True."""
+    if x < 0 or x > nbytes_to_last + size - 1:
+        return False
+    slot = x // size
+    for st, n in dims:
+        slot -= min(slot // st, n - 1) * st
+    return slot == 0
+
+
+@functools.lru_cache(maxsize=1024)
+def _layouts_share(a_shape, a_strides, a_size, b_shape, b_strides, b_size, delta) -> bool:
+    """:func:`shares_memory` on layouts, ``b`` starting ``delta`` bytes after ``a`` (cached: an engine calls
+    with the same few layouts every step)."""
+    if 0 in a_shape or 0 in b_shape:
+        return False
+    a_dims, b_dims = _strides_down(a_shape, a_strides), _strides_down(b_shape, b_strides)
+    a_last = sum((n - 1) * st for st, n in a_dims) * a_size  # bytes from the first element to the last one
+    b_last = sum((n - 1) * st for st, n in b_dims) * b_size
+    if delta > a_last + a_size - 1 or -delta > b_last + b_size - 1:
+        return False  # byte ranges apart
+    # Each one's first and last byte, looked for in the other.
+    return (delta == 0 or _has_byte(a_dims, a_size, a_last, delta)
+            or _has_byte(a_dims, a_size, a_last, delta + b_last + b_size - 1)
+            or _has_byte(b_dims, b_size, b_last, -delta)
+            or _has_byte(b_dims, b_size, b_last, a_last + a_size - 1 - delta))
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` certainly have an element in common; False when they do not, and in the cases
+    this cheap test cannot tell (then the caller's to avoid, as with torch's own in-place ops).
+
+    Certain: both start at one address, or the first or last byte of one lies in an element of the other
+    (every overlap of two dense tensors, one view inside another, one straddling the other's end). Interleaved
+    views that share nothing, e.g. the q and k heads of one fused qkv projection, are told apart exactly."""
+    if has_no_data(a) or has_no_data(b):
+        return False
+    return _layouts_share(a.shape, a.stride(), a.element_size(), b.shape, b.stride(), b.element_size(),
+                          b.data_ptr() - a.data_ptr())
+
+
+def check_apart(op: str, writes: dict, reads: dict, why: str = "") -> None:
+    """Each tensor in ``writes`` (name -> tensor the op writes) shares no element with a later one or with any
+    in ``reads``, as far as :func:`shares_memory` can tell. Tensors of different storages are apart (torch's
+    own overlap checks assume so too); that test comes first, so separate allocations cost about 0.1 us each."""
+    tensors = (*writes.values(), *reads.values())
+    if has_no_data(tensors[0]):
+        return
+    storages = [t.untyped_storage().data_ptr() for t in tensors]
+    for i, name in enumerate(writes):
+        t, storage = tensors[i], storages[i]
+        for j in range(i + 1, len(tensors)):
+            if storages[j] == storage and (tensors[j] is t or shares_memory(t, tensors[j])):
+                other = [*writes, *reads][j]
+                fail(op, name, f"memory apart from '{other}'{why}", f"a tensor sharing elements with '{other}'")

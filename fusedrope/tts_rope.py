@@ -78,8 +78,7 @@ def _check_inplace(q, k) -> None:
     if 0 in q.stride() or 0 in k.stride():
         C.check_writable_no_overlap(OP, "q", q)
         C.check_writable_no_overlap(OP, "k", k)
-    if q is k or (not C.has_no_data(q) and q.data_ptr() == k.data_ptr() and q.numel() and k.numel()):
-        C.fail(OP, "k", "memory apart from q's for inplace=True", "a tensor starting at q's first element")
+    C.check_apart(OP, {"k": k}, {"q": q}, " for inplace=True")
     _refuse_inplace_grad(q, k)
     if not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
         raise RuntimeError(f"{OP}: inplace=True on an inference tensor outside torch.inference_mode(), which "

@@ -266,7 +266,7 @@ def test_out_op_requires_both_buffers():
 
 def test_inplace_into_itself_or_with_autograd():
     q, k, cos, sin = tts_inputs()
-    with pytest.raises(ValueError, match="argument 'k' expected memory apart from q's for inplace=True"):
+    with pytest.raises(ValueError, match="argument 'k' expected memory apart from 'q' for inplace=True"):
         fusedrope.qwen3_tts_rope(q, q, cos, sin, inplace=True, backend="reference")
     leaf = q.clone().requires_grad_()
     with pytest.raises(RuntimeError, match="inplace=True has no autograd formula, and 'q' or 'k' requires grad"):
