@@ -336,7 +336,8 @@ def assert_ulp_close(actual: torch.Tensor, expected: torch.Tensor, max_ulp: int 
 
 
 def assert_tts_rope_close(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                          cos: torch.Tensor, sin: torch.Tensor, what: str = "") -> None:
+                          cos: torch.Tensor, sin: torch.Tensor, what: str = "",
+                          oracle: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """The accuracy contract of ``qwen3_tts_rope``, against the fp64 oracle of the inputs.
 
     bf16 / fp16: within 1 ulp of the oracle, and correctly rounded except for rare ties
@@ -351,6 +352,8 @@ def assert_tts_rope_close(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Ten
         The inputs as they were before the call (clone them first for ``inplace=True``).
     what : str, default ""
         Prefix of the failure message.
+    oracle : (torch.Tensor, torch.Tensor), optional
+        ``qwen3_tts_rope_oracle(q, k, cos, sin)`` when the caller has it already (it is computed otherwise).
 
     Raises
     ------
@@ -359,7 +362,7 @@ def assert_tts_rope_close(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Ten
     """
     from .reference import qwen3_tts_rope_oracle, rotate_half
 
-    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    q_ref, k_ref = oracle if oracle is not None else qwen3_tts_rope_oracle(q, k, cos, sin)
     for out, ref, x, name in ((q_out, q_ref, q, "q"), (k_out, k_ref, k, "k")):
         label = f"{what} {name}".strip()
         if out.dtype != x.dtype:

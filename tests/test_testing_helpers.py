@@ -229,6 +229,10 @@ def test_tts_contract_check_passes_the_oracle_and_fails_shared_halves(dtype):
     q_bad, k_bad = qwen3_tts_rope_oracle(q, k, shared, sin)
     with pytest.raises(AssertionError, match="^q .* elements are (more than 1 ulp away|off by more than two)"):
         assert_tts_rope_close(q_bad.to(dtype), k_bad.to(dtype), q, k, cos, sin)
+    # a precomputed oracle is the one compared against
+    assert_tts_rope_close(q_ref.to(dtype), k_ref.to(dtype), q, k, cos, sin, oracle=(q_ref, k_ref))
+    with pytest.raises(AssertionError, match="^q "):
+        assert_tts_rope_close(q_ref.to(dtype), k_ref.to(dtype), q, k, cos, sin, oracle=(q_bad, k_bad))
     other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
     with pytest.raises(AssertionError, match=f"^q dtype {other}, expected {dtype}"):  # measured in the wrong ulps
         assert_tts_rope_close(q_ref.to(other), k_ref.to(other), q, k, cos, sin)
