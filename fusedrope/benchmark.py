@@ -541,8 +541,9 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
         base["rotated_over_l2"] = round(n * set_bytes / cache_bytes(device), 2)
     if op == QUANT:
         base["transpose_scale"] = bool(sets[0][6])
-    rows = []
+    rows, call = [], None
     for c in contender_list:
+        call = None  # the last contender's call and its buffers go before the next one allocates its own
         row = {**base, "contender": c.name, "status": "ok", "reason": ""}
         rows.append(row)
         reason = c.case_reason(case, sets)
@@ -572,7 +573,7 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
         log(f"  {case.id:<28} {c.name:<10} per call {row['per_call_us']:>10.2f} us"
             + (f"   device {row['device_us']:>9.2f} us" if row.get("device_us") else "")
             + f"   {row['tbps']:.3f} TB/s")
-    del sets
+    del sets, call  # the caller's sets, if any, are the caller's; ours go now, before the empty_cache
     _recover(device)
     return rows
 

@@ -175,6 +175,24 @@ def test_measure_records_skips_and_errors():
     assert rows[0]["auto_backend"] in fusedrope.BACKENDS and rows[0]["n_sets"] == 2
 
 
+def test_measure_frees_each_contenders_buffers_before_the_next_makes_its_own():
+    """On a GPU a contender's buffers can be GBs: two contenders' at once could run out of memory."""
+    import weakref
+
+    alive = []
+
+    def make(case, sets):
+        held = torch.empty(4)
+        seen = [ref() is not None for ref in alive]
+        alive.append(weakref.ref(held))
+        assert not any(seen), "an earlier contender's buffers are still alive"
+        return lambda i: held.add_(0)
+
+    cl = [B.Contender(name, B.TTS, "holds a buffer", make) for name in ("first", "second")]
+    rows = B.measure(B.TTS, TTS_CASES[6], cl, CPU, reps=1)
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows
+
+
 def test_contenders_say_why_they_cannot_run_here():
     tts = {c.name: c for c in B.contenders(B.TTS, CPU)}
     quant = {c.name: c for c in B.contenders(B.QUANT, CPU)}
