@@ -132,6 +132,10 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     views that share nothing, e.g. the q and k heads of one fused qkv projection, are told apart exactly."""
     if has_no_data(a) or has_no_data(b):
         return False
+    return _share(a, b)
+
+
+def _share(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _layouts_share(a.shape, a.stride(), a.element_size(), b.shape, b.stride(), b.element_size(),
                           b.data_ptr() - a.data_ptr())
 
@@ -144,9 +148,12 @@ def check_apart(op: str, writes: dict, reads: dict, why: str = "") -> None:
     if has_no_data(tensors[0]):
         return
     storages = [t.untyped_storage().data_ptr() for t in tensors]
+    written = set(storages[:len(writes)])
+    if len(written) == len(writes) and written.isdisjoint(storages[len(writes):]):
+        return
     for i, name in enumerate(writes):
         t, storage = tensors[i], storages[i]
         for j in range(i + 1, len(tensors)):
-            if storages[j] == storage and (tensors[j] is t or shares_memory(t, tensors[j])):
+            if storages[j] == storage and (tensors[j] is t or _share(t, tensors[j])):
                 other = [*writes, *reads][j]
                 fail(op, name, f"memory apart from '{other}'{why}", f"a tensor sharing elements with '{other}'")
