@@ -31,8 +31,16 @@ def shape_str(shape) -> str:
 def check_tensor(op: str, name: str, t, ndim: int | None = None, layout: str = "") -> None:
     if not isinstance(t, torch.Tensor):
         fail(op, name, "a torch.Tensor", type(t).__name__, TypeError)
+    if t.layout != torch.strided:
+        fail(op, name, "a dense (strided) tensor", f"layout {t.layout}", TypeError)
     if ndim is not None and t.dim() != ndim:
         fail(op, name, f"a {ndim}-D tensor {layout}".rstrip(), f"{t.dim()}-D shape {shape_str(t.shape)}")
+
+
+def check_bool(op: str, name: str, v) -> None:
+    """A flag must be a bool: a truthy string such as "False" must not flip a layout or write in place."""
+    if v is not True and v is not False:
+        fail(op, name, "a bool", f"{type(v).__name__} {v!r}", TypeError)
 
 
 def check_dtype(op: str, name: str, t: torch.Tensor, allowed) -> None:

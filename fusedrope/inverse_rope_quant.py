@@ -54,7 +54,12 @@ def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_grou
     >>> fusedrope.quant_output_shapes(8, 16, 512, 2)
     ((8, 2, 4096), (8, 2, 32))
     """
-    dg, ks = _group_widths(num_heads * head_dim, num_groups, quant_group_size, scale_dtype)
+    who = "quant_output_shapes"
+    for name, v in (("num_tokens", num_tokens), ("num_heads", num_heads), ("head_dim", head_dim)):
+        if not _is_int(v) or v < 0:
+            C.fail(who, name, "a non-negative int", repr(v), ValueError if _is_int(v) else TypeError)
+    _, scale_dtype = _resolve_dtypes(None, None, None, scale_dtype, who)
+    dg, ks = _group_widths(num_heads * head_dim, num_groups, quant_group_size, scale_dtype, who)
     return _shapes(num_tokens, num_groups, dg, ks, scale_dtype)
 
 
@@ -67,19 +72,19 @@ def _is_int(v) -> bool:
     return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
 
 
-def _group_widths(row: int, num_groups, quant_group_size, scale_dtype=None) -> tuple[int, int]:
+def _group_widths(row: int, num_groups, quant_group_size, scale_dtype=None, op: str = OP) -> tuple[int, int]:
     """``(Dg, Ks)`` for a token row of ``row = H*head_dim`` elements, after checking the group arguments."""
     if not _is_int(num_groups) or num_groups < 1 or row % num_groups:
-        C.fail(OP, "num_groups", f"a positive int dividing H*head_dim={row}", repr(num_groups))
+        C.fail(op, "num_groups", f"a positive int dividing H*head_dim={row}", repr(num_groups))
     if not _is_int(quant_group_size) or quant_group_size not in QUANT_GROUP_SIZES:
-        C.fail(OP, "quant_group_size", f"one of {QUANT_GROUP_SIZES}", repr(quant_group_size))
+        C.fail(op, "quant_group_size", f"one of {QUANT_GROUP_SIZES}", repr(quant_group_size))
     dg = row // num_groups
     if dg % quant_group_size:
-        C.fail(OP, "quant_group_size", f"a divisor of the group width Dg=H*head_dim/num_groups={dg}",
+        C.fail(op, "quant_group_size", f"a divisor of the group width Dg=H*head_dim/num_groups={dg}",
                quant_group_size)
     ks = dg // quant_group_size
     if scale_dtype == PACKED_UE8M0 and ks % 4:
-        C.fail(OP, "scale_dtype", "int32 (packed UE8M0) only when the blocks per group "
+        C.fail(op, "scale_dtype", "int32 (packed UE8M0) only when the blocks per group "
                "Dg/quant_group_size are a multiple of 4", f"{dg}/{quant_group_size}={ks}")
     return dg, ks
 
@@ -88,7 +93,7 @@ def _show(v) -> str:
     return str(v) if isinstance(v, torch.dtype) else repr(v)
 
 
-def _resolve_dtype(arg: str, dtype, buffer_arg: str, buffer, default, allowed) -> torch.dtype:
+def _resolve_dtype(arg: str, dtype, buffer_arg: str, buffer, default, allowed, op: str = OP) -> torch.dtype:
     """``dtype``, else the buffer's, else ``default``; checked, naming the argument it came from."""
     if dtype is None and isinstance(buffer, torch.Tensor):
         arg, dtype = buffer_arg, buffer.dtype
@@ -96,15 +101,15 @@ def _resolve_dtype(arg: str, dtype, buffer_arg: str, buffer, default, allowed) -
     if dtype not in allowed:
         names = " or ".join(map(C.dtype_name, allowed))
         if arg == buffer_arg:
-            C.fail(OP, arg, f"dtype {names}", C.dtype_name(dtype), TypeError)
-        C.fail(OP, arg, names, _show(dtype), TypeError)
+            C.fail(op, arg, f"dtype {names}", C.dtype_name(dtype), TypeError)
+        C.fail(op, arg, names, _show(dtype), TypeError)
     return dtype
 
 
-def _resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype) -> tuple:
+def _resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype, op: str = OP) -> tuple:
     """The fp8 and scale dtypes: the arguments, else the buffers', else the defaults."""
-    return (_resolve_dtype("fp8_dtype", fp8_dtype, "x_fp8", x_fp8, torch.float8_e4m3fn, FP8_DTYPES),
-            _resolve_dtype("scale_dtype", scale_dtype, "x_scale", x_scale, torch.float8_e8m0fnu, SCALE_DTYPES))
+    return (_resolve_dtype("fp8_dtype", fp8_dtype, "x_fp8", x_fp8, torch.float8_e4m3fn, FP8_DTYPES, op),
+            _resolve_dtype("scale_dtype", scale_dtype, "x_scale", x_scale, torch.float8_e8m0fnu, SCALE_DTYPES, op))
 
 
 def scale_strides(shape: tuple, transpose_scale: bool, scale_dtype: Optional[torch.dtype] = None) -> tuple:
@@ -152,10 +157,12 @@ def empty_quant_outputs(o: torch.Tensor, num_groups: int, quant_group_size: int 
     >>> x.shape, s.shape, s.stride()
     (torch.Size([4, 2, 4096]), torch.Size([4, 2, 32]), (1, 128, 4))
     """
-    C.check_tensor(OP, "o", o, 3, "[S, H, head_dim]")
-    fp8_dtype, scale_dtype = _resolve_dtypes(None, None, fp8_dtype, scale_dtype)
+    who = "empty_quant_outputs"
+    C.check_tensor(who, "o", o, 3, "[S, H, head_dim]")
+    C.check_bool(who, "transpose_scale", transpose_scale)
+    fp8_dtype, scale_dtype = _resolve_dtypes(None, None, fp8_dtype, scale_dtype, who)
     S, H, D = o.shape
-    _group_widths(H * D, num_groups, quant_group_size, scale_dtype)
+    _group_widths(H * D, num_groups, quant_group_size, scale_dtype, who)
     return _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype)
 
 
@@ -219,6 +226,7 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
         dev, row = o.device, H * D
         ok = (
             type(num_groups) is int and type(quant_group_size) is int and num_groups > 0
+            and (transpose_scale is True or transpose_scale is False)
             and row % num_groups == 0 and quant_group_size in QUANT_GROUP_SIZES
             and (row // num_groups) % quant_group_size == 0
             and o.dtype in O_DTYPES and D % 2 == 0 and o.is_contiguous()
@@ -257,6 +265,7 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
                   x_fp8, x_scale, fp8_dtype, scale_dtype) -> tuple:
     """Every check, one at a time, each with its message (:func:`validate`'s slow path)."""
     C.check_tensor(OP, "o", o, 3, "[S, H, head_dim]")
+    C.check_bool(OP, "transpose_scale", transpose_scale)
     C.check_dtype(OP, "o", o, O_DTYPES)
     if not o.is_contiguous():
         C.fail(OP, "o", "a contiguous tensor", f"strides {tuple(o.stride())} for shape {C.shape_str(o.shape)}")
@@ -286,14 +295,18 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
     if x_fp8 is not None:
         C.check_tensor(OP, "x_fp8", x_fp8)
         C.check_shape(OP, "x_fp8", x_fp8, fp_shape)
-        C.check_dtype(OP, "x_fp8", x_fp8, (fp8_dtype,))
+        if x_fp8.dtype != fp8_dtype:  # the dtype came from the fp8_dtype argument, or it would be x_fp8's
+            C.fail(OP, "x_fp8", f"dtype {C.dtype_name(fp8_dtype)} (as fp8_dtype says)", C.dtype_name(x_fp8.dtype),
+                   TypeError)
         if not x_fp8.is_contiguous():
             C.fail(OP, "x_fp8", "a contiguous tensor", f"strides {tuple(x_fp8.stride())}")
         C.check_same_device(OP, "o", o, {"x_fp8": x_fp8})
     if x_scale is not None:
         C.check_tensor(OP, "x_scale", x_scale)
         C.check_shape(OP, "x_scale", x_scale, sc_shape)
-        C.check_dtype(OP, "x_scale", x_scale, (scale_dtype,))
+        if x_scale.dtype != scale_dtype:  # likewise from scale_dtype
+            C.fail(OP, "x_scale", f"dtype {C.dtype_name(scale_dtype)} (as scale_dtype says)",
+                   C.dtype_name(x_scale.dtype), TypeError)
         if buffer_scale_strides(x_scale, bool(transpose_scale), scale_dtype) is None:
             want = scale_strides(sc_shape, bool(transpose_scale), scale_dtype)
             if transpose_scale:
@@ -422,8 +435,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     Raises
     ------
     ValueError, TypeError
-        Bad shapes, strides, dtypes, devices or group arguments, and with ``FUSEDROPE_CHECK_POSITIONS=1``
-        out-of-range positions; the message names the argument.
+        Bad shapes, strides, dtypes, devices or group arguments, a ``transpose_scale`` that is not a bool, and
+        with ``FUSEDROPE_CHECK_POSITIONS=1`` out-of-range positions; the message names the argument.
     fusedrope.BackendUnavailableError
         An explicitly requested backend cannot run these inputs.
     RuntimeError

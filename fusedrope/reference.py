@@ -92,6 +92,11 @@ def qwen3_tts_rope_oracle(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
     (q_ref, k_ref) : tuple of torch.Tensor
         float64, ``[B, Hq, S, D]`` and ``[B, Hkv, S, D]``, contiguous.
 
+    Raises
+    ------
+    ValueError, TypeError
+        Shapes outside the op's contract, named as the op names them (no silent broadcasting).
+
     Examples
     --------
     >>> import fusedrope
@@ -104,6 +109,9 @@ def qwen3_tts_rope_oracle(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
     >>> q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin)
     >>> assert_ulp_close(q_out, q_ref, max_ulp=1); assert_ulp_close(k_out, k_ref, max_ulp=1)
     """
+    from .tts_rope import check_shapes
+
+    check_shapes(q, k, cos, sin, "qwen3_tts_rope_oracle")  # no silent broadcast of, e.g., a 2-D [S, D] cos
     return neox_rope(q, cos, sin, torch.float64), neox_rope(k, cos, sin, torch.float64)
 
 

@@ -96,6 +96,14 @@ TTS_BATCHES = (1, 8, 32)
 TTS_CASES = tuple(TtsCase(n, b, s, hq, hkv) for n, (s, hq, hkv) in TTS_SHAPES.items() for b in TTS_BATCHES)
 
 
+def _check_even(who: str, name: str, v) -> None:
+    """Rotations pair dims: an odd width would silently come back one narrower or wider."""
+    if type(v) is not int or v < 2 or v % 2:
+        from ._checks import fail
+
+        fail(who, name, "an even int >= 2", repr(v))
+
+
 def qwen3_tts_cos_sin(positions: torch.Tensor, head_dim: int = 128, theta: float = QWEN3_TTS_ROPE_THETA,
                       dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin as the Qwen3-TTS model builds them: ``emb = cat(freqs, freqs)`` in fp32, then cast.
@@ -114,6 +122,7 @@ def qwen3_tts_cos_sin(positions: torch.Tensor, head_dim: int = 128, theta: float
     (cos, sin) : tuple of torch.Tensor
         ``[B, S, head_dim]`` each, on ``positions``' device.
     """
+    _check_even("qwen3_tts_cos_sin", "head_dim", head_dim)
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
     freqs = positions.to(torch.float32)[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -359,9 +368,13 @@ def assert_tts_rope_close(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Ten
     ------
     AssertionError
         Naming the output, how many elements are off and the worst or first one.
+    ValueError, TypeError
+        Inputs outside the op's shape contract (e.g. a 2-D ``[S, D]`` cos, which would broadcast by head).
     """
     from .reference import qwen3_tts_rope_oracle, rotate_half
+    from .tts_rope import check_shapes
 
+    check_shapes(q, k, cos, sin, "assert_tts_rope_close")
     q_ref, k_ref = oracle if oracle is not None else qwen3_tts_rope_oracle(q, k, cos, sin)
     for out, ref, x, name in ((q_out, q_ref, q, "q"), (k_out, k_ref, k, "k")):
         label = f"{what} {name}".strip()
@@ -519,6 +532,7 @@ def deepseek_rope_cache(max_pos: int, rope_dim: int = 64, theta: float = 10000.0
     (cos_cache, sin_cache) : tuple of torch.Tensor
         ``[max_pos, rope_dim/2]`` each, row stride ``rope_dim``.
     """
+    _check_even("deepseek_rope_cache", "rope_dim", rope_dim)
     inv_freq = 1.0 / theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)
     freqs = torch.arange(max_pos, dtype=torch.float32)[:, None] * inv_freq
     cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype=dtype, device=device)

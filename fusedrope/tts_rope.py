@@ -15,20 +15,26 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 REGISTRY = registry(OP)
 
 
-def _diagnose(q, k, cos, sin, inplace) -> None:
-    """Raise the precise error for inputs that failed the fast test in ``validate``."""
-    C.check_tensor(OP, "q", q, 4, "[B, Hq, S, D]")
-    C.check_tensor(OP, "k", k, 4, "[B, Hkv, S, D]")
-    C.check_tensor(OP, "cos", cos, 3, "[B or 1, S, D]")
-    C.check_tensor(OP, "sin", sin, 3, "[B or 1, S, D]")
+def check_shapes(q, k, cos, sin, op: str = OP) -> None:
+    """The op's shape contract (also what the oracle and its checks demand): ``q [B, Hq, S, D]``,
+    ``k [B, Hkv, S, D]``, ``cos`` and ``sin [B or 1, S, D]``, ``D`` even."""
+    C.check_tensor(op, "q", q, 4, "[B, Hq, S, D]")
+    C.check_tensor(op, "k", k, 4, "[B, Hkv, S, D]")
+    C.check_tensor(op, "cos", cos, 3, "[B or 1, S, D]")
+    C.check_tensor(op, "sin", sin, 3, "[B or 1, S, D]")
     B, _, S, D = q.shape
     if D < 2 or D % 2:
-        C.fail(OP, "q", "an even head_dim D >= 2 (last dim)", f"D={D}")
-    C.check_shape(OP, "k", k, (B, None, S, D), ("B", "Hkv"))
+        C.fail(op, "q", "an even head_dim D >= 2 (last dim)", f"D={D}")
+    C.check_shape(op, "k", k, (B, None, S, D), ("B", "Hkv"))
     if cos.shape[0] not in (1, B):
-        C.fail(OP, "cos", f"shape [{B if B == 1 else f'{B} or 1'}, {S}, {D}]", C.shape_str(cos.shape))
-    C.check_shape(OP, "cos", cos, (cos.shape[0], S, D))
-    C.check_shape(OP, "sin", sin, tuple(cos.shape))
+        C.fail(op, "cos", f"shape [{B if B == 1 else f'{B} or 1'}, {S}, {D}]", C.shape_str(cos.shape))
+    C.check_shape(op, "cos", cos, (cos.shape[0], S, D))
+    C.check_shape(op, "sin", sin, tuple(cos.shape))
+
+
+def _diagnose(q, k, cos, sin, inplace) -> None:
+    """Raise the precise error for inputs that failed the fast test in ``validate``."""
+    check_shapes(q, k, cos, sin)
     C.check_dtype(OP, "q", q, DTYPES)
     C.check_same_dtype(OP, "q", q, {"k": k, "cos": cos, "sin": sin})
     C.check_same_device(OP, "q", q, {"k": k, "cos": cos, "sin": sin})
@@ -146,7 +152,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
     Raises
     ------
     ValueError, TypeError
-        Bad shapes, strides, dtypes or devices; the message names the argument.
+        Bad shapes, strides, dtypes or devices, or a flag that is not a bool; the message names the argument.
     fusedrope.BackendUnavailableError
         An explicitly requested backend cannot run these inputs.
     RuntimeError
@@ -163,6 +169,8 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
     >>> torch.equal(q_out, q)
     True
     """
+    if inplace is not False and inplace is not True:
+        C.check_bool(OP, "inplace", inplace)
     if torch.compiler.is_compiling():
         if inplace:
             _refuse_inplace_grad(q, k)  # as eager does in validate
@@ -178,6 +186,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
 
 
 def explain_args(q, k, cos, sin, *, inplace: bool = False, backend: str = "auto"):
+    C.check_bool(OP, "inplace", inplace)
     return validate(q, k, cos, sin, inplace), backend
 
 

@@ -64,6 +64,8 @@ TTS_CASES = {
                    "argument 'cos' expected a tensor on cpu (same device as 'q'), got a tensor on meta"),
     "sin device": (tts_bad(sin=lambda t: t.to("meta")), ValueError,
                    "argument 'sin' expected a tensor on cpu (same device as 'q'), got a tensor on meta"),
+    "cos sparse": (tts_bad(cos=lambda t: t.to_sparse()), TypeError,
+                   "argument 'cos' expected a dense (strided) tensor, got layout torch.sparse_coo"),
     "D=0": (tts_bad(q=torch.randn(2, 4, 3, 0).to(bf16), k=torch.randn(2, 2, 3, 0).to(bf16),
                     cos=torch.randn(2, 3, 0).to(bf16), sin=torch.randn(2, 3, 0).to(bf16)), ValueError,
             "argument 'q' expected an even head_dim D >= 2 (last dim), got D=0"),
@@ -95,6 +97,25 @@ def test_qwen3_tts_rope_inplace_into_broadcast_tensor(name, dim):
     with pytest.raises(ValueError, match=msg):  # the in-place torch op validates the same way
         torch.ops.fusedrope.qwen3_tts_rope_(args["q"], args["k"], args["cos"], args["sin"], "reference")
     assert torch.equal(args[name], before)  # refused before anything was written
+
+
+@pytest.mark.parametrize("flag", ["False", 0, np.bool_(False), None])
+def test_inplace_must_be_a_bool(flag):
+    """A truthy "False" must not write into q and k; eager, explain and the traced call agree."""
+    args = tts_bad()
+    before = args["q"].clone()
+    msg = f"^qwen3_tts_rope: argument 'inplace' expected a bool, got {type(flag).__name__} {re.escape(repr(flag))}$"
+    with pytest.raises(TypeError, match=msg):
+        fusedrope.qwen3_tts_rope(**args, inplace=flag, backend="reference")
+    with pytest.raises(TypeError, match=msg):
+        fusedrope.explain("qwen3_tts_rope", **args, inplace=flag)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, cos, sin: fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=flag), fullgraph=True,
+                       backend="eager")
+    with pytest.raises(Exception) as traced:  # Dynamo wraps it, or cannot trace repr() of a numpy scalar
+        fn(**args)
+    assert isinstance(flag, np.generic) or re.search(msg[1:-1], str(traced.value))
+    assert torch.equal(args["q"], before)
 
 
 def test_unknown_backend_and_env():
@@ -162,7 +183,7 @@ QUANT_CASES = {
     "x_fp8 shape": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 512, dtype=torch.float8_e4m3fn)), ValueError,
                     "argument 'x_fp8' expected shape [3, 2, 1024], got [3, 2, 512]"),
     "x_fp8 dtype": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 1024, dtype=torch.float8_e4m3fn), fp8_dtype=torch.float8_e4m3fnuz),
-                    TypeError, "argument 'x_fp8' expected dtype float8_e4m3fnuz, got float8_e4m3fn"),
+                    TypeError, "argument 'x_fp8' expected dtype float8_e4m3fnuz (as fp8_dtype says), got float8_e4m3fn"),
     "x_fp8 strided": (quant_bad(x_fp8=lambda a: torch.empty(3, 1024, 2, dtype=torch.float8_e4m3fn).transpose(1, 2)),
                       ValueError, "argument 'x_fp8' expected a contiguous tensor, got strides (2048, 1, 2)"),
     "x_scale shape": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 4, dtype=torch.float8_e8m0fnu)), ValueError,
@@ -188,7 +209,7 @@ QUANT_CASES = {
     "group size bool": (quant_bad(quant_group_size=True), ValueError,
                         "argument 'quant_group_size' expected one of (32, 64, 128, 256), got True"),
     "x_scale vs scale_dtype": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.uint8), scale_dtype=torch.float32),
-                               TypeError, "argument 'x_scale' expected dtype float32, got uint8"),
+                               TypeError, "argument 'x_scale' expected dtype float32 (as scale_dtype says), got uint8"),
     "x_scale layout": (quant_bad(x_scale=lambda a: _bufs(transpose_scale=True)(a)[1]), ValueError,
                        "argument 'x_scale' expected row-major contiguous strides (16, 8, 1) for transpose_scale=False, got strides (1, 24, 3)"),
     "x_scale layout T": (quant_bad(transpose_scale=True, x_scale=lambda a: _bufs()(a)[1]), ValueError,
@@ -212,6 +233,12 @@ QUANT_CASES = {
                      "argument 'x_fp8' expected a tensor on cpu (same device as 'o'), got a tensor on meta"),
     "sin last stride": (quant_bad(sin_cache=lambda a: a["sin_cache"].t().contiguous().t()), ValueError,
                         "argument 'sin_cache' expected a contiguous last dimension (stride 1), got strides (1, 64)"),
+    "transpose_scale not a bool": (quant_bad(transpose_scale="False"), TypeError,
+                                   "argument 'transpose_scale' expected a bool, got str 'False'"),
+    "transpose_scale int": (quant_bad(transpose_scale=1), TypeError,
+                            "argument 'transpose_scale' expected a bool, got int 1"),
+    "o sparse": (quant_bad(o=lambda a: a["o"].to_sparse()), TypeError,
+                 "argument 'o' expected a dense (strided) tensor, got layout torch.sparse_coo"),
     "positions int16": (quant_bad(positions=lambda a: a["positions"].to(torch.int16)), TypeError,
                         "argument 'positions' expected dtype int64 or int32, got int16"),
 }
@@ -237,8 +264,23 @@ def test_quant_helpers_check_their_arguments():
     with pytest.raises(TypeError, match="argument 'fp8_dtype' expected float8_e4m3fn or float8_e4m3fnuz, got "
                                         "torch.bfloat16"):
         fusedrope.empty_quant_outputs(o, 2, fp8_dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="argument 'o' expected a 3-D tensor"):
+    with pytest.raises(ValueError, match="^empty_quant_outputs: argument 'o' expected a 3-D tensor"):
         fusedrope.empty_quant_outputs(o[0], 2)
+    with pytest.raises(TypeError, match="^empty_quant_outputs: argument 'transpose_scale' expected a bool, got str"):
+        fusedrope.empty_quant_outputs(o, 2, transpose_scale="True")
+
+
+@pytest.mark.parametrize("args, exc, msg", [
+    ((-3, 16, 512, 2), ValueError, "argument 'num_tokens' expected a non-negative int, got -3"),
+    ((3, 16.0, 512, 2), TypeError, "argument 'num_heads' expected a non-negative int, got 16.0"),
+    ((3, 16, torch.tensor(512), 2), TypeError, "argument 'head_dim' expected a non-negative int, got tensor(512)"),
+    ((3, 16, 512, 2, 128, torch.float16), TypeError,
+     "argument 'scale_dtype' expected float8_e8m0fnu or uint8 or float32 or int32, got torch.float16"),
+    ((3, 16, 512, 3), ValueError, "argument 'num_groups' expected a positive int dividing H*head_dim=8192, got 3"),
+])
+def test_quant_output_shapes_names_itself_and_the_argument(args, exc, msg):
+    with pytest.raises(exc, match="^quant_output_shapes: " + re.escape(msg)):
+        fusedrope.quant_output_shapes(*args)
 
 
 @pytest.mark.parametrize("op", ["tts", "quant"])

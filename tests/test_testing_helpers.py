@@ -9,8 +9,8 @@ import torch
 import fusedrope
 from fusedrope.reference import qwen3_tts_rope_oracle, rotate_half
 from fusedrope.testing import (QuantCase, TtsCase, assert_quant_close, assert_tts_rope_close, assert_ulp_close,
-                               make_quant_inputs, make_tts_inputs, rope_blocks, round_once, scale_bytes,
-                               tie_allowance, to_device_keeping_layout, ulp_diff)
+                               deepseek_rope_cache, make_quant_inputs, make_tts_inputs, qwen3_tts_cos_sin, rope_blocks,
+                               round_once, scale_bytes, tie_allowance, to_device_keeping_layout, ulp_diff)
 
 
 @pytest.fixture(autouse=True)
@@ -293,3 +293,31 @@ def test_edge_case_quant_inputs_hold_what_random_data_does_not():
     assert bool((same[1] >= 0).all()) and not bool(torch.isnan(same[0].float()).any())
     x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 64, backend="reference")
     assert {92, 0xFF} <= set(scale_bytes(s).flatten().tolist())  # the floor's byte; a NaN/Inf block's
+
+
+@pytest.mark.parametrize("bad", ["2-D cos", "unsqueezed cos", "k of another batch"])
+def test_tts_oracle_and_check_refuse_shapes_that_would_broadcast(bad):
+    """A 2-D [S, D] cos (an engine's layout) would broadcast by head when S == H: the oracle and the check
+    must refuse it rather than pass a kernel with exactly that bug."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("t", 1, 8, 8, 8, 64), random_cos_sin=True)
+    args = {"2-D cos": (q, k, cos[0], sin[0]), "unsqueezed cos": (q, k, cos[:, None], sin[:, None]),
+            "k of another batch": (q, k.expand(2, -1, -1, -1), cos, sin)}[bad]
+    arg = "k" if bad.startswith("k") else "cos"
+    with pytest.raises(ValueError, match=f"^qwen3_tts_rope_oracle: argument '{arg}' expected"):
+        qwen3_tts_rope_oracle(*args)
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    with pytest.raises(ValueError, match=f"^assert_tts_rope_close: argument '{arg}' expected"):
+        assert_tts_rope_close(q_ref.to(q.dtype), k_ref.to(q.dtype), *args)
+
+
+@pytest.mark.parametrize("call, msg", [
+    (lambda: qwen3_tts_cos_sin(torch.arange(4)[None], head_dim=63),
+     "qwen3_tts_cos_sin: argument 'head_dim' expected an even int >= 2, got 63"),
+    (lambda: deepseek_rope_cache(8, rope_dim=63),
+     "deepseek_rope_cache: argument 'rope_dim' expected an even int >= 2, got 63"),
+    (lambda: deepseek_rope_cache(8, rope_dim=0),
+     "deepseek_rope_cache: argument 'rope_dim' expected an even int >= 2, got 0"),
+])
+def test_cos_sin_builders_refuse_odd_widths(call, msg):
+    with pytest.raises(ValueError, match="^" + re.escape(msg)):
+        call()
