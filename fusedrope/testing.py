@@ -130,7 +130,8 @@ def qwen3_tts_cos_sin(positions: torch.Tensor, head_dim: int = 128, theta: float
 
 
 def make_tts_inputs(case: TtsCase, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0,
-                    layout: str = "projection", cos_batch: int | None = None, random_cos_sin: bool = False):
+                    layout: str = "projection", cos_batch: int | None = None, random_cos_sin: bool = False,
+                    subnormal: bool = False):
     """Inputs ``(q, k, cos, sin)`` for a :class:`TtsCase`, from a seeded generator.
 
     Parameters
@@ -146,6 +147,9 @@ def make_tts_inputs(case: TtsCase, dtype: torch.dtype = torch.bfloat16, device="
         1 to broadcast cos/sin over the batch; default ``case.batch``.
     random_cos_sin : bool, default False
         Independent random cos/sin (the two halves differ), to catch kernels that assume ``cos[i] == cos[i+h]``.
+    subnormal : bool, default False
+        ``q`` and ``sin`` scaled into ``dtype``'s subnormal range (most values below the smallest normal), so
+        that ``q``'s outputs and ``k``'s ``sin`` terms are subnormal: a kernel that flushes them fails.
 
     Returns
     -------
@@ -170,6 +174,10 @@ def make_tts_inputs(case: TtsCase, dtype: torch.dtype = torch.bfloat16, device="
         # Each sequence of the batch decodes at its own offset, so a kernel that ignores cos's batch fails.
         start = torch.randint(0, 4096, (nb, 1), generator=g)
         cos, sin = qwen3_tts_cos_sin(start + torch.arange(S), D, dtype=dtype)
+    if subnormal:
+        tiny = torch.finfo(dtype).tiny
+        q = q.copy_((q.float() * (tiny / 8)).to(dtype))  # in place: q keeps its layout
+        sin = (sin.float() * (tiny / 4)).to(dtype)
     return tuple(to_device_keeping_layout(t, device) for t in (q, k, cos, sin))
 
 

@@ -19,14 +19,15 @@ import triton.language as tl
 
 from .backends import arch_fp8_dtype, gpu_arch
 from .reference import FP8_MAX
-from .triton_utils import INTERPRETED, WARP_SIZE, f32_to_fp8_bits, round_to
+from .triton_utils import INTERPRETED, WARP_SIZE, f32_to_fp8_bits, round_to, to_f32
 
 _FP8_TL = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8}
 
 
 @triton.jit
 def _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
-                 HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                 EXACT: tl.constexpr):
     """Inverse GPT-J rotation of the rope pairs in a [BLOCK_T, BLOCK_N] fp32 tile starting at column col0."""
     e, d = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_N // 2, 2)))
     pair_col = col0 + 2 * tl.arange(0, BLOCK_N // 2)
@@ -34,8 +35,8 @@ def _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, R
     is_rope = (off >= HEAD_DIM - ROPE_DIM) & (pair_col < ROW)
     j = (off - (HEAD_DIM - ROPE_DIM)) // 2
     m = t_mask[:, None] & is_rope[None, :]
-    c = tl.load(cos_ptr + p[:, None] * cos_stride + j[None, :], mask=m, other=1.0).to(tl.float32)
-    n = tl.load(sin_ptr + p[:, None] * sin_stride + j[None, :], mask=m, other=0.0).to(tl.float32)
+    c = to_f32(tl.load(cos_ptr + p[:, None] * cos_stride + j[None, :], mask=m, other=1.0), EXACT)
+    n = to_f32(tl.load(sin_ptr + p[:, None] * sin_stride + j[None, :], mask=m, other=0.0), EXACT)
     e2 = tl.where(is_rope[None, :], e * c + d * n, e)  # where, not c=1/n=0: keeps -0.0 and Inf exact
     d2 = tl.where(is_rope[None, :], d * c - e * n, d)
     return tl.reshape(tl.join(e2, d2), (BLOCK_T, BLOCK_N))
@@ -55,12 +56,12 @@ def _group_quant_kernel(
     col = col0 + tl.arange(0, BLOCK_N)
     t_mask = t < S
     m = t_mask[:, None] & (col < ROW)[None, :]
-    x = tl.load(o_ptr + t[:, None] * ROW + col[None, :], mask=m, other=0.0).to(tl.float32)
+    x = to_f32(tl.load(o_ptr + t[:, None] * ROW + col[None, :], mask=m, other=0.0), EXACT)
     if ROPE:
         p = tl.load(pos_ptr + t * pos_stride, mask=t_mask, other=0).to(tl.int64)
         p = tl.minimum(tl.maximum(p, 0), max_pos - 1)  # clamp: memory-safe, no host sync
         x = _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
-                         HEAD_DIM, ROPE_DIM, BLOCK_T, BLOCK_N)
+                         HEAD_DIM, ROPE_DIM, BLOCK_T, BLOCK_N, EXACT)
 
     xb = tl.reshape(x, (BLOCK_T, BLOCK_N // GS, GS))
     ax = tl.abs(xb)
@@ -107,11 +108,11 @@ def _rope_tail_inplace_kernel(o_ptr, pos_ptr, cos_ptr, sin_ptr, S, ROW, max_pos,
     col = col0 + tl.arange(0, BLOCK_N)
     t_mask = t < S
     m = t_mask[:, None] & (col < ROW)[None, :] & ((col % HEAD_DIM) >= HEAD_DIM - ROPE_DIM)[None, :]
-    x = tl.load(o_ptr + t[:, None] * ROW + col[None, :], mask=m, other=0.0).to(tl.float32)
+    x = to_f32(tl.load(o_ptr + t[:, None] * ROW + col[None, :], mask=m, other=0.0), EXACT)
     p = tl.load(pos_ptr + t * pos_stride, mask=t_mask, other=0).to(tl.int64)
     p = tl.minimum(tl.maximum(p, 0), max_pos - 1)
     x = _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
-                     HEAD_DIM, ROPE_DIM, BLOCK_T, BLOCK_N)
+                     HEAD_DIM, ROPE_DIM, BLOCK_T, BLOCK_N, EXACT)
     tl.store(o_ptr + t[:, None] * ROW + col[None, :], round_to(x, o_ptr.dtype.element_ty, EXACT), mask=m)
 
 

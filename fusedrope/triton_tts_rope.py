@@ -9,7 +9,7 @@ strides allow it. Math is fp32 with one RNE rounding to the output dtype.
 import triton
 import triton.language as tl
 
-from .triton_utils import INTERPRETED, WARP_SIZE, round_to
+from .triton_utils import INTERPRETED, WARP_SIZE, round_to, to_f32
 
 
 @triton.jit
@@ -19,8 +19,8 @@ def _rotate_heads(x_ptr, o_ptr, x_off, o_off, n_heads, x_sh, o_sh, c1, c2, s1, s
         h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
         m = (h < n_heads)[:, None] & d_mask[None, :]
         src = x_ptr + x_off + h[:, None] * x_sh + d[None, :]
-        x1 = tl.load(src, mask=m).to(tl.float32)
-        x2 = tl.load(src + HALF, mask=m).to(tl.float32)
+        x1 = to_f32(tl.load(src, mask=m), EXACT)
+        x2 = to_f32(tl.load(src + HALF, mask=m), EXACT)
         o1 = x1 * c1[None, :] - x2 * s1[None, :]
         o2 = x2 * c2[None, :] + x1 * s2[None, :]
         dst = o_ptr + o_off + h[:, None] * o_sh + d[None, :]
@@ -44,10 +44,10 @@ def _tts_rope_kernel(
     d_mask = d < HALF
     cp = cos_ptr + b * c_sb + s * c_ss + d
     sp = sin_ptr + b * s_sb + s * s_ss + d
-    c1 = tl.load(cp, mask=d_mask).to(tl.float32)
-    c2 = tl.load(cp + HALF, mask=d_mask).to(tl.float32)
-    s1 = tl.load(sp, mask=d_mask).to(tl.float32)
-    s2 = tl.load(sp + HALF, mask=d_mask).to(tl.float32)
+    c1 = to_f32(tl.load(cp, mask=d_mask), EXACT)
+    c2 = to_f32(tl.load(cp + HALF, mask=d_mask), EXACT)
+    s1 = to_f32(tl.load(sp, mask=d_mask), EXACT)
+    s2 = to_f32(tl.load(sp + HALF, mask=d_mask), EXACT)
     _rotate_heads(q_ptr, qo_ptr, b * q_sb + s * q_ss, b * qo_sb + s * qo_ss, HQ, q_sh, qo_sh,
                   c1, c2, s1, s2, d, d_mask, HALF, BLOCK_H, EXACT)
     _rotate_heads(k_ptr, ko_ptr, b * k_sb + s * k_ss, b * ko_sb + s * ko_ss, HKV, k_sh, ko_sh,

@@ -1,10 +1,10 @@
 """Triton helpers shared by both ops.
 
 Under ``TRITON_INTERPRET=1`` (how CI runs the kernels on CPU) Triton 3.9's float conversions are wrong:
-``.to(tl.bfloat16)`` truncates and ``.to(tl.float8e4nv)`` rounds wrongly and makes NaN instead of
-saturating. The kernels take an ``EXACT`` constexpr, set when interpreting, that swaps in the integer-bit
-roundings below; compiled GPU code keeps the native conversions, except for fp8 formats the GPU has none for
-(``triton_inverse_rope_quant.integer_fp8_rounding``).
+``.to(tl.bfloat16)`` truncates, ``.to(tl.float8e4nv)`` rounds wrongly and makes NaN instead of saturating,
+and bf16 -> fp32 flushes or mangles subnormals. The kernels take an ``EXACT`` constexpr, set when
+interpreting, that swaps in the integer-bit conversions below; compiled GPU code keeps the native conversions,
+except for fp8 formats the GPU has none for (``triton_inverse_rope_quant.integer_fp8_rounding``).
 """
 
 import torch
@@ -22,6 +22,15 @@ def _probe():
 
 # What the kernels of this process really are (decided when @triton.jit ran, i.e. at import).
 INTERPRETED = type(_probe).__name__ == "InterpretedFunction"
+
+
+@triton.jit
+def to_f32(x, EXACT: tl.constexpr):
+    """Widen a loaded value to fp32, exactly under the interpreter too (bf16 is fp32's upper half)."""
+    if EXACT and x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
 
 
 @triton.jit

@@ -322,6 +322,8 @@ def _extra_inputs(device):
          dict(dtype=torch.float16, layout="contiguous")),
         ("many_heads", TtsCase("mh", 2, 3, 100, 37), dict(random_cos_sin=True)),
         ("long_seq", TtsCase("ls", 1, 3000, 16, 8), dict()),
+        ("subnormal", TtsCase("sn", 4, 9, 16, 8), dict(random_cos_sin=True, subnormal=True)),
+        ("subnormal_fp16", TtsCase("snh", 4, 9, 16, 8), dict(dtype=torch.float16, subnormal=True)),
     ):
         out.append((name, *make_tts_inputs(case, seed=len(name), **kw)))
     # .to(device) would make the strided and offset views dense and aligned: the layouts these cases are about

@@ -306,6 +306,15 @@ def test_emulated_independent_halves_and_specials(emu):
     assert bool(q_out[want.isnan()].isnan().all())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vec", [8, 2, 1])
+def test_emulated_subnormal_inputs(emu, dtype, vec):
+    q, k, cos, sin = make_tts_inputs(TtsCase("sub", 2, 3, 4, 2), dtype, seed=21, random_cos_sin=True,
+                                     subnormal=True)
+    q_out, _ = run_emu(emu, q, k, cos, sin, vec=vec)
+    assert (q_out != 0).any() and (q_out.abs() < torch.finfo(dtype).tiny).any()
+
+
 @pytest.mark.parametrize("shape", [(0, 4, 3, 128), (2, 4, 0, 128), (2, 0, 3, 128)])
 def test_emulated_empty_launches_nothing(emu, shape):
     B, H, S, D = shape

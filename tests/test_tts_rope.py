@@ -53,6 +53,20 @@ def test_oracle_is_the_spec_formula_element_by_element():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_subnormal_inputs(backend, dtype):
+    """Subnormal q (and sin for k) within 1 ulp like any other value: a kernel (or Triton's interpreter, whose
+    bf16 -> fp32 flushes or mangles them) that flushes subnormals to zero fails here."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("sub", 1, 4, 2, 1, 64), dtype=dtype, device=DEVICE, seed=21,
+                                     random_cos_sin=True, subnormal=True)
+    tiny = torch.finfo(dtype).tiny  # the smallest normal
+    assert ((q.abs() < tiny) & (q != 0)).float().mean() > 0.5 and ((sin.abs() < tiny) & (sin != 0)).any()
+    q_out, k_out = run_backend(backend, q, k, cos, sin)
+    check(q_out, k_out, q, k, cos, sin)
+    assert (q_out != 0).any() and (q_out.abs() < tiny).any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_quarter_turn_and_identity_are_exact(backend):
     """cos=0, sin=1 moves the halves: out[:h] = -x[h:], out[h:] = x[:h]; cos=1, sin=0 is the identity. Both
     exact on every backend (a swapped half or sign fails here whatever the tolerance)."""
