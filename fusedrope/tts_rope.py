@@ -91,6 +91,32 @@ def _check_inplace(q, k) -> None:
                            "torch does not allow either")
 
 
+def _check_outputs(q, k, cos, sin, q_out, k_out) -> dict:
+    """Caller buffers (either or both): shaped, typed and placed like ``q`` / ``k``, writable, last dim
+    contiguous, sharing no element with each other or an input. Returns them by name."""
+    given = {}
+    for name, out, src, src_name in (("q_out", q_out, q, "q"), ("k_out", k_out, k, "k")):
+        if out is None:
+            continue
+        C.check_tensor(OP, name, out, 4)
+        C.check_shape(OP, name, out, tuple(src.shape))
+        if out.dtype != src.dtype:
+            C.fail(OP, name, f"dtype {C.dtype_name(src.dtype)} (same as '{src_name}')", C.dtype_name(out.dtype),
+                   TypeError)
+        C.check_same_device(OP, src_name, src, {name: out})
+        C.check_last_dim_contiguous(OP, name, out)
+        C.check_writable_no_overlap(OP, name, out)
+        if out is src:
+            C.fail(OP, name, f"a buffer apart from '{src_name}' (inplace=True writes into q and k)",
+                   f"'{src_name}' itself")
+        given[name] = out
+    C.check_apart(OP, given, {"q": q, "k": k, "cos": cos, "sin": sin})
+    if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in given.values()):
+        raise RuntimeError(f"{OP}: writing into an inference tensor outside torch.inference_mode(), which torch "
+                           "does not allow either")
+    return given
+
+
 # -- backends -----------------------------------------------------------------------------------------
 def _supports_any(facts) -> None:
     return None
@@ -102,9 +128,17 @@ REGISTRY.register(Impl("cuda", ".cuda_tts_rope:qwen3_tts_rope", _cuda.supports, 
                        run_alloc=".cuda_tts_rope:qwen3_tts_rope_new"))
 
 
-def _run(q, k, cos, sin, inplace: bool, backend: str):
+def _run(q, k, cos, sin, inplace: bool, backend: str, q_out=None, k_out=None):
     impl = REGISTRY.select(validate(q, k, cos, sin, inplace), backend)
     work = q.numel() or k.numel()
+    if q_out is not None or k_out is not None:
+        given = _check_outputs(q, k, cos, sin, q_out, k_out)
+        q_out = q.new_empty(q.shape) if q_out is None else q_out
+        k_out = k.new_empty(k.shape) if k_out is None else k_out
+        if work:
+            impl.fn()(q, k, cos, sin, q_out, k_out)
+            increment_version(tuple(given.values()))  # written through raw pointers
+        return q_out, k_out
     if inplace:
         if work:
             impl.fn()(q, k, cos, sin, q, k)
@@ -121,7 +155,7 @@ def _run(q, k, cos, sin, inplace: bool, backend: str):
     return q_out, k_out
 
 
-def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "auto"):
+def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
     """NeoX (rotate_half) RoPE on standalone query and key tensors, fused into one launch.
 
     Computes, per row ``x`` of length ``D`` with ``h = D/2``, in fp32 and rounded once (RNE)::
@@ -141,13 +175,18 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
         ``[B, S, D]`` or ``[1, S, D]`` (broadcast over the batch), same dtype and device.
     inplace : bool, default False
         Write the results into ``q`` and ``k`` through their own strides and return them.
+    q_out, k_out : torch.Tensor, optional
+        Buffers to write the results into (either or both; the other is allocated), shaped, typed and placed
+        like ``q`` / ``k``, any strides with the last one 1, sharing no memory with an input: e.g. ``k_out`` a
+        slice of a static KV cache, so rotated keys land there without a copy. Not with ``inplace=True``.
     backend : str, default "auto"
         ``"auto"``, ``"cuda"``, ``"triton"`` or ``"reference"``. ``auto`` honours ``FUSEDROPE_BACKEND``.
 
     Returns
     -------
     (q_out, k_out) : tuple of torch.Tensor
-        New contiguous tensors shaped like ``q`` and ``k`` (or ``q`` and ``k`` themselves when ``inplace``).
+        New contiguous tensors shaped like ``q`` and ``k``, or the buffers passed, or ``q`` and ``k``
+        themselves when ``inplace``.
 
     Raises
     ------
@@ -156,8 +195,8 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
     fusedrope.BackendUnavailableError
         An explicitly requested backend cannot run these inputs.
     RuntimeError
-        ``inplace=True`` when ``q`` or ``k`` requires grad, or on an inference tensor outside
-        ``torch.inference_mode()``.
+        ``inplace=True`` when ``q`` or ``k`` requires grad, a buffer that requires grad, or writing into an
+        inference tensor outside ``torch.inference_mode()``.
 
     Examples
     --------
@@ -171,6 +210,8 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
     """
     if inplace is not False and inplace is not True:
         C.check_bool(OP, "inplace", inplace)
+    if q_out is not None or k_out is not None:
+        return _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend)
     if torch.compiler.is_compiling():
         if inplace:
             _refuse_inplace_grad(q, k)  # as eager does in validate
@@ -185,7 +226,26 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, backend: str = "aut
     return _run(q, k, cos, sin, inplace, backend)
 
 
-def explain_args(q, k, cos, sin, *, inplace: bool = False, backend: str = "auto"):
+def _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend):
+    """:func:`qwen3_tts_rope` with caller buffers: eager, traced (the ``_out`` torch op), or with inputs that
+    require grad (the bytes carry no autograd history, as under ``torch.no_grad()``)."""
+    if inplace:
+        name = "q_out" if q_out is not None else "k_out"
+        C.fail(OP, name, "None with inplace=True (which writes into q and k)", "a tensor")
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q_out, k_out)):
+        raise RuntimeError(f"{OP}: an output buffer that requires grad cannot be written (no autograd formula); "
+                           "pass buffers that do not require grad, or call under torch.no_grad()")
+    if torch.compiler.is_compiling():
+        validate(q, k, cos, sin, False)  # the errors eager gives, before allocating the missing buffer
+        q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
+        k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k_out is None else k_out
+        torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, backend)
+        return q_out, k_out
+    with torch.no_grad():
+        return _run(q, k, cos, sin, False, backend, q_out, k_out)
+
+
+def explain_args(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
     C.check_bool(OP, "inplace", inplace)
     return validate(q, k, cos, sin, inplace), backend
 
@@ -212,3 +272,17 @@ def _op_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
 @_op_inplace.register_fake
 def _op_inplace_fake(q, k, cos, sin, backend="auto"):
     validate(q, k, cos, sin, True)
+
+
+@torch.library.custom_op("fusedrope::qwen3_tts_rope_out", mutates_args=("q_out", "k_out"))
+def _op_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
+            k_out: torch.Tensor, backend: str = "auto") -> None:
+    for name, t in (("q_out", q_out), ("k_out", k_out)):
+        C.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
+    _run(q, k, cos, sin, False, backend, q_out, k_out)
+
+
+@_op_out.register_fake
+def _op_out_fake(q, k, cos, sin, q_out, k_out, backend="auto"):
+    validate(q, k, cos, sin, False)
+    _check_outputs(q, k, cos, sin, q_out, k_out)

@@ -389,6 +389,14 @@ def _correct_backend(res, backend, run, dev):
     _sync(q)
     why = _contract(q, k, q0, k0, cos, sin)
     res.check("correct", f"{backend}/inplace", qo is q and ko is k and not why, why)
+    # into caller buffers: k_out a slice of a NaN-filled static KV cache (a 16-byte-aligned, strided view)
+    q, k, cos, sin = make_tts_inputs(TtsCase("buf", 4, 9, 16, 8), device=dev, seed=8)
+    cache = torch.full((4, 8, 32, 128), float("nan"), dtype=k.dtype, device=dev)
+    qo, ko = fusedrope.qwen3_tts_rope(q, k, cos, sin, k_out=cache[:, :, 5:14], backend=backend)
+    ok = _verify(res, "correct", f"{backend}/k_out_cache_slice", qo, ko, q, k, cos, sin)
+    cache[:, :, 5:14] = 0
+    res.check("correct", f"{backend}/k_out_cache_slice/outside", ok and bool(cache.isnan().sum() == cache.numel()
+                                                                              - 4 * 8 * 9 * 128))
     for shape in ((0, 4, 3, 128), (2, 4, 0, 128), (2, 0, 3, 128)):
         B, H, S, D = shape
         qe = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16)

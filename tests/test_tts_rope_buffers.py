@@ -1,0 +1,153 @@
+"""qwen3_tts_rope into caller buffers (``q_out=`` / ``k_out=``): e.g. rotated keys straight into a slice of a
+static KV cache. Every backend against the oracle with nothing written around the slice; the checks a buffer
+gets; the torch op under torch.compile."""
+
+import re
+
+import pytest
+import torch
+
+import fusedrope
+from fusedrope.testing import TtsCase, assert_tts_rope_close, make_tts_inputs
+
+from conftest import DEVICE, backends_here
+
+BACKENDS = backends_here("qwen3_tts_rope")
+CASE = TtsCase("buf", 2, 3, 4, 2, 64)
+POS = 4  # where this step's tokens go in the cache
+
+
+def _inputs(seed=31):
+    return make_tts_inputs(CASE, device=DEVICE, seed=seed, random_cos_sin=True)
+
+
+def _cache(src, length=10):
+    """A NaN-filled static cache ``[B, H, length, D]`` and the slice for this step's S tokens at POS."""
+    B, H, S, D = src.shape
+    cache = torch.full((B, H, length, D), float("nan"), dtype=src.dtype, device=src.device)
+    return cache, cache[:, :, POS:POS + S]
+
+
+def _untouched_outside(cache, view):
+    outside = torch.ones(cache.shape, dtype=torch.bool, device=cache.device)
+    outside[:, :, POS:POS + view.shape[2]] = False
+    return bool(cache[outside].isnan().all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["both", "k_out", "q_out"])
+def test_results_land_in_the_buffers(backend, which):
+    q, k, cos, sin = _inputs()
+    q0, k0 = q.clone(), k.clone()
+    (q_cache, q_view), (k_cache, k_view) = _cache(q), _cache(k)
+    bufs = {"q_out": q_view, "k_out": k_view}
+    bufs = bufs if which == "both" else {which: bufs[which]}
+    versions = {n: t._version for n, t in bufs.items()}
+    q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend, **bufs)
+    assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+    for name, got, cache in (("q_out", q_out, q_cache), ("k_out", k_out, k_cache)):
+        if name in bufs:
+            assert got is bufs[name] and _untouched_outside(cache, got) and got._version > versions[name]
+        else:
+            assert got.is_contiguous() and got.data_ptr() != cache.data_ptr()
+
+
+def test_empty_inputs_return_the_buffers_unwritten():
+    q, k = torch.zeros(2, 4, 0, 64, dtype=torch.bfloat16), torch.zeros(2, 2, 0, 64, dtype=torch.bfloat16)
+    cos = sin = torch.zeros(2, 0, 64, dtype=torch.bfloat16)
+    k_out = torch.empty(2, 2, 0, 64, dtype=torch.bfloat16)
+    q_out, got = fusedrope.qwen3_tts_rope(q, k, cos, sin, k_out=k_out)
+    assert got is k_out and q_out.shape == q.shape
+
+
+def _bad(case):
+    q, k, cos, sin = _inputs()
+    args = dict(q=q, k=k, cos=cos, sin=sin)
+    if case == "q_out is q":
+        return args, dict(q_out=q), ValueError, "argument 'q_out' expected a buffer apart from 'q' (inplace=True writes into q and k), got 'q' itself"
+    if case == "k_out inside q":
+        big = torch.randn(2, 4, 3, 64, dtype=q.dtype, device=q.device)
+        args["q"] = big
+        return args, dict(k_out=big[:, :2]), ValueError, "argument 'k_out' expected memory apart from 'q', got a tensor sharing elements with 'q'"
+    if case == "q_out over cos":
+        buf = torch.randn(2 * 4 * 3 * 64, dtype=q.dtype, device=q.device)
+        args["cos"] = buf[:2 * 3 * 64].view(2, 3, 64)
+        return args, dict(q_out=buf.view(2, 4, 3, 64)), ValueError, "argument 'q_out' expected memory apart from 'cos', got a tensor sharing elements with 'cos'"
+    if case == "q_out and k_out overlap":
+        buf = torch.randn(2, 4, 3, 64, dtype=q.dtype, device=q.device)
+        return args, dict(q_out=buf, k_out=buf[:, 2:]), ValueError, "argument 'q_out' expected memory apart from 'k_out', got a tensor sharing elements with 'k_out'"
+    if case == "shape":
+        return args, dict(k_out=torch.empty(2, 1, 3, 64, dtype=q.dtype)), ValueError, "argument 'k_out' expected shape [2, 2, 3, 64], got [2, 1, 3, 64]"
+    if case == "dtype":
+        return args, dict(q_out=torch.empty(2, 4, 3, 64)), TypeError, "argument 'q_out' expected dtype bfloat16 (same as 'q'), got float32"
+    if case == "device":
+        return args, dict(k_out=torch.empty(2, 2, 3, 64, dtype=q.dtype, device="meta")), ValueError, "argument 'k_out' expected a tensor on cpu (same device as 'k'), got a tensor on meta"
+    if case == "last stride":
+        return args, dict(q_out=torch.empty(2, 4, 3, 128, dtype=q.dtype)[..., ::2]), ValueError, "argument 'q_out' expected a contiguous last dimension (stride 1), got strides (1536, 384, 128, 2)"
+    if case == "broadcast":
+        return args, dict(k_out=torch.empty(2, 1, 3, 64, dtype=q.dtype).expand(2, 2, 3, 64)), ValueError, "argument 'k_out' expected a writable tensor without broadcast (stride-0) dimensions, got strides (192, 0, 64, 1)"
+    if case == "not a tensor":
+        return args, dict(q_out=[0.0]), TypeError, "argument 'q_out' expected a torch.Tensor, got list"
+    if case == "with inplace":
+        return args, dict(inplace=True, k_out=torch.empty_like(k)), ValueError, "argument 'k_out' expected None with inplace=True (which writes into q and k), got a tensor"
+    if case == "requires grad":
+        return args, dict(q_out=torch.zeros(2, 4, 3, 64, dtype=q.dtype, requires_grad=True)), RuntimeError, "an output buffer that requires grad cannot be written"
+    if case == "inference tensor":
+        with torch.inference_mode():
+            buf = torch.empty(2, 2, 3, 64, dtype=q.dtype)
+        return args, dict(k_out=buf), RuntimeError, "writing into an inference tensor outside torch.inference_mode()"
+    raise AssertionError(case)
+
+
+BAD = ["q_out is q", "k_out inside q", "q_out over cos", "q_out and k_out overlap", "shape", "dtype", "device",
+       "last stride", "broadcast", "not a tensor", "with inplace", "requires grad", "inference tensor"]
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_buffers_are_refused_before_anything_is_written(case):
+    args, bufs, exc, msg = _bad(case)
+    if DEVICE.type != "cpu" and case in ("shape", "dtype", "last stride", "broadcast", "requires grad",
+                                         "inference tensor"):
+        bufs = {n: t.to(DEVICE) if isinstance(t, torch.Tensor) and t.device.type == "cpu" else t
+                for n, t in bufs.items()}
+    before = {n: t.clone() for n, t in bufs.items() if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+    with pytest.raises(exc, match="^qwen3_tts_rope: " + re.escape(msg)):
+        fusedrope.qwen3_tts_rope(**args, **bufs, backend="reference")
+    for n, t in before.items():
+        assert torch.equal(bufs[n], t) or (t.isnan().any() and torch.equal(bufs[n].isnan(), t.isnan()))
+
+
+def test_inputs_that_require_grad_write_plain_bytes():
+    """As op 2 does: the bytes in a caller's buffer carry no autograd history (as under torch.no_grad())."""
+    q, k, cos, sin = _inputs()
+    leaf = q.clone().requires_grad_()
+    _, k_view = _cache(k)
+    q_out, k_out = fusedrope.qwen3_tts_rope(leaf, k, cos, sin, k_out=k_view, backend="reference")
+    assert k_out is k_view and not k_out.requires_grad
+    assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
+
+
+def test_explain_takes_the_buffers():
+    q, k, cos, sin = _inputs()
+    ex = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, k_out=torch.empty_like(k), backend="reference")
+    assert ex.chosen == "reference"
+
+
+def test_torch_op_and_compile():
+    q, k, cos, sin = _inputs()
+    torch.library.opcheck(torch.ops.fusedrope.qwen3_tts_rope_out.default,
+                          (q, k, cos, sin, torch.empty_like(q), _cache(k)[1], "reference"))
+
+    def step(q, k, cos, sin, k_cache):
+        q_out, _ = fusedrope.qwen3_tts_rope(q * 2, k, cos, sin, k_out=k_cache[:, :, POS:POS + q.shape[2]])
+        return q_out + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    k_eager, k_compiled = _cache(k)[0], _cache(k)[0]
+    want = step(q, k, cos, sin, k_eager)
+    got = compiled(q, k, cos, sin, k_compiled)
+    assert torch.equal(got, want)
+    assert torch.equal(k_compiled.nan_to_num(7.0), k_eager.nan_to_num(7.0))
+    assert not k_compiled[:, :, POS:POS + q.shape[2]].isnan().any()
