@@ -13,7 +13,7 @@ STAMP := $(VENV)/.fusedrope-installed
 $(STAMP): pyproject.toml requirements-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-cpu.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,triton]"
 	touch $(STAMP)
 
 demo: $(STAMP)  ## the main job: backends, selection, self-check, timing

@@ -47,3 +47,14 @@ def test_installed_wheel_imports_and_finds_its_kernels(wheel, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env,
                          cwd=tmp_path)
     assert ".cu'" in out.stdout
+
+
+def test_wheel_leaves_triton_to_torch(wheel):
+    """A hard `triton` requirement would make pip install PyPI's triton over a ROCm torch's pytorch-triton-rocm
+    (the same module): only the `triton` extra asks for it."""
+    meta = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
+    requires = [ln.split(":", 1)[1].strip() for ln in zipfile.ZipFile(wheel).read(meta).decode().splitlines()
+                if ln.startswith("Requires-Dist:")]
+    hard = [r for r in requires if "extra ==" not in r]
+    assert hard and all(r.startswith("torch") for r in hard), hard
+    assert any(r.startswith("triton") and 'extra == "triton"' in r for r in requires), requires
