@@ -146,7 +146,11 @@ __device__ inline unsigned pack4(float v0, float v1, float v2, float v3) {
   if (kFnuz) {  // CDNA3 hardware fp8 is FNUZ
     int w = __builtin_amdgcn_cvt_pk_fp8_f32(v0, v1, 0, false);
     w = __builtin_amdgcn_cvt_pk_fp8_f32(v2, v3, w, true);
-    return (unsigned)w;
+    // FNUZ has no -0: 0x80 is its NaN, and these values are finite (a non-finite block is replaced by the
+    // caller). Should the hardware keep the sign of a negative value that rounds to zero (not observed on
+    // silicon yet), byte 0x80 becomes 0x00 here: per byte, bit 7 is kept only when bits 6:0 are not all zero.
+    const unsigned t = (unsigned)w & 0x7F7F7F7Fu;
+    return (unsigned)w & (((t + 0x7F7F7F7Fu) & 0x80808080u) | 0x7F7F7F7Fu);
   }
 #elif __has_builtin(__builtin_amdgcn_cvt_pk_fp8_f32) && defined(__gfx950__)
   if (!kFnuz) {  // CDNA4 hardware fp8 is OCP e4m3fn

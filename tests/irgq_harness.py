@@ -156,7 +156,11 @@ def quant_inputs(S, H, *, dtype=torch.bfloat16, cache_dtype=torch.bfloat16, pos_
     g = torch.Generator().manual_seed(seed)
     # Per-(token, head) magnitudes over a wide range so scales, subnormal fp8 codes and ties all occur.
     mag = torch.exp2(torch.randint(-30, 12, (S, H, 1), generator=g).float())
-    o = (torch.randn(S, H, 512, generator=g) * mag).to(dtype)
+    o = torch.randn(S, H, 512, generator=g) * mag
+    # FNUZ has no -0: negative zeros and negatives that round to fp8 zero must give byte 0x00, never 0x80 (NaN)
+    o[:, :, 5] = -0.0
+    o[:, :, 6] = -mag[:, :, 0] * 2.0**-20
+    o = o.to(dtype)
     if misaligned:
         o = torch.empty(o.numel() + 1, dtype=dtype)[1:].view(o.shape).copy_(o)
     ang = torch.rand(max_pos, 32, generator=g) * 6.3

@@ -189,12 +189,15 @@ MUTATIONS = [  # (vendor, text, replacement, fp8 dtype, what goes wrong)
      "fp8 bytes differ"),  # the first pair written to the high word, then overwritten
     ("cuda-sm90", "out[i] = byte == 0xFFu ? 0x7F7F7F7Fu : (lo | (hi << 16));",
      "out[i] = byte == 0xFFu ? 0x7F7F7F7Fu : (hi | (lo << 16));", E4M3, "fp8 bytes differ"),  # pairs swapped
+    ("hip-gfx942", "return (unsigned)w & (((t + 0x7F7F7F7Fu) & 0x80808080u) | 0x7F7F7F7Fu);",
+     "return (unsigned)w | (t & 0u);", FNUZ, "fp8 bytes differ"),  # a signed zero from the hardware left as 0x80 (NaN)
 ]
 
 
 @pytest.mark.parametrize("vendor,old,new,fp8,what", MUTATIONS,
                          ids=["hip-row-mirror-as-half-mirror", "hip-identity-quad-perm", "cuda-skipped-steps",
-                              "cuda-self-shuffle", "gfx942-swapped-bytes", "gfx950-wrong-word", "sm90-swapped-pairs"])
+                              "cuda-self-shuffle", "gfx942-swapped-bytes", "gfx950-wrong-word", "sm90-swapped-pairs",
+                              "gfx942-negative-zero"])
 def test_a_broken_kernel_is_caught(tmp_path, vendor, old, new, fp8, what):
     """The check can fail: a copy of the kernel with its reduction or its fp8 packing broken is caught."""
     src_file = HIP_SRC if vendor.startswith("hip") else CUDA_SRC

@@ -69,7 +69,12 @@ inline int cvt_pk_fp8_f32(float src0, float src1, int old, bool word_sel) {
   ++hw_cvts;
   for (float x : {src0, src1})
     if (!std::isnan(x) && std::fabs(x) > fp8_max) lockstep::report("v_cvt_pk_fp8_f32 input beyond the fp8 range", 0);
-  const unsigned pair = fusedrope::irgq::fp8_encode_sw(src0, fnuz) | (fusedrope::irgq::fp8_encode_sw(src1, fnuz) << 8);
+  unsigned b0 = fusedrope::irgq::fp8_encode_sw(src0, fnuz), b1 = fusedrope::irgq::fp8_encode_sw(src1, fnuz);
+  // Whether FNUZ hardware keeps the sign of a negative value that rounds to zero (writing 0x80, its NaN) is not
+  // documented: modelled as keeping it, the worse case, which the kernel must undo.
+  if (fnuz && b0 == 0 && std::signbit(src0)) b0 = 0x80u;
+  if (fnuz && b1 == 0 && std::signbit(src1)) b1 = 0x80u;
+  const unsigned pair = b0 | (b1 << 8);
   const unsigned o = (unsigned)old;
   return (int)(word_sel ? (o & 0x0000FFFFu) | (pair << 16) : (o & 0xFFFF0000u) | pair);
 }
