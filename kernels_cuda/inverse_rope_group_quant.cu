@@ -5,7 +5,8 @@
 // (1 for Q=32, 3 for Q=128), after which every lane of the block holds the block amax and computes the same
 // scale byte; the block's first lane stores it. So group 32 costs fewer shuffles per byte than group 128, and
 // the same instruction count otherwise (one scale store instruction per warp for any Q). Each lane handles
-// kUnroll chunks, all loads issued before any math. No shared memory, no local memory.
+// kUnroll chunks, all loads issued before any math: o with the positions, then the cos/sin rows they select
+// (read-only path). No shared memory, no local memory.
 //
 // fp8: sm_89+ converts pairs with cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2, __NV_SATFINITE; the
 // saturation is the reference's clamp to +-448); sm_80 and the fnuz format use the exact software RNE of the
@@ -31,30 +32,29 @@ __device__ __forceinline__ void load_words16(const void* p, bool vec, uint32_t (
   }
 }
 
-// 8 cache entries at byte address p (16 bytes for bf16/fp16, 32 bytes for fp32).
-__device__ __forceinline__ void load_cache8(const unsigned char* p, int dtype, bool vec, float (&c)[8]) {
-  uint32_t w[8];
+// The raw words of 8 cache entries at byte address p (16 bytes for bf16/fp16, 32 for fp32; the other words 0),
+// through the read-only path: no kernel writes a cache, so these loads may be issued ahead of any store.
+__device__ __forceinline__ void load_cache_words(const unsigned char* p, int dtype, bool vec, uint32_t (&w)[8]) {
   if (dtype == kF32) {
     if (vec) {
-      const uint4 a = reinterpret_cast<const uint4*>(p)[0];
-      const uint4 b = reinterpret_cast<const uint4*>(p)[1];
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+      const uint4 b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
       w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
     } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) w[i] = reinterpret_cast<const uint32_t*>(p)[i];
+      for (int i = 0; i < 8; ++i) w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
     }
   } else {
     if (vec) {
-      const uint4 a = reinterpret_cast<const uint4*>(p)[0];
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
       w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
     } else {
       const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) w[i] = (uint32_t)h[2 * i] | ((uint32_t)h[2 * i + 1] << 16);
+      for (int i = 0; i < 4; ++i) w[i] = (uint32_t)__ldg(h + 2 * i) | ((uint32_t)__ldg(h + 2 * i + 1) << 16);
     }
     w[4] = w[5] = w[6] = w[7] = 0u;
   }
-  cache8_from_words(w, dtype, c);
 }
 
 // The hardware packed e4m3 conversion exists from sm_89. tests/cuda_emul defines the switch to run this path on
@@ -92,15 +92,40 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
   const unsigned first = blockIdx.x * (unsigned)(kThreads * kUnroll) + threadIdx.x;
   const unsigned char* o = static_cast<const unsigned char*>(a.o);
 
+  // Every load of the lane is issued before any math, in two waves: o and the positions of its rope-tail
+  // chunks, then (needing the positions) the cos and sin rows of all of them: two waves, not a chain of
+  // o -> position -> cos -> sin -> store per chunk.
   uint32_t raw[kUnroll][8];
+  ChunkPos cps[kUnroll];
+  long long pos[kUnroll];
 #pragma unroll
   for (int j = 0; j < kUnroll; ++j) {
     const unsigned chunk = first + j * kThreads;
+    cps[j] = chunk_pos(a, chunk);
+    pos[j] = 0;
     if (chunk < a.num_chunks) {
       load_words16(o + 32ull * chunk, a.io_vec != 0, raw[j]);
+      if (cps[j].tail) {
+        const unsigned char* pp = static_cast<const unsigned char*>(a.positions) + a.pos_stride_bytes * cps[j].s;
+        pos[j] = a.pos_is_int64 ? __ldg(reinterpret_cast<const long long*>(pp))
+                                : (long long)__ldg(reinterpret_cast<const int*>(pp));
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) raw[j][i] = 0u;
+    }
+  }
+  uint32_t cw[kUnroll][8], sw[kUnroll][8];  // raw cos / sin words of the rope-tail chunks
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    if (first + j * kThreads < a.num_chunks && cps[j].tail) {  // 16 rope dims = 8 (e, d) pairs of a head's tail
+      const long long p = clamp_position(pos[j], a.max_pos);
+      const unsigned j0 = (cps[j].r % kChunksPerHead - kFirstTailChunk) * 8u;
+      const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u;
+      load_cache_words(static_cast<const unsigned char*>(a.cos) + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype,
+                       a.cache_vec != 0, cw[j]);
+      load_cache_words(static_cast<const unsigned char*>(a.sin) + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype,
+                       a.cache_vec != 0, sw[j]);
     }
   }
 
@@ -108,22 +133,13 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
   for (int j = 0; j < kUnroll; ++j) {
     const unsigned chunk = first + j * kThreads;
     const bool valid = chunk < a.num_chunks;
-    const ChunkPos cp = chunk_pos(a, chunk);
+    const ChunkPos cp = cps[j];
     float v[16];
     unpack16(raw[j], kDtype, v);
-
-    if (valid && cp.tail) {  // 16 rope dims = 8 (e, d) pairs of this head's tail
-      const unsigned char* pp = static_cast<const unsigned char*>(a.positions) + a.pos_stride_bytes * cp.s;
-      const long long p = clamp_position(
-          a.pos_is_int64 ? *reinterpret_cast<const long long*>(pp) : (long long)*reinterpret_cast<const int*>(pp),
-          a.max_pos);
-      const unsigned j0 = (cp.r % kChunksPerHead - kFirstTailChunk) * 8u;
-      const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u;
+    if (valid && cp.tail) {
       float c[8], n[8];
-      load_cache8(static_cast<const unsigned char*>(a.cos) + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype,
-                  a.cache_vec != 0, c);
-      load_cache8(static_cast<const unsigned char*>(a.sin) + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype,
-                  a.cache_vec != 0, n);
+      cache8_from_words(cw[j], a.cache_dtype, c);
+      cache8_from_words(sw[j], a.cache_dtype, n);
       rotate8(v, c, n);
     }
 

@@ -53,13 +53,19 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
     for name, text in funcs.items():
         ops = opcodes(text)
         q = _group_of(name)
-        ldg128 = sum(bool(re.fullmatch(r"LDG\.E(\.\w+)*\.128", o)) for o in ops)
+        ldg128 = sum(bool(re.fullmatch(r"LDG\.E(\.\w+)*\.128(\.CONSTANT)?", o)) for o in ops)
         stg128 = sum(bool(re.fullmatch(r"STG\.E(\.\w+)*\.128", o)) for o in ops)
         # o: 2 per chunk x 2 chunks per lane = 4; aligned cos/sin rows: 2 x (1 bf16/fp16 or 2 fp32) x 2 chunks
         # = 12
         first_ldg = next(o for o in ops if o.startswith("LDG"))
         assert re.fullmatch(r"LDG\.E(\.\w+)*\.128", first_ldg), f"{name}: o's first load is {first_ldg}"
         assert ldg128 >= 16, f"{name}: {ldg128} LDG.E.128 (expected 4 for o + 12 for the cos/sin rows)"
+        # cos/sin rows through the read-only path, and every load issued before the first store: no chain of
+        # o -> position -> cos -> sin -> store -> next chunk's loads (two waves of loads instead)
+        assert sum(o == "LDG.E.128.CONSTANT" for o in ops) >= 12, f"{name}: cos/sin rows not read-only loads"
+        first_store = next(i for i, o in enumerate(ops) if o.startswith("STG"))
+        late = [o for o in ops[first_store:] if o.startswith("LDG")]
+        assert not late, f"{name}: {len(late)} loads after the first store ({late[:3]})"
         assert stg128 >= 2, f"{name}: {stg128} STG.E.128 (one 16-byte fp8 store per chunk, 2 chunks per lane)"
         f2fp = [o for o in ops if o.startswith("F2FP") and "E4M3" in o]
         assert f2fp, f"{name}: no packed hardware E4M3 conversion (F2FP...E4M3)"
