@@ -84,6 +84,16 @@ def needs_grad(*tensors) -> bool:
     return False
 
 
+def check_writable_here(op: str, named: dict, why: str = "") -> None:
+    """Outside ``torch.inference_mode()`` torch refuses writes into inference tensors; so do the ops."""
+    if torch.is_inference_mode_enabled():
+        return
+    for name, t in named.items():
+        if t.is_inference():
+            raise RuntimeError(f"{op}: argument '{name}'{why} expected a tensor writable outside "
+                               "torch.inference_mode(), got an inference tensor (torch does not allow that either)")
+
+
 def has_no_data(t: torch.Tensor) -> bool:
     """A meta or fake tensor (tracing, torch.compile): no values to read, and a data_ptr() that means nothing."""
     return t.is_meta or (type(t) is not torch.Tensor and isinstance(t, torch._subclasses.FakeTensor))
@@ -135,9 +145,11 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when ``a`` and ``b`` certainly have an element in common; False when they do not, and in the cases
     this cheap test cannot tell (then the caller's to avoid, as with torch's own in-place ops).
 
-    Certain: both start at one address, or the first or last byte of one lies in an element of the other
-    (every overlap of two dense tensors, one view inside another, one straddling the other's end). Interleaved
-    views that share nothing, e.g. the q and k heads of one fused qkv projection, are told apart exactly."""
+    Certain: both start at one address, or the first or last byte of one lies in an element of the other:
+    every overlap of two dense tensors, and of slices of one buffer along the same dims (a head slice inside
+    or straddling another). Interleaved views that share nothing, e.g. the q and k heads of one fused qkv
+    projection, are told apart exactly. Missed: overlaps of views whose ends both fall in the other's gaps,
+    e.g. ``x[0:22:3]`` and ``x[16:25:2]`` (they share ``x[18]``)."""
     if has_no_data(a) or has_no_data(b):
         return False
     return _share(a, b)

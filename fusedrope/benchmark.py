@@ -556,6 +556,7 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
         except Exception as e:  # noqa: BLE001 - one contender's failure must not lose the others
             row.update(status="error", reason=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
                        if str(e).strip() else type(e).__name__)
+            call = None  # before emptying the cache: the failed contender's buffers go too
             _recover(device)
             continue
         if graph and device.type == "cuda":

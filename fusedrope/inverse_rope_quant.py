@@ -366,23 +366,16 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
         if given[1]:
             want = buffer_scale_strides(x_scale, bool(transpose_scale), scale_dtype)
             scale_out = x_scale if x_scale.stride() == want else x_scale.as_strided(x_scale.shape, want)
-        mine = {n: t for n, t, g in (("x_fp8", x_fp8, given[0]), ("x_scale", x_scale, given[1])) if g}
-        if mine:
-            _check_buffers(mine, o, positions, cos_cache, sin_cache)
+        mine = None
+        if given[0] or given[1]:
+            mine = {n: t for n, t, g in (("x_fp8", x_fp8, given[0]), ("x_scale", x_scale, given[1])) if g}
+            C.check_writable_here(OP, mine)
+            C.check_apart(OP, mine, {"o": o, "positions": positions, "cos_cache": cos_cache,
+                                     "sin_cache": sin_cache})
         impl.fn()(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size)
         if mine:  # written through raw pointers: tell autograd the caller's buffers changed
             increment_version(tuple(mine.values()))
     return x_fp8, x_scale
-
-
-def _check_buffers(buffers: dict, o, positions, cos_cache, sin_cache) -> None:
-    """What writing into the caller's buffers needs beyond their layout: writable here, and no element shared
-    with each other or with an input (the kernels read inputs while other blocks write), as far as
-    :func:`fusedrope._checks.shares_memory` can tell."""
-    if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in buffers.values()):
-        raise RuntimeError(f"{OP}: writing into an inference tensor outside torch.inference_mode(), "
-                           "which torch does not allow either")
-    C.check_apart(OP, buffers, {"o": o, "positions": positions, "cos_cache": cos_cache, "sin_cache": sin_cache})
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128,

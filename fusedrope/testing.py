@@ -98,9 +98,11 @@ TTS_CASES = tuple(TtsCase(n, b, s, hq, hkv) for n, (s, hq, hkv) in TTS_SHAPES.it
 
 def _check_even(who: str, name: str, v) -> None:
     """Rotations pair dims: an odd width would silently come back one narrower or wider."""
-    if type(v) is not int or v < 2 or v % 2:
-        from ._checks import fail
+    from ._checks import fail
 
+    if type(v) is not int:
+        fail(who, name, "an even int >= 2", repr(v), TypeError)
+    if v < 2 or v % 2:
         fail(who, name, "an even int >= 2", repr(v))
 
 
@@ -149,7 +151,8 @@ def make_tts_inputs(case: TtsCase, dtype: torch.dtype = torch.bfloat16, device="
         Independent random cos/sin (the two halves differ), to catch kernels that assume ``cos[i] == cos[i+h]``.
     subnormal : bool, default False
         ``q`` and ``sin`` scaled into ``dtype``'s subnormal range (most values below the smallest normal), so
-        that ``q``'s outputs and ``k``'s ``sin`` terms are subnormal: a kernel that flushes them fails.
+        that ``q``'s inputs and outputs are subnormal: a kernel that flushes them fails. (``k``'s ``sin`` terms
+        are subnormal too, but too small against its ``cos`` terms for a flush to show after rounding.)
 
     Returns
     -------

@@ -68,7 +68,7 @@ def validate(q, k, cos, sin, inplace: bool) -> tuple:
     if not ok:
         _diagnose(q, k, cos, sin, inplace)
     if inplace:
-        _check_inplace(q, k)
+        _check_inplace(q, k, cos, sin)
     return (dev, dt, qs[3], bool(inplace))
 
 
@@ -79,42 +79,47 @@ def _refuse_inplace_grad(q, k) -> None:
                            "under torch.no_grad() or torch.inference_mode(), or use inplace=False")
 
 
-def _check_inplace(q, k) -> None:
+def _check_inplace(q, k, cos, sin) -> None:
     """What in-place writes need beyond valid inputs, as torch's own in-place ops demand it."""
     if 0 in q.stride() or 0 in k.stride():
         C.check_writable_no_overlap(OP, "q", q)
         C.check_writable_no_overlap(OP, "k", k)
-    C.check_apart(OP, {"k": k}, {"q": q}, " for inplace=True")
+    C.check_apart(OP, {"k": k, "q": q}, {"cos": cos, "sin": sin}, " for inplace=True")
     _refuse_inplace_grad(q, k)
-    if not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
-        raise RuntimeError(f"{OP}: inplace=True on an inference tensor outside torch.inference_mode(), which "
-                           "torch does not allow either")
+    C.check_writable_here(OP, {"q": q, "k": k}, " (inplace=True)")
 
 
 def _check_outputs(q, k, cos, sin, q_out, k_out) -> dict:
     """Caller buffers (either or both): shaped, typed and placed like ``q`` / ``k``, writable, last dim
-    contiguous, sharing no element with each other or an input. Returns them by name."""
+    contiguous, sharing no element with each other or an input. Returns them by name. One boolean expression
+    for buffers that pass (as in ``validate``); the checks one by one only to name what fails."""
     given = {}
     for name, out, src, src_name in (("q_out", q_out, q, "q"), ("k_out", k_out, k, "k")):
         if out is None:
             continue
-        C.check_tensor(OP, name, out, 4)
-        C.check_shape(OP, name, out, tuple(src.shape))
-        if out.dtype != src.dtype:
-            C.fail(OP, name, f"dtype {C.dtype_name(src.dtype)} (same as '{src_name}')", C.dtype_name(out.dtype),
-                   TypeError)
-        C.check_same_device(OP, src_name, src, {name: out})
-        C.check_last_dim_contiguous(OP, name, out)
-        C.check_writable_no_overlap(OP, name, out)
-        if out is src:
-            C.fail(OP, name, f"a buffer apart from '{src_name}' (inplace=True writes into q and k)",
-                   f"'{src_name}' itself")
+        try:
+            ok = (out.shape == src.shape and out.dtype is src.dtype and out.device == src.device
+                  and out.stride()[3] == 1 and 0 not in out.stride() and out is not src)
+        except (AttributeError, TypeError, IndexError):
+            ok = False
+        if not ok:
+            _diagnose_output(name, out, src, src_name)
         given[name] = out
     C.check_apart(OP, given, {"q": q, "k": k, "cos": cos, "sin": sin})
-    if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in given.values()):
-        raise RuntimeError(f"{OP}: writing into an inference tensor outside torch.inference_mode(), which torch "
-                           "does not allow either")
+    C.check_writable_here(OP, given)
     return given
+
+
+def _diagnose_output(name, out, src, src_name) -> None:
+    C.check_tensor(OP, name, out, 4)
+    C.check_shape(OP, name, out, tuple(src.shape))
+    C.check_same_dtype(OP, src_name, src, {name: out})
+    C.check_same_device(OP, src_name, src, {name: out})
+    C.check_last_dim_contiguous(OP, name, out)
+    C.check_writable_no_overlap(OP, name, out)
+    if out is src:
+        C.fail(OP, name, f"a buffer apart from '{src_name}' (inplace=True writes into q and k)",
+               f"'{src_name}' itself")
 
 
 # -- backends -----------------------------------------------------------------------------------------
@@ -178,7 +183,8 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
     q_out, k_out : torch.Tensor, optional
         Buffers to write the results into (either or both; the other is allocated), shaped, typed and placed
         like ``q`` / ``k``, any strides with the last one 1, sharing no memory with an input: e.g. ``k_out`` a
-        slice of a static KV cache, so rotated keys land there without a copy. Not with ``inplace=True``.
+        slice of a static KV cache, so rotated keys land there without a copy. Not with ``inplace=True``, and,
+        as torch's ``out=``, not with grad mode on and an input or buffer that requires grad.
     backend : str, default "auto"
         ``"auto"``, ``"cuda"``, ``"triton"`` or ``"reference"``. ``auto`` honours ``FUSEDROPE_BACKEND``.
 
@@ -195,7 +201,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
     fusedrope.BackendUnavailableError
         An explicitly requested backend cannot run these inputs.
     RuntimeError
-        ``inplace=True`` when ``q`` or ``k`` requires grad, a buffer that requires grad, or writing into an
+        ``inplace=True`` or buffers with grad mode on and a tensor that requires grad, or writing into an
         inference tensor outside ``torch.inference_mode()``.
 
     Examples
@@ -227,27 +233,29 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
 
 
 def _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend):
-    """:func:`qwen3_tts_rope` with caller buffers: eager, traced (the ``_out`` torch op), or with inputs that
-    require grad (the bytes carry no autograd history, as under ``torch.no_grad()``)."""
+    """:func:`qwen3_tts_rope` with caller buffers, eager or traced (the ``_out`` torch op). Like torch's own
+    ``out=`` arguments, not with autograd: written bytes have no history to keep."""
     if inplace:
         name = "q_out" if q_out is not None else "k_out"
         C.fail(OP, name, "None with inplace=True (which writes into q and k)", "a tensor")
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q_out, k_out)):
-        raise RuntimeError(f"{OP}: an output buffer that requires grad cannot be written (no autograd formula); "
-                           "pass buffers that do not require grad, or call under torch.no_grad()")
+    if C.needs_grad(q, k, cos, sin, q_out, k_out):
+        raise RuntimeError(f"{OP}: q_out= / k_out= have no autograd formula, and an input or buffer requires "
+                           "grad; call it under torch.no_grad() or torch.inference_mode(), or without buffers")
     if torch.compiler.is_compiling():
         validate(q, k, cos, sin, False)  # the errors eager gives, before allocating the missing buffer
         q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
         k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k_out is None else k_out
         torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, backend)
         return q_out, k_out
-    with torch.no_grad():
-        return _run(q, k, cos, sin, False, backend, q_out, k_out)
+    return _run(q, k, cos, sin, False, backend, q_out, k_out)
 
 
 def explain_args(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
     C.check_bool(OP, "inplace", inplace)
-    return validate(q, k, cos, sin, inplace), backend
+    facts = validate(q, k, cos, sin, inplace)
+    if q_out is not None or k_out is not None:
+        _check_outputs(q, k, cos, sin, q_out, k_out)  # explain raises what the call would
+    return facts, backend
 
 
 # -- torch ops: opaque to torch.compile, capturable in CUDA graphs -----------------------------------

@@ -315,8 +315,12 @@ def test_inplace_into_itself_or_with_autograd():
         fusedrope.qwen3_tts_rope(leaf, k, cos, sin, inplace=True, backend="reference")
     with torch.inference_mode():
         q_inf = q.clone()
-    with pytest.raises(RuntimeError, match="inplace=True on an inference tensor outside torch.inference_mode"):
+    with pytest.raises(RuntimeError, match=re.escape(
+            "qwen3_tts_rope: argument 'q' (inplace=True) expected a tensor writable outside torch.inference_mode(), "
+            "got an inference tensor")):
         fusedrope.qwen3_tts_rope(q_inf, k, cos, sin, inplace=True, backend="reference")
+    with pytest.raises(ValueError, match="argument 'q' expected memory apart from 'cos' for inplace=True"):
+        fusedrope.qwen3_tts_rope(q, k, q[:, 0], sin, inplace=True, backend="reference")  # cos read from q
 
 
 def test_backend_the_op_does_not_have(monkeypatch):
@@ -352,7 +356,9 @@ def test_buffers_that_are_inference_tensors_outside_inference_mode():
     with torch.inference_mode():
         args["x_fp8"], args["x_scale"] = fusedrope.empty_quant_outputs(args["o"], 2)
     for backend in ("reference", "triton"):
-        with pytest.raises(RuntimeError, match="inference tensor outside torch.inference_mode"):
+        with pytest.raises(RuntimeError, match=re.escape(
+                "inverse_rope_group_quant: argument 'x_fp8' expected a tensor writable outside "
+                "torch.inference_mode(), got an inference tensor")):
             fusedrope.inverse_rope_group_quant(**args, backend=backend)
 
 

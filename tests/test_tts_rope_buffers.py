@@ -92,16 +92,24 @@ def _bad(case):
     if case == "with inplace":
         return args, dict(inplace=True, k_out=torch.empty_like(k)), ValueError, "argument 'k_out' expected None with inplace=True (which writes into q and k), got a tensor"
     if case == "requires grad":
-        return args, dict(q_out=torch.zeros(2, 4, 3, 64, dtype=q.dtype, requires_grad=True)), RuntimeError, "an output buffer that requires grad cannot be written"
+        return args, dict(q_out=torch.zeros(2, 4, 3, 64, dtype=q.dtype, requires_grad=True)), RuntimeError, "q_out= / k_out= have no autograd formula, and an input or buffer requires grad"
+    if case == "input requires grad":
+        args["q"] = q.clone().requires_grad_()
+        return args, dict(k_out=torch.empty_like(k)), RuntimeError, "q_out= / k_out= have no autograd formula, and an input or buffer requires grad"
     if case == "inference tensor":
         with torch.inference_mode():
             buf = torch.empty(2, 2, 3, 64, dtype=q.dtype)
-        return args, dict(k_out=buf), RuntimeError, "writing into an inference tensor outside torch.inference_mode()"
+        return args, dict(k_out=buf), RuntimeError, "argument 'k_out' expected a tensor writable outside torch.inference_mode(), got an inference tensor"
+    if case == "over sin":
+        buf = torch.randn(2, 2, 3, 64, dtype=q.dtype, device=q.device)
+        args["sin"] = buf[0]
+        return args, dict(k_out=buf), ValueError, "argument 'k_out' expected memory apart from 'sin', got a tensor sharing elements with 'sin'"
     raise AssertionError(case)
 
 
-BAD = ["q_out is q", "k_out inside q", "q_out over cos", "q_out and k_out overlap", "shape", "dtype", "device",
-       "last stride", "broadcast", "not a tensor", "with inplace", "requires grad", "inference tensor"]
+BAD = ["q_out is q", "k_out inside q", "q_out over cos", "q_out and k_out overlap", "over sin", "shape", "dtype",
+       "device", "last stride", "broadcast", "not a tensor", "with inplace", "requires grad", "input requires grad",
+       "inference tensor"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -118,26 +126,59 @@ def test_bad_buffers_are_refused_before_anything_is_written(case):
         assert torch.equal(bufs[n], t) or (t.isnan().any() and torch.equal(bufs[n].isnan(), t.isnan()))
 
 
-def test_inputs_that_require_grad_write_plain_bytes():
-    """As op 2 does: the bytes in a caller's buffer carry no autograd history (as under torch.no_grad())."""
+def test_inputs_that_require_grad_under_no_grad():
+    """Refused in grad mode (see BAD), as torch's out= arguments are; under torch.no_grad() plain bytes."""
     q, k, cos, sin = _inputs()
     leaf = q.clone().requires_grad_()
     _, k_view = _cache(k)
-    q_out, k_out = fusedrope.qwen3_tts_rope(leaf, k, cos, sin, k_out=k_view, backend="reference")
-    assert k_out is k_view and not k_out.requires_grad
+    with torch.no_grad():
+        q_out, k_out = fusedrope.qwen3_tts_rope(leaf, k, cos, sin, k_out=k_view, backend="reference")
+    assert k_out is k_view and not k_out.requires_grad and not q_out.requires_grad
     assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
 
 
-def test_explain_takes_the_buffers():
+def test_explain_takes_the_buffers_and_raises_what_the_call_would():
     q, k, cos, sin = _inputs()
     ex = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, k_out=torch.empty_like(k), backend="reference")
     assert ex.chosen == "reference"
+    with pytest.raises(ValueError, match="^qwen3_tts_rope: argument 'k_out' expected shape"):
+        fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, k_out=torch.empty_like(q))
 
 
-def test_torch_op_and_compile():
+def test_torch_op_and_its_fake_check_the_buffers():
     q, k, cos, sin = _inputs()
     torch.library.opcheck(torch.ops.fusedrope.qwen3_tts_rope_out.default,
                           (q, k, cos, sin, torch.empty_like(q), _cache(k)[1], "reference"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fq, fk, fc, fs = (mode.from_tensor(t) for t in (q, k, cos, sin))
+        with pytest.raises(ValueError, match="argument 'k_out' expected shape"):
+            torch.ops.fusedrope.qwen3_tts_rope_out(fq, fk, fc, fs, torch.empty_like(fq), torch.empty_like(fq))
+
+
+@pytest.mark.parametrize("which", ["q_out", "k_out", "both"])
+def test_torch_compile_into_buffers(which):
+    q, k, cos, sin = _inputs()
+
+    def step(q, k, cos, sin, q_buf, k_buf):
+        bufs = {"q_out": q_buf, "k_out": k_buf}
+        q_out, k_out = fusedrope.qwen3_tts_rope(q * 2, k, cos, sin, **(bufs if which == "both" else {which: bufs[which]}))
+        return q_out + 1, k_out.sum(-1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    eager_bufs, compiled_bufs = (torch.empty_like(q), torch.empty_like(k)), (torch.empty_like(q), torch.empty_like(k))
+    want = step(q, k, cos, sin, *eager_bufs)
+    got = compiled(q, k, cos, sin, *compiled_bufs)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for name, e, c in zip(("q_out", "k_out"), eager_bufs, compiled_bufs):
+        if which in (name, "both"):
+            assert torch.equal(e, c)
+
+
+def test_torch_compile_writes_into_a_cache_slice():
+    q, k, cos, sin = _inputs()
 
     def step(q, k, cos, sin, k_cache):
         q_out, _ = fusedrope.qwen3_tts_rope(q * 2, k, cos, sin, k_out=k_cache[:, :, POS:POS + q.shape[2]])
