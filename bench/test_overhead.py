@@ -2,9 +2,9 @@
 
     pytest bench/test_overhead.py --benchmark-only --benchmark-group-by=group
 
-``public`` calls ``fusedrope.qwen3_tts_rope`` (also ``inplace`` into views of one fused qkv buffer);
-``direct`` calls the same backend function on outputs allocated the same way; ``validate+select`` is the
-difference the public API adds (target: < 3 us).
+``public`` calls ``fusedrope.qwen3_tts_rope`` (also ``inplace`` into views of one fused qkv buffer, and into
+caller buffers); ``direct`` calls the same backend function on outputs allocated the same way;
+``validate+select`` is the difference the public API adds (target: < 3 us).
 A no-op backend isolates the host path from any kernel time.
 """
 
@@ -57,6 +57,13 @@ def test_public_call_inplace_fused_qkv(benchmark, noop_reference):
     cos, sin = torch.randn(1, 1, 8, dtype=torch.bfloat16), torch.randn(1, 1, 8, dtype=torch.bfloat16)
     with torch.no_grad():
         benchmark(lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True, backend="reference"))
+
+
+def test_public_call_into_buffers(benchmark, tiny, noop_reference):
+    """q_out= / k_out= (e.g. a KV-cache slice): the buffers' checks on top of the out-of-place call."""
+    q, k, cos, sin = tiny
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    benchmark(lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin, q_out=q_out, k_out=k_out, backend="reference"))
 
 
 def test_direct_backend_call(benchmark, tiny, noop_reference):
