@@ -235,9 +235,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
 def _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend):
     """:func:`qwen3_tts_rope` with caller buffers, eager or traced (the ``_out`` torch op). Like torch's own
     ``out=`` arguments, not with autograd: written bytes have no history to keep."""
-    if inplace:
-        name = "q_out" if q_out is not None else "k_out"
-        C.fail(OP, name, "None with inplace=True (which writes into q and k)", "a tensor")
+    _refuse_buffers_in_place(inplace, q_out, k_out)
     if C.needs_grad(q, k, cos, sin, q_out, k_out):
         raise RuntimeError(f"{OP}: q_out= / k_out= have no autograd formula, and an input or buffer requires "
                            "grad; call it under torch.no_grad() or torch.inference_mode(), or without buffers")
@@ -250,12 +248,20 @@ def _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend):
     return _run(q, k, cos, sin, False, backend, q_out, k_out)
 
 
+def _refuse_buffers_in_place(inplace, q_out, k_out) -> None:
+    if inplace:
+        name = "q_out" if q_out is not None else "k_out"
+        C.fail(OP, name, "None with inplace=True (which writes into q and k)", "a tensor")
+
+
 def explain_args(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
     C.check_bool(OP, "inplace", inplace)
-    facts = validate(q, k, cos, sin, inplace)
-    if q_out is not None or k_out is not None:
-        _check_outputs(q, k, cos, sin, q_out, k_out)  # explain raises what the call would
-    return facts, backend
+    if q_out is not None or k_out is not None:  # explain raises what the call would
+        _refuse_buffers_in_place(inplace, q_out, k_out)
+        facts = validate(q, k, cos, sin, False)
+        _check_outputs(q, k, cos, sin, q_out, k_out)
+        return facts, backend
+    return validate(q, k, cos, sin, inplace), backend
 
 
 # -- torch ops: opaque to torch.compile, capturable in CUDA graphs -----------------------------------

@@ -143,6 +143,8 @@ def test_explain_takes_the_buffers_and_raises_what_the_call_would():
     assert ex.chosen == "reference"
     with pytest.raises(ValueError, match="^qwen3_tts_rope: argument 'k_out' expected shape"):
         fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, k_out=torch.empty_like(q))
+    with pytest.raises(ValueError, match="^qwen3_tts_rope: argument 'k_out' expected None with inplace=True"):
+        fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, inplace=True, k_out=torch.empty_like(k))
 
 
 def test_torch_op_and_its_fake_check_the_buffers():
