@@ -295,18 +295,14 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
     if x_fp8 is not None:
         C.check_tensor(OP, "x_fp8", x_fp8)
         C.check_shape(OP, "x_fp8", x_fp8, fp_shape)
-        if x_fp8.dtype != fp8_dtype:  # the dtype came from the fp8_dtype argument, or it would be x_fp8's
-            C.fail(OP, "x_fp8", f"dtype {C.dtype_name(fp8_dtype)} (as fp8_dtype says)", C.dtype_name(x_fp8.dtype),
-                   TypeError)
+        _check_buffer_dtype("x_fp8", x_fp8, fp8_dtype, "fp8_dtype")
         if not x_fp8.is_contiguous():
             C.fail(OP, "x_fp8", "a contiguous tensor", f"strides {tuple(x_fp8.stride())}")
         C.check_same_device(OP, "o", o, {"x_fp8": x_fp8})
     if x_scale is not None:
         C.check_tensor(OP, "x_scale", x_scale)
         C.check_shape(OP, "x_scale", x_scale, sc_shape)
-        if x_scale.dtype != scale_dtype:  # likewise from scale_dtype
-            C.fail(OP, "x_scale", f"dtype {C.dtype_name(scale_dtype)} (as scale_dtype says)",
-                   C.dtype_name(x_scale.dtype), TypeError)
+        _check_buffer_dtype("x_scale", x_scale, scale_dtype, "scale_dtype")
         if buffer_scale_strides(x_scale, bool(transpose_scale), scale_dtype) is None:
             want = scale_strides(sc_shape, bool(transpose_scale), scale_dtype)
             if transpose_scale:
@@ -321,6 +317,12 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
     facts = (o.device, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype,
              fp8_dtype, scale_dtype, bool(transpose_scale))
     return facts, fp8_dtype, scale_dtype
+
+
+def _check_buffer_dtype(name: str, buffer: torch.Tensor, dtype: torch.dtype, arg: str) -> None:
+    """A buffer of another dtype than resolved: it came from the argument ``arg``, or it would be the buffer's."""
+    if buffer.dtype != dtype:
+        C.fail(OP, name, f"dtype {C.dtype_name(dtype)} (as {arg} says)", C.dtype_name(buffer.dtype), TypeError)
 
 
 def check_positions_on_host(positions: torch.Tensor, num_tokens: int, max_pos: int) -> None:
