@@ -72,12 +72,17 @@ def _is_int(v) -> bool:
     return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
 
 
+def _got(v) -> str:
+    """``v`` for a message; its type too where that is why it was refused (``np.int64(2)`` looks like an int)."""
+    return repr(v) if _is_int(v) else f"{v!r} of type {type(v).__name__}"
+
+
 def _group_widths(row: int, num_groups, quant_group_size, scale_dtype=None, op: str = OP) -> tuple[int, int]:
     """``(Dg, Ks)`` for a token row of ``row = H*head_dim`` elements, after checking the group arguments."""
     if not _is_int(num_groups) or num_groups < 1 or row % num_groups:
-        C.fail(op, "num_groups", f"a positive int dividing H*head_dim={row}", repr(num_groups))
+        C.fail(op, "num_groups", f"a positive int dividing H*head_dim={row}", _got(num_groups))
     if not _is_int(quant_group_size) or quant_group_size not in QUANT_GROUP_SIZES:
-        C.fail(op, "quant_group_size", f"one of {QUANT_GROUP_SIZES}", repr(quant_group_size))
+        C.fail(op, "quant_group_size", f"one of {QUANT_GROUP_SIZES}", _got(quant_group_size))
     dg = row // num_groups
     if dg % quant_group_size:
         C.fail(op, "quant_group_size", f"a divisor of the group width Dg=H*head_dim/num_groups={dg}",
@@ -351,6 +356,19 @@ REGISTRY.register(Impl("cuda", ".cuda_inverse_rope_quant:inverse_rope_group_quan
                        _cuda.available))
 
 
+def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
+    """What the call checks beyond :func:`validate` (explain does too): the positions debug switch, and that the
+    caller's buffers (None when not given) are writable here and apart from the inputs; returns those buffers."""
+    if os.environ.get(ENV_CHECK_POSITIONS, "0") not in ("", "0"):
+        check_positions_on_host(positions, o.shape[0], cos_cache.shape[0])
+    mine = {n: t for n, t in (("x_fp8", x_fp8), ("x_scale", x_scale)) if t is not None}
+    if mine and o.numel():
+        C.check_writable_here(OP, mine)
+        C.check_apart(OP, mine, {"o": o, "positions": positions, "cos_cache": cos_cache,
+                                 "sin_cache": sin_cache})
+    return mine
+
+
 def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8, x_scale,
          fp8_dtype, scale_dtype, backend):
     facts, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
@@ -359,8 +377,8 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
     given = x_fp8 is not None, x_scale is not None
     x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype, x_fp8,
                               x_scale)
-    if os.environ.get(ENV_CHECK_POSITIONS, "0") not in ("", "0"):
-        check_positions_on_host(positions, o.shape[0], cos_cache.shape[0])
+    mine = _check_call(o, positions, cos_cache, sin_cache, x_fp8 if given[0] else None,
+                       x_scale if given[1] else None)
     if o.numel():
         # A caller's scale buffer may carry any stride on a size-1 dim (e.g. Ks == 1); the backends get the
         # view with the strides of buffer_scale_strides, which addresses the same elements.
@@ -368,12 +386,6 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
         if given[1]:
             want = buffer_scale_strides(x_scale, bool(transpose_scale), scale_dtype)
             scale_out = x_scale if x_scale.stride() == want else x_scale.as_strided(x_scale.shape, want)
-        mine = None
-        if given[0] or given[1]:
-            mine = {n: t for n, t, g in (("x_fp8", x_fp8, given[0]), ("x_scale", x_scale, given[1])) if g}
-            C.check_writable_here(OP, mine)
-            C.check_apart(OP, mine, {"o": o, "positions": positions, "cos_cache": cos_cache,
-                                     "sin_cache": sin_cache})
         impl.fn()(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size)
         if mine:  # written through raw pointers: tell autograd the caller's buffers changed
             increment_version(tuple(mine.values()))
@@ -485,6 +497,7 @@ def explain_args(o, positions, cos_cache, sin_cache, num_groups, quant_group_siz
                  x_fp8=None, x_scale=None, *, fp8_dtype=None, scale_dtype=None, backend="auto"):
     facts = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
                      x_scale, fp8_dtype, scale_dtype)[0]
+    _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale)  # explain raises what the call would
     return facts, backend
 
 

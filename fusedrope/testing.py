@@ -186,8 +186,8 @@ def make_tts_inputs(case: TtsCase, dtype: torch.dtype = torch.bfloat16, device="
 
 def own_batch_strides(cos: torch.Tensor, sin: torch.Tensor, expanded: str = "cos") -> tuple:
     """``(cos, sin)`` with the same values, where the ``expanded`` one ("cos" or "sin") is its batch 0 expanded
-    over B (batch stride 0) and the other sits at batch stride S*D + 4: for b >= 1 its rows are not 16-byte
-    aligned, so a kernel must check each table's batch stride on its own before a 16-byte path."""
+    over B (batch stride 0) and the other sits at batch stride S*D + 4: for odd b and a 2-byte dtype its rows are
+    not 16-byte aligned, so a kernel must check each table's batch stride on its own before a 16-byte path."""
     B, S, D = cos.shape
     other = sin if expanded == "cos" else cos
     padded = torch.empty(B, S * D + 4, dtype=other.dtype, device=other.device)

@@ -1,5 +1,6 @@
 """Bad input raises a clear exception naming the argument, what was expected and what was given."""
 
+import functools
 import re
 
 import numpy as np
@@ -168,7 +169,7 @@ QUANT_CASES = {
     "rope too wide": (quant_bad(cos_cache=torch.zeros(4, 300), sin_cache=torch.zeros(4, 300)), ValueError,
                       "argument 'cos_cache' expected shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim=512, got [4, 300]"),
     "groups": (quant_bad(num_groups=3), ValueError, "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got 3"),
-    "groups float": (quant_bad(num_groups=2.0), ValueError, "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got 2.0"),
+    "groups float": (quant_bad(num_groups=2.0), ValueError, "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got 2.0 of type float"),
     "group size": (quant_bad(quant_group_size=48), ValueError,
                    "argument 'quant_group_size' expected one of (32, 64, 128, 256), got 48"),
     "group size vs Dg": (quant_bad(num_groups=32, quant_group_size=128), ValueError,
@@ -201,13 +202,13 @@ QUANT_CASES = {
                      "argument 'o' expected an even head_dim (last dim), so that rope pairs never straddle a head "
                      "or a quant block, got head_dim=65"),
     "groups numpy": (quant_bad(num_groups=np.int64(2)), ValueError,
-                     "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got np.int64(2)"),
+                     "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got np.int64(2) of type int64"),
     "group size float": (quant_bad(quant_group_size=128.0), ValueError,
-                         "argument 'quant_group_size' expected one of (32, 64, 128, 256), got 128.0"),
+                         "argument 'quant_group_size' expected one of (32, 64, 128, 256), got 128.0 of type float"),
     "group size numpy": (quant_bad(quant_group_size=np.int64(64)), ValueError,
-                         "argument 'quant_group_size' expected one of (32, 64, 128, 256), got np.int64(64)"),
+                         "argument 'quant_group_size' expected one of (32, 64, 128, 256), got np.int64(64) of type int64"),
     "group size bool": (quant_bad(quant_group_size=True), ValueError,
-                        "argument 'quant_group_size' expected one of (32, 64, 128, 256), got True"),
+                        "argument 'quant_group_size' expected one of (32, 64, 128, 256), got True of type bool"),
     "x_scale vs scale_dtype": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.uint8), scale_dtype=torch.float32),
                                TypeError, "argument 'x_scale' expected dtype float32 (as scale_dtype says), got uint8"),
     "x_scale layout": (quant_bad(x_scale=lambda a: _bufs(transpose_scale=True)(a)[1]), ValueError,
@@ -355,11 +356,12 @@ def test_buffers_that_are_inference_tensors_outside_inference_mode():
     (args, _), = [quant_bad()]
     with torch.inference_mode():
         args["x_fp8"], args["x_scale"] = fusedrope.empty_quant_outputs(args["o"], 2)
-    for backend in ("reference", "triton"):
+    calls = [functools.partial(fusedrope.inverse_rope_group_quant, backend=b) for b in ("reference", "triton")]
+    for call in (*calls, functools.partial(fusedrope.explain, "inverse_rope_group_quant")):
         with pytest.raises(RuntimeError, match=re.escape(
                 "inverse_rope_group_quant: argument 'x_fp8' expected a tensor writable outside "
                 "torch.inference_mode(), got an inference tensor")):
-            fusedrope.inverse_rope_group_quant(**args, backend=backend)
+            call(**args)
 
 
 def test_explain_names_the_op_for_missing_arguments():

@@ -246,6 +246,8 @@ def test_out_of_range_positions_are_clamped(backend, monkeypatch):
     with pytest.raises(ValueError, match=r"argument 'positions' expected values in \[0, max_pos=32\), "
                                          r"got positions\[0\]=-5 \(3 out of range\)"):
         fusedrope.inverse_rope_group_quant(o, wild, cos, sin, 1, backend=backend, fp8_dtype=FP8_HERE)
+    with pytest.raises(ValueError, match=r"argument 'positions' expected values in \[0, max_pos=32\)"):
+        fusedrope.explain("inverse_rope_group_quant", o, wild, cos, sin, 1, backend=backend)  # as the call would
     fusedrope.inverse_rope_group_quant(o, tame, cos, sin, 1, backend=backend, fp8_dtype=FP8_HERE)  # in range: fine
 
 

@@ -173,10 +173,14 @@ def _overlapping(case):
 
 @pytest.mark.parametrize("case", ["x_scale inside x_fp8", "x_fp8 over o", "x_scale over cos_cache",
                                   "x_scale over positions"])
-def test_buffers_sharing_memory_are_refused(case):
+@pytest.mark.parametrize("how", ["call", "explain"])
+def test_buffers_sharing_memory_are_refused(case, how):
     args, name, other = _overlapping(case)
     before = {n: t.clone() for n, t in args.items() if n in ("o", "positions", "cos_cache")}
     with pytest.raises(ValueError, match=f"inverse_rope_group_quant: argument '{name}' expected memory apart "
                                          f"from '{other}', got a tensor sharing elements with '{other}'"):
-        fusedrope.inverse_rope_group_quant(**args, num_groups=2, backend="reference")
+        if how == "call":
+            fusedrope.inverse_rope_group_quant(**args, num_groups=2, backend="reference")
+        else:  # explain raises what the call would
+            fusedrope.explain("inverse_rope_group_quant", **args, num_groups=2)
     assert all(torch.equal(args[n], t) for n, t in before.items())
