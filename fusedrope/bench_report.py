@@ -23,6 +23,7 @@ import csv
 import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -40,8 +41,12 @@ CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "t
 
 
 def write_json(results: dict, path) -> Path:
+    """Written whole or not at all (a temporary file renamed over it): a run killed mid-write keeps the last
+    complete version, which the gpu/ scripts rely on."""
     path = Path(path)
-    path.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
     return path
 
 

@@ -88,7 +88,7 @@ def time_per_call_us(call: Callable[[int], object], n: int, device: torch.device
     return statistics.median(samples)
 
 
-def _capture(graph, call: Callable[[int], object], n: int) -> None:
+def capture_graph(graph, call: Callable[[int], object], n: int) -> None:
     """Capture ``n`` calls into ``graph``. On failure the caller's stream is restored (torch's context manager
     skips that when ending the capture raises, leaving later work on the dead capture stream) and the call's own
     error is raised, not the capture's "operation failed due to a previous error during capture"."""
@@ -134,7 +134,7 @@ def time_graph_us(call: Callable[[int], object], n: int, reps: int = 5) -> float
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    _capture(graph, call, n)
+    capture_graph(graph, call, n)
     graph.replay()
     torch.cuda.synchronize()
     samples = []

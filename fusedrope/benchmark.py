@@ -60,6 +60,7 @@ from .tts_rope import OP as TTS
 
 OPS = (TTS, QUANT)
 ENV_GIT_COMMIT = "FUSEDROPE_GIT_COMMIT"
+ENV_GIT_DIRTY = "FUSEDROPE_GIT_DIRTY"  # "0" / "1": the state of the tree named by ENV_GIT_COMMIT
 CPU_LABEL = "CPU, not representative: wall-clock timing on a CPU, no GPU kernel ran"
 DEFAULT_L2_BYTES = 60 * 2**20  # H200; used when the device does not report its L2
 # Caches behind the L2 that rotated inputs must outgrow too, by arch prefix: the 256 MB AMD Infinity Cache (MALL)
@@ -346,6 +347,8 @@ def _liger():
         from liger_kernel.ops.rope import LigerRopeFunction
     except ImportError as e:
         return None, f"liger_kernel not installed ({e})"
+    except Exception as e:  # noqa: BLE001 - a peer broken by this torch/triton must not cost our own rows
+        return None, f"liger_kernel failed to import: {type(e).__name__}: {str(e)[:200]}"
     try:
         return LigerRopeFunction.apply, metadata.version("liger-kernel")
     except metadata.PackageNotFoundError:
@@ -502,6 +505,12 @@ def auto_backend(op: str, case, sets: list) -> Optional[str]:
     return explain(op, *op_args(op, case, sets[0])).chosen
 
 
+def failed_rows(rows: list) -> list:
+    """The rows whose contender failed: its call raised, or its graph capture did (that row keeps its per-call
+    time but has no device time: an error too, for the CLI, the gpu/ scripts and their summary alike)."""
+    return [r for r in rows if r.get("status") == "error" or r.get("device_error")]
+
+
 def measure(op: str, case, contender_list: list[Contender], device: torch.device, *, reps: int = 5,
             copy_tbps: Optional[float] = None, graph: bool = True, transpose_scale: bool = False,
             sets: Optional[list] = None, log: Callable[[str], None] = lambda s: None) -> list[dict]:
@@ -607,10 +616,12 @@ def _git(*args: str) -> str:
 def git_state() -> tuple[str, Optional[bool]]:
     """``(commit, dirty)``: ``$FUSEDROPE_GIT_COMMIT`` if set (a copy of the tree without ``.git``, as a device
     machine gets), else the checkout's HEAD, else "unknown"; ``dirty`` is None where the checkout cannot say
-    (no checkout, or its HEAD is not the commit named)."""
+    (no checkout, or its HEAD is not the commit named), unless ``$FUSEDROPE_GIT_DIRTY`` ("0" / "1", set where
+    the tree was sent from) says."""
     head, named = _git("rev-parse", "HEAD"), os.environ.get(ENV_GIT_COMMIT, "")
     if not head or (named and not head.startswith(named)):
-        return named or head or "unknown", None
+        told = os.environ.get(ENV_GIT_DIRTY, "")
+        return named or head or "unknown", {"0": False, "1": True}.get(told) if named else None
     return head, bool(_git("status", "--porcelain", "--untracked-files=no"))
 
 
@@ -808,7 +819,7 @@ def cli(args, command: str) -> int:
     print()
     print(markdown(results))
     print("files:", *results["files"], sep="\n  ")
-    errors = [r for r in results["rows"] if r.get("status") == "error" or r.get("device_error")]
-    for r in errors:  # a failed graph capture leaves the row's per-call time, but no device time: an error too
+    errors = failed_rows(results["rows"])
+    for r in errors:
         print(f"ERROR {r['op']} {r['case']} {r['contender']}: {r.get('device_error') or r['reason']}")
     return 1 if errors else 0

@@ -33,6 +33,12 @@ def _load(path: Path) -> dict:
         return {"_missing": f"{path}: {type(e).__name__}: {e}"}
 
 
+def rows_line(rows: list) -> str:
+    failed = B.failed_rows(rows)
+    return (f"{len(rows) - len(failed)}/{len(rows)} bench rows ok"
+            + (f" (FAILED: {', '.join(r['case'] + '/' + r['contender'] for r in failed[:4])})" if failed else ""))
+
+
 def tts_line(res: dict) -> str:
     if "_missing" in res:
         return res["_missing"]
@@ -41,8 +47,7 @@ def tts_line(res: dict) -> str:
     not_ok = [f"{n} ({s['status'][:60]})" for n, s in res.get("sections", {}).items() if s["status"] != "ok"]
     rows = res.get("rows", [])
     return (f"{len(checks) - len(bad)}/{len(checks)} checks ok" + (f", FAILED {bad[:4]}" if bad else "")
-            + f"; {sum(r.get('status') == 'ok' for r in rows)}/{len(rows)} bench rows ok"
-            + f"; sections not ok: {', '.join(not_ok) or 'none'}")
+            + f"; {rows_line(rows)}; sections not ok: {', '.join(not_ok) or 'none'}")
 
 
 def quant_line(res: dict) -> str:
@@ -50,8 +55,17 @@ def quant_line(res: dict) -> str:
         return res["_missing"]
     secs = res.get("sections", {})
     rows = secs.get("bench", {}).get("rows", [])
-    return (", ".join(f"{n} {'ok' if s.get('ok') else 'NOT OK'}" for n, s in secs.items())
-            + f"; {sum(r.get('status') == 'ok' for r in rows)}/{len(rows)} bench rows ok")
+    return ", ".join(_section_word(n, s) for n, s in secs.items()) + f"; {rows_line(rows)}"
+
+
+def _section_word(name: str, sec: dict) -> str:
+    """``name ok`` / ``name NOT OK``, with what was skipped or cut (a missing tool, a cut memcheck, bench points
+    the budget left out), so a skip never reads as a plain ok."""
+    skipped = sec.get("skipped")
+    if isinstance(skipped, list):
+        skipped = f"{len(skipped)} points cut by the time budget" if skipped else None
+    word = "ok" if sec.get("ok") else "NOT OK"
+    return f"{name} {word}" + (f" (skipped: {str(skipped)[:70]})" if skipped else "")
 
 
 def main(argv=None) -> int:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -206,6 +207,24 @@ def test_contenders_say_why_they_cannot_run_here():
     assert B.contenders(B.TTS, CPU, interpreter=True)[3].reason is None
 
 
+def test_a_peer_that_fails_to_import_costs_only_its_own_row(monkeypatch):
+    """Liger imports ~40 op modules against the machine's torch/triton: an error other than ImportError there
+    must become the liger row's reason, not lose every op-1 contender."""
+    broken = types.ModuleType("liger_kernel.ops.rope")
+
+    def fail(name):
+        raise RuntimeError("triton.language has no attribute 'foo'")
+
+    broken.__getattr__ = fail
+    for name in ("liger_kernel", "liger_kernel.ops"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "liger_kernel.ops.rope", broken)
+    tts = {c.name: c for c in B.contenders(B.TTS, CPU)}
+    assert tts["liger"].reason == ("liger_kernel failed to import: RuntimeError: triton.language has no attribute "
+                                   "'foo'")
+    assert tts["eager"].reason is None
+
+
 def test_sets_rotate_distinct_inputs_in_engine_layouts():
     q, k, cos, sin = B.make_sets(B.TTS, TTS_CASES[0], CPU)[1]
     assert not q.is_contiguous() and q.shape == (1, 16, 16, 128) and k.shape == (1, 8, 16, 128)
@@ -277,6 +296,12 @@ def test_provenance_without_a_git_checkout(monkeypatch):
     assert B.git_state() == ("0123abc", None)
     monkeypatch.setenv(B.ENV_GIT_COMMIT, "fedcba9")
     assert B.git_state() == ("fedcba9876", False)
+    # where the tree was sent from, its state can travel with the commit
+    monkeypatch.setattr(B, "_git", lambda *args: "")
+    monkeypatch.setenv(B.ENV_GIT_COMMIT, "0123abc")
+    for told, dirty in (("1", True), ("0", False), ("yes", None)):
+        monkeypatch.setenv(B.ENV_GIT_DIRTY, told)
+        assert B.git_state() == ("0123abc", dirty)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -420,10 +445,10 @@ def test_a_failed_graph_capture_raises_the_calls_error_and_restores_the_stream(m
         raise ValueError("a host sync inside the capture")
 
     with pytest.raises(ValueError, match="host sync"):
-        bench_timing._capture(object(), call, 3)
+        bench_timing.capture_graph(object(), call, 3)
     assert stream["now"] == "caller"
     calls = []
-    bench_timing._capture(object(), calls.append, 3)  # a good capture: every call, stream left as it was
+    bench_timing.capture_graph(object(), calls.append, 3)  # a good capture: every call, stream left as it was
     assert calls == [0, 1, 2] and stream["now"] == "caller"
 
 

@@ -4,6 +4,7 @@ stand-in ``compute-sanitizer`` that runs the command it is given and prints memc
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,9 @@ sys.path.insert(0, str(ROOT / "gpu"))
 import memcheck  # noqa: E402
 
 FAKE = """#!/bin/sh
-# compute-sanitizer --tool memcheck --error-exitcode N --print-limit M cmd...
-shift 2; code=$2; shift 4
+# compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode N --print-limit M cmd...
+[ "$3 $4" = "--report-api-errors no" ] || { echo "API errors must not be reported: $*"; exit 3; }
+shift 4; code=$2; shift 4
 "$@"; rc=$?
 echo "========= ERROR SUMMARY: ${FAKE_ERRORS:-0} errors"
 [ "${FAKE_ERRORS:-0}" != 0 ] && exit "$code"
@@ -45,7 +47,27 @@ def test_reads_exit_status_error_count_and_output(fake_tool, monkeypatch):
     r = memcheck.run_memcheck(fake_tool, [sys.executable, "-c", "pass"], 60, error_exitcode=9)
     assert r["returncode"] == 9 and r["errors"] == 3, r
     r = memcheck.run_memcheck(fake_tool, [sys.executable, "-c", "import time; time.sleep(30)"], 1, error_exitcode=9)
-    assert r["returncode"] == "timeout" and r["errors"] is None, r
+    assert r["returncode"] == "timeout" and r["errors"] is None and r["reported"] == 0, r
+
+
+def test_a_timeout_kills_the_instrumented_child_and_keeps_what_it_reported(fake_tool, tmp_path):
+    """The tool's python child must not run on beside the sections that follow (it would skew their timings),
+    and memory errors printed before the cut still count."""
+    pid_file = tmp_path / "child.pid"
+    child = ("import os, time; open(%r, 'w').write(str(os.getpid())); "
+             "print('========= Invalid __global__ write of size 2 bytes', flush=True); time.sleep(60)") % str(pid_file)
+    t = time.monotonic()
+    r = memcheck.run_memcheck(fake_tool, [sys.executable, "-c", child], 2, error_exitcode=9)
+    assert r["returncode"] == "timeout" and r["reported"] == 1 and time.monotonic() - t < 30, r
+    pid = int(pid_file.read_text())
+    for _ in range(50):  # reaped by init shortly after the kill
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the instrumented child {pid} outlived the timeout")
 
 
 def test_op2_script_sanitize_section_plumbing(fake_tool):

@@ -122,6 +122,16 @@ def test_summary_prints_seed_tables_and_targets_from_the_result_files(tmp_path, 
     assert "| #5 cuda >= 1.9x the unfused baseline for S <= 32 | not measured | worst S8-H16-G2" in out
     assert "1/6 points measured" in out
     assert "TB/s from device time from CUDA-graph replay" in out and "fused = cuda" in out
+    assert "1/1 checks ok; 2/2 bench rows ok" in out
+    # a failed graph capture fails its row, and a skip never reads as a plain ok
+    tts["rows"][1]["device_error"] = "RuntimeError: capture failed"
+    quant["sections"]["sanitize"] = {"ok": True, "skipped": "memcheck cut at 60 s with no memory error reported"}
+    for sub, res in (("tts", tts), ("quant", quant)):
+        (tmp_path / sub / "results.json").write_text(json.dumps(res))
+    summarize.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "1/2 bench rows ok (FAILED: wide_heads-B32/compile)" in out
+    assert "sanitize ok (skipped: memcheck cut at 60 s" in out
     for i in range(7):
         (tmp_path / f"extra{i}.txt").write_text("x")
     assert summarize.main([str(tmp_path)]) == 1
