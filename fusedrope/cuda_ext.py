@@ -1,7 +1,7 @@
 """The compiled CUDA kernels: ONE torch extension built from every ``kernels_cuda/*.cu`` and
 ``kernels_cuda/*_torch.cpp`` source, registering its ops under ``torch.ops.fusedrope_cuda``.
 
-* Built on first use (JIT, torch.utils.cpp_extension + ninja + nvcc, about 2 minutes) on a machine with a CUDA
+* Built on first use (JIT, torch.utils.cpp_extension + ninja + nvcc; 11 s on a 2-core VM) on a machine with a CUDA
   torch and a CUDA toolkit, or ahead of time with ``build()`` (``python -m fusedrope build``).
 * Cached in torch's extension directory (``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``) under a
   name that hashes the sources, the torch and CUDA versions and the target architectures, so a changed
@@ -28,7 +28,7 @@ import torch
 from . import jit_ext
 
 NAMESPACE = "fusedrope_cuda"
-BUILD_MESSAGE = "fusedrope: building CUDA kernels (first use, ~2 min) ..."
+BUILD_MESSAGE = "fusedrope: building CUDA kernels (first use, then cached) ..."
 # No -std: torch picks the standard its headers need (C++17 or C++20, by version); the kernels build with
 # both.
 NVCC_FLAGS = ("-O3", "-lineinfo")
