@@ -151,8 +151,9 @@ def emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q, *, head_dim=None, ro
 
 def quant_inputs(S, H, *, dtype=torch.bfloat16, cache_dtype=torch.bfloat16, pos_dtype=torch.int64, max_pos=64,
                  strided_cache=False, strided_pos=False, misaligned=False, seed=0):
-    """o [S, H, 512], positions (some out of range: clamped), cos/sin [max_pos, 32]; ``misaligned`` puts o one
-    element past a 16-byte boundary (the kernels' narrow path)."""
+    """o [S, H, 512], positions (some out of range: clamped; the first three are max_pos, -1 and max_pos - 1,
+    the clamp's edges, where S allows), cos/sin [max_pos, 32]; ``strided_cache`` gives cos and sin row strides
+    of their own; ``misaligned`` puts o one element past a 16-byte boundary (the kernels' narrow path)."""
     g = torch.Generator().manual_seed(seed)
     # Per-(token, head) magnitudes over a wide range so scales, subnormal fp8 codes and ties all occur.
     mag = torch.exp2(torch.randint(-30, 12, (S, H, 1), generator=g).float())
@@ -164,15 +165,16 @@ def quant_inputs(S, H, *, dtype=torch.bfloat16, cache_dtype=torch.bfloat16, pos_
     if misaligned:
         o = torch.empty(o.numel() + 1, dtype=dtype)[1:].view(o.shape).copy_(o)
     ang = torch.rand(max_pos, 32, generator=g) * 6.3
-    if strided_cache:  # cos and sin as views into one [max_pos, 80] cache: row stride 80, odd offsets
-        big = torch.zeros(max_pos, 80, dtype=cache_dtype)
+    if strided_cache:  # views at odd offsets, with row strides 80 (cos) and 48 (sin): each stride is its own
+        big, other = torch.zeros(max_pos, 80, dtype=cache_dtype), torch.zeros(max_pos, 48, dtype=cache_dtype)
         big[:, 3:35] = ang.cos().to(cache_dtype)
-        big[:, 41:73] = ang.sin().to(cache_dtype)
-        cos, sin = big[:, 3:35], big[:, 41:73]
+        other[:, 9:41] = ang.sin().to(cache_dtype)
+        cos, sin = big[:, 3:35], other[:, 9:41]
     else:
         cos, sin = ang.cos().to(cache_dtype), ang.sin().to(cache_dtype)
     pos = torch.randint(-5, max_pos + 5, (S * (3 if strided_pos else 1),), generator=g).to(pos_dtype)
     positions = pos[::3] if strided_pos else pos
+    positions[:3] = torch.tensor([max_pos, -1, max_pos - 1], dtype=pos_dtype)[:len(positions)]
     return o, positions, cos, sin
 
 
@@ -204,17 +206,21 @@ def check_emulated(lib, o, positions, cos, sin, G, q, transpose, fp8_dtype=torch
 
 
 def e8m0_probe_values():
-    """amax values around every scale boundary (FP8_MAX * 2^k and its fp32 neighbours), random magnitudes,
-    values at and below the 1e-8 floor, zero."""
+    """amax values around every scale boundary (FP8_MAX * 2^k and its fp32 neighbours), around the amaxes whose
+    t = amax * fp32(1/FP8_MAX) has a single mantissa bit set (every bit counts in the exponent's round-up),
+    random magnitudes, values at and below the 1e-8 floor, zero."""
     k = torch.arange(-40, 120, dtype=torch.float64)
     edges = torch.cat([(m * torch.exp2(k)) for m in (448.0, 240.0, 1.0)]).float()
     edges = edges[torch.isfinite(edges)]
     up = torch.nextafter(edges, torch.full_like(edges, float("inf")))
     down = torch.nextafter(edges, torch.zeros_like(edges))
+    one_bit = torch.cat([(1 + torch.exp2(-torch.arange(1, 24, dtype=torch.float64))) * 2.0**e * m
+                         for e in range(-20, 20) for m in (448.0, 240.0)]).float()
+    one_bit = (one_bit.view(torch.int32)[:, None] + torch.arange(-4, 5, dtype=torch.int32)).flatten()
     g = torch.Generator().manual_seed(0)
     rnd = torch.exp2(torch.rand(20000, generator=g, dtype=torch.float64) * 160 - 40).float()
     low = torch.tensor([0.0, 1e-12, 9.99e-9, 1e-8, 1.0001e-8, 3e-8], dtype=torch.float32)
-    v = torch.cat([edges, up, down, rnd, low])
+    v = torch.cat([edges, up, down, one_bit.view(torch.float32), rnd, low])
     return v[torch.isfinite(v)].contiguous()
 
 

@@ -277,6 +277,18 @@ def test_emulated_table_batch_strides_are_each_checked_for_the_vector_path(emu, 
     run_emu(emu, q, k, cos, sin, expect_vec=2)
 
 
+@pytest.mark.parametrize("padded", ["cos", "sin"])
+def test_emulated_table_seq_strides_are_each_checked_for_the_vector_path(emu, padded):
+    """Likewise each table's row (seq) stride: rows D + 4 elements apart are 8-byte aligned only, so the
+    16-byte path must be refused whichever table is padded (x86 emulation forgives a misaligned load; only
+    the path chosen shows it)."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("ts", 2, 4, 4, 2), seed=3, random_cos_sin=True)
+    wide = torch.empty(*cos.shape[:-1], cos.shape[-1] + 4, dtype=cos.dtype)[..., :cos.shape[-1]]
+    cos, sin = (wide.copy_(cos), sin.contiguous()) if padded == "cos" else (cos.contiguous(), wide.copy_(sin))
+    assert (cos if padded == "cos" else sin).stride(1) % 8 == 4
+    run_emu(emu, q, k, cos, sin, expect_vec=2)
+
+
 @pytest.mark.parametrize("vec,wpt,tpc,max_blocks", [(8, 0, 0, 0), (2, 0, 0, 0), (1, 0, 0, 0), (8, 1, 2, 1),
                                                     (8, 2, 3, 2), (1, 3, 2, 1)])
 def test_emulated_inplace_through_strides(emu, vec, wpt, tpc, max_blocks):

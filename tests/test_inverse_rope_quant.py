@@ -136,9 +136,9 @@ def test_strided_positions_and_cache_rows(backend):
     case = SHAPES[0]
     o, pos, _, _ = make_quant_inputs(case, device=DEVICE, seed=6)
     long_pos = torch.cat([pos, pos.flip(0)])  # longer than S: only the first S are read
-    wide = torch.randn(300, 3, 64).to(DEVICE)  # rows 192 apart; cos/sin different tensors of one buffer
-    cos, sin = wide[:, 0, 5:37], wide[:, 2, 20:52]
-    assert long_pos.shape[0] > case.num_tokens and cos.stride(0) == 192
+    wide = torch.randn(300, 3, 64).to(DEVICE)  # cos rows 192 apart, sin's 100: each table's stride is its own
+    cos, sin = wide[:, 0, 5:37], torch.randn(300, 100).to(DEVICE)[:, 20:52]
+    assert long_pos.shape[0] > case.num_tokens and cos.stride(0) == 192 and sin.stride(0) == 100
     pos2 = long_pos % 300
     assert_quant_close(*run(backend, o, pos2, cos, sin, case), *reference(o, pos2, cos, sin, case),
                        rope_blocks(case), backend)
@@ -611,6 +611,21 @@ def _e8m0_byte(amax: float, fp8_max: float) -> int:
     it to fp32 once gives the fp32 product.)"""
     bits = struct.unpack("<I", struct.pack("<f", _fp32(_fp32(max(amax, 1e-8)) * _fp32(1.0 / fp8_max))))[0]
     return ((bits >> 23) & 0xFF) + int((bits & 0x7FFFFF) != 0)
+
+
+@pytest.mark.parametrize("fp8_max", [448.0, 240.0])
+def test_scale_bytes_from_the_formula_at_every_boundary(fp8_max):
+    """The reference's bit-mask scale bytes against the plain-arithmetic formula over the probe amaxes, among
+    them those whose t has a single mantissa bit set (t = 1.5 * 2^k must round up too)."""
+    from irgq_harness import e8m0_probe_values
+
+    amax = e8m0_probe_values()
+    t_bits = (amax.clamp_min(1e-8) * torch.tensor(1.0 / fp8_max)).view(torch.int32)
+    if fp8_max == 240.0:  # the probes reach t = 1.5 * 2^k exactly (with 448 no fp32 amax lands on it)
+        assert bool(((t_bits & 0x7FFFFF) == 0x400000).any())
+    got = R.e8m0_scale_bytes(amax, fp8_max).tolist()
+    want = [_e8m0_byte(a, fp8_max) for a in amax.tolist()]
+    assert got == want, next((a, g, w) for a, g, w in zip(amax.tolist(), got, want) if g != w)
 
 
 def test_all_zero_block_bytes_from_the_formula():

@@ -126,6 +126,20 @@ def test_a_broken_backend_probe_becomes_a_reason():
     assert "ZeroDivisionError" in reg.explain((torch.device("cpu"),))[0].reason
 
 
+def test_availability_is_answered_per_device():
+    """A GPU host calls with CPU and GPU tensors: one device's answer must not stand for another's (a CPU answer
+    would shut cuda out for CUDA tensors, or send CPU tensors to a CUDA kernel)."""
+    asked = []
+    reg = OpRegistry("toy")
+    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
+    reg.register(Impl("cuda", "x:y", lambda f: None,
+                      lambda d: asked.append(d.type) or (None if d.type == "meta" else "needs a meta device")))
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    assert reg.select((cpu,)).backend == "reference"
+    assert reg.select((meta,)).backend == "cuda"
+    assert reg.select((cpu,)).backend == "reference" and asked == ["cpu", "meta"]  # each asked once, then cached
+
+
 def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monkeypatch):
     """``Impl.run_alloc`` (the cuda backend's C++-allocating op): used for new outputs, never for in place, for
     empty inputs or for inputs that require grad; the writing variant serves those."""
