@@ -27,7 +27,9 @@ def triton_available(device: torch.device) -> Reason:
         return None
     if device.type == "cpu":
         if triton_interpreting():
-            return None
+            from .triton_utils import interpreter_defect
+
+            return interpreter_defect()
         return ("Triton runs CPU tensors only in its interpreter: set TRITON_INTERPRET=1 before the process's "
                 "first fusedrope call or explain() on a CPU tensor (Triton fixes interpreter mode when fusedrope "
                 "defines its kernels, at that first check)")

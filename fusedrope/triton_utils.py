@@ -7,6 +7,9 @@ interpreting, that swaps in the integer-bit conversions below; compiled GPU code
 except for fp8 formats the GPU has none for (``triton_inverse_rope_quant.integer_fp8_rounding``).
 """
 
+import functools
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -22,6 +25,34 @@ def _probe():
 
 # What the kernels of this process really are (decided when @triton.jit ran, i.e. at import).
 INTERPRETED = type(_probe).__name__ == "InterpretedFunction"
+
+
+@triton.jit
+def _runtime_loop(out_ptr, n):
+    acc = 0
+    for _ in range(0, n, 2):
+        acc += 1
+    tl.store(out_ptr, acc)
+
+
+@functools.lru_cache(maxsize=None)
+def interpreter_defect() -> Optional[str]:
+    """Why this Triton's interpreter cannot run fusedrope's kernels, or None (also when not interpreting).
+
+    Triton 3.6's interpreter and numpy >= 2.4 fail on a loop whose bound is a kernel argument (a scalar
+    argument's value is a 1-element array, which numpy 2.4 no longer turns into an int: triton-lang/triton#9171,
+    fixed in later Triton). Probed once, on a one-element tensor, rather than guessed from version numbers."""
+    if not INTERPRETED:
+        return None
+    out = torch.zeros(1, dtype=torch.int32)
+    try:
+        _runtime_loop[(1,)](out, 5)
+    except Exception as e:  # noqa: BLE001 - whatever breaks, the reason says it and the registry falls back
+        cause = e.__cause__ or e
+        return (f"this Triton's interpreter cannot run a loop with a runtime bound ({type(cause).__name__}: "
+                f"{str(cause)[:120]}); with numpy >= 2.4 that is triton-lang/triton#9171: upgrade Triton, or "
+                f"use numpy < 2.4")
+    return None if int(out) == 3 else f"this Triton's interpreter runs a 3-step loop {int(out)} times"
 
 
 @triton.jit

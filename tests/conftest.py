@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 import fusedrope  # noqa: E402
-from fusedrope.backends import triton_available  # noqa: E402
+from fusedrope.backends import triton_interpreting  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -32,4 +32,5 @@ def _no_forced_backend(monkeypatch):
     monkeypatch.delenv(fusedrope.ENV_BACKEND, raising=False)
 
 
-assert triton_available(torch.device("cpu")) is None or torch.cuda.is_available(), "interpreter not active"
+# On (a defective interpreter, e.g. Triton 3.6's under numpy >= 2.4, is on too: its backend then skips, with why)
+assert torch.cuda.is_available() or triton_interpreting(), "interpreter not active"
