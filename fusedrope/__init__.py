@@ -44,6 +44,13 @@ def explain(op, *args, **kwargs) -> Explanation:
     Explanation
         A list of ``Decision(backend, runs, reason)`` in registry order with ``.chosen``; ``print()`` it.
 
+    Raises
+    ------
+    TypeError, ValueError, RuntimeError
+        What the call itself would raise for these arguments (validation, caller buffers, overlap), before any
+        backend runs; with ``FUSEDROPE_CHECK_POSITIONS=1`` that includes op 2's host check of the positions
+        (a device sync, as in the call).
+
     Examples
     --------
     >>> import torch, fusedrope

@@ -44,14 +44,15 @@ def interpreter_defect() -> Optional[str]:
     fixed in later Triton). Probed once, on a one-element tensor, rather than guessed from version numbers."""
     if not INTERPRETED:
         return None
-    out = torch.zeros(1, dtype=torch.int32)
+    out = torch.zeros(1, dtype=torch.int32, device="cpu")
     try:
         _runtime_loop[(1,)](out, 5)
     except Exception as e:  # noqa: BLE001 - whatever breaks, the reason says it and the registry falls back
         cause = e.__cause__ or e
+        known = isinstance(cause, TypeError) and "0-dimensional" in str(cause)
         return (f"this Triton's interpreter cannot run a loop with a runtime bound ({type(cause).__name__}: "
-                f"{str(cause)[:120]}); with numpy >= 2.4 that is triton-lang/triton#9171: upgrade Triton, or "
-                f"use numpy < 2.4")
+                f"{str(cause)[:120]})" + ("; with numpy >= 2.4 that is triton-lang/triton#9171: upgrade Triton, "
+                                          "or use numpy < 2.4" if known else ""))
     return None if int(out) == 3 else f"this Triton's interpreter runs a 3-step loop {int(out)} times"
 
 

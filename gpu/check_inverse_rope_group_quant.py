@@ -64,7 +64,7 @@ from fusedrope.inverse_rope_quant import empty_quant_outputs  # noqa: E402
 from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, assert_quant_close,  # noqa: E402
                                bytes_written_outside, deepseek_rope_cache, guarded_poison, poison_like,
                                rope_blocks, scale_bytes, ulp_diff)
-from memcheck import find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
+from memcheck import cut_clean, find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
 
 HEAD_GROUPS = QUANT_HEAD_GROUPS
 BENCH_CONTENDERS = ("cuda", "triton", "unfused")
@@ -284,7 +284,7 @@ def section_sanitize(res, budget_s: float):
         if mc["returncode"] == "timeout":
             res["timeout_s"] = budget_s
             res["tail"] = mc["text"][-2000:]
-            if not mc["reported"]:  # no verdict: shown as cut short, neither passed nor failed
+            if cut_clean(mc):  # no verdict: shown as cut short, neither passed nor failed
                 res["skipped"] = f"{CUT} at {budget_s:.0f} s with no memory error reported before"
             log(f"sanitize: timed out after {res['timeout_s']:.0f} s, {mc['reported']} memory errors reported")
             return

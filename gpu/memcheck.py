@@ -7,10 +7,13 @@ under it, and read its verdict. Each script decides what the result means for it
   ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` (each tensor its own allocation, so an overrun is seen) and the repository
   on PYTHONPATH; returns ``returncode`` (``"timeout"`` when cut), ``errors`` (memcheck's ERROR SUMMARY count or
   None), ``reported`` (memory errors printed so far: what a cut run still tells) and ``text`` (its output).
-  CUDA API calls that return an error are not reported (``--report-api-errors no``): torch and Triton make
-  such calls on purpose (``cudaEventQuery`` answering "not ready"), and counting them would fail a clean run;
-  a failed launch still raises in the checked script. A timeout kills the tool's whole process group, so its
-  instrumented child does not run on beside the sections that follow.
+  CUDA API calls that return an error are not reported (``--report-api-errors no``): libraries probe the driver
+  with calls that may fail on purpose (``cuGetProcAddress`` for entry points it lacks, say), and counting those
+  would fail a clean run; the checked script still raises on a failed launch (the launchers check it).
+  The tool runs in a session of its own, whose whole process group is killed when it returns, is cut, or the
+  checking script is stopped (SIGTERM, as run_all.sh's ``timeout`` sends): its instrumented child never runs
+  on beside the sections that follow. Output goes to a file, so a child holding it open cannot stall the wait.
+* ``cut_clean(result) -> bool``: cut by its time limit with no memory error printed before: no verdict.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,21 +41,44 @@ def find_sanitizer() -> str | None:
     return next((c for c in cands if c and os.path.isfile(c)), None)
 
 
+# memcheck's error headers ("========= Invalid __global__ write of size 2 bytes", "========= Out-of-range Shared or
+# Local Address", "========= Illegal instruction", ...); detail lines are indented, the summary is not an error.
+ERROR_LINE = re.compile(r"^=+ (?:Invalid|Out-of-range|Misaligned|Malloc|Leaked|Illegal|Hardware|Warp)", re.M | re.I)
+
+
+def _stop(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through run_memcheck's finally, which kills the tool's group
+
+
 def run_memcheck(tool: str, argv: list[str], timeout: float, error_exitcode: int, print_limit: int = 30) -> dict:
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [tool, "--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", str(error_exitcode),
            "--print-limit", str(print_limit), *argv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
-                            start_new_session=True)
-    try:
-        text, _ = proc.communicate(timeout=timeout)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the tool and the python it instruments
-        text, _ = proc.communicate()
-        rc = "timeout"
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _stop) if main else None
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the tool and all it started, whatever happened
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            if main:
+                signal.signal(signal.SIGTERM, old)
+        log.seek(0)
+        text = log.read().decode(errors="replace")
     m = re.search(r"ERROR SUMMARY:\s*(\d+)\s+error", text)
-    return {"returncode": rc, "errors": int(m.group(1)) if m else None,
-            "reported": len(re.findall(r"^=+ (?:Invalid|Out-of-range|Misaligned|Malloc|Leaked|Address)", text, re.M)),
+    return {"returncode": rc, "errors": int(m.group(1)) if m else None, "reported": len(ERROR_LINE.findall(text)),
             "text": text, "command": " ".join(cmd)}
+
+
+def cut_clean(result: dict) -> bool:
+    """Cut by its time limit with no memory error printed before it: no verdict (neither passed nor failed)."""
+    return result["returncode"] == "timeout" and not result["reported"]

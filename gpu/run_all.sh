@@ -14,7 +14,8 @@
 #
 # Knobs (environment): TOTAL_S, QUANT_S (seconds kept for the op-2 script, default 150), BUILD_TIMEOUT_S (200),
 # TTS_ARGS / QUANT_ARGS (extra arguments, e.g. TTS_ARGS="--no-compile"), PYTHON (python3), FUSEDROPE_GIT_COMMIT
-# (the commit to record; default `git rev-parse HEAD`, which a copy of the tree without .git cannot answer).
+# (the commit to record; default `git rev-parse HEAD`, which a copy of the tree without .git cannot answer),
+# FUSEDROPE_GIT_DIRTY (0 / 1: whether that tree had uncommitted changes; recorded as unknown without it).
 # `gpu/run_all.sh --cpu-selftest` runs the same pipeline with the scripts' CPU modes (no GPU, no build).
 set -uo pipefail
 cd "$(dirname "$0")/.."

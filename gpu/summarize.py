@@ -35,7 +35,9 @@ def _load(path: Path) -> dict:
 
 def rows_line(rows: list) -> str:
     failed = B.failed_rows(rows)
-    return (f"{len(rows) - len(failed)}/{len(rows)} bench rows ok"
+    ok = [r for r in rows if r.get("status") == "ok" and r not in failed]
+    skipped = len(rows) - len(ok) - len(failed)
+    return (f"{len(ok)}/{len(rows)} bench rows ok" + (f", {skipped} skipped" if skipped else "")
             + (f" (FAILED: {', '.join(r['case'] + '/' + r['contender'] for r in failed[:4])})" if failed else ""))
 
 

@@ -283,6 +283,7 @@ def test_provenance_without_a_git_checkout(monkeypatch):
     state is reported unknown, not clean."""
     monkeypatch.setattr(B, "_git", lambda *args: "")
     monkeypatch.delenv(B.ENV_GIT_COMMIT, raising=False)
+    monkeypatch.delenv(B.ENV_GIT_DIRTY, raising=False)
     meta = B.machine_info(CPU)
     assert meta["git_commit"] == "unknown" and meta["git_dirty"] is None
     monkeypatch.setenv(B.ENV_GIT_COMMIT, "0123abc")

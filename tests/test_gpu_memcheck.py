@@ -2,7 +2,9 @@
 stand-in ``compute-sanitizer`` that runs the command it is given and prints memcheck's summary line."""
 
 import os
+import signal
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,24 +52,72 @@ def test_reads_exit_status_error_count_and_output(fake_tool, monkeypatch):
     assert r["returncode"] == "timeout" and r["errors"] is None and r["reported"] == 0, r
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _assert_gone(pid_file: Path, when: str) -> None:
+    pid = int(pid_file.read_text())
+    for _ in range(50):
+        if not _running(pid):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the instrumented child {pid} outlived {when}")
+
+
+def _child(pid_file: Path, then: str) -> str:
+    return (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+            f"print('========= Invalid __global__ write of size 2 bytes', flush=True); {then}")
+
+
 def test_a_timeout_kills_the_instrumented_child_and_keeps_what_it_reported(fake_tool, tmp_path):
     """The tool's python child must not run on beside the sections that follow (it would skew their timings),
     and memory errors printed before the cut still count."""
-    pid_file = tmp_path / "child.pid"
-    child = ("import os, time; open(%r, 'w').write(str(os.getpid())); "
-             "print('========= Invalid __global__ write of size 2 bytes', flush=True); time.sleep(60)") % str(pid_file)
     t = time.monotonic()
-    r = memcheck.run_memcheck(fake_tool, [sys.executable, "-c", child], 2, error_exitcode=9)
-    assert r["returncode"] == "timeout" and r["reported"] == 1 and time.monotonic() - t < 30, r
-    pid = int(pid_file.read_text())
-    for _ in range(50):  # reaped by init shortly after the kill
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+    r = memcheck.run_memcheck(fake_tool, [sys.executable, "-c", _child(tmp_path / "pid", "time.sleep(60)")], 2,
+                              error_exitcode=9)
+    assert r["returncode"] == "timeout" and r["reported"] == 1 and not memcheck.cut_clean(r), r
+    assert time.monotonic() - t < 30
+    _assert_gone(tmp_path / "pid", "the timeout")
+
+
+def test_a_child_left_behind_neither_stalls_the_verdict_nor_runs_on(fake_tool, tmp_path):
+    """The tool exits with its verdict while something it started still holds the output open."""
+    leftover = ("import os, subprocess, sys, time; subprocess.Popen([sys.executable, '-c', %r])\n"
+                "while not os.path.getsize(%r) if os.path.exists(%r) else True: time.sleep(0.05)"
+                % (_child(tmp_path / "pid", "time.sleep(60)"), *[str(tmp_path / "pid")] * 2))
+    t = time.monotonic()
+    r = memcheck.run_memcheck(fake_tool, [sys.executable, "-c", leftover], 30, error_exitcode=9)
+    assert r["returncode"] == 0 and r["errors"] == 0 and time.monotonic() - t < 20, r
+    _assert_gone(tmp_path / "pid", "the tool's exit")
+
+
+def test_stopping_the_checking_script_stops_the_tool(fake_tool, tmp_path):
+    """run_all.sh's `timeout` sends SIGTERM to the script's process group; the tool runs in a session of its own,
+    so the script must take it down itself."""
+    script = ("import sys; sys.path.insert(0, %r); import memcheck; "
+              "memcheck.run_memcheck(%r, [sys.executable, '-c', %r], 60, 9)"
+              % (str(ROOT / "gpu"), fake_tool, _child(tmp_path / "pid", "time.sleep(60)")))
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    for _ in range(100):
+        if (tmp_path / "pid").exists() and (tmp_path / "pid").read_text():
             break
         time.sleep(0.1)
-    else:
-        pytest.fail(f"the instrumented child {pid} outlived the timeout")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    _assert_gone(tmp_path / "pid", "the script's SIGTERM")
+
+
+def test_memory_error_lines_are_counted_once_each():
+    text = "\n".join(["========= COMPUTE-SANITIZER", "========= Invalid __global__ read of size 16 bytes",
+                      "=========     at qwen3_tts_rope_kernel+0x1a0", "=========     Address 0x7f00 is out of bounds",
+                      "========= Illegal instruction", "========= Out-of-range Shared or Local Address",
+                      "========= Target application returned an error", "========= ERROR SUMMARY: 3 errors"])
+    assert len(memcheck.ERROR_LINE.findall(text)) == 3
 
 
 def test_op2_script_sanitize_section_plumbing(fake_tool):

@@ -125,12 +125,13 @@ def test_summary_prints_seed_tables_and_targets_from_the_result_files(tmp_path, 
     assert "1/1 checks ok; 2/2 bench rows ok" in out
     # a failed graph capture fails its row, and a skip never reads as a plain ok
     tts["rows"][1]["device_error"] = "RuntimeError: capture failed"
+    tts["rows"].append({"case": "wide_heads-B32", "contender": "liger", "status": "skipped", "reason": "no liger"})
     quant["sections"]["sanitize"] = {"ok": True, "skipped": "memcheck cut at 60 s with no memory error reported"}
     for sub, res in (("tts", tts), ("quant", quant)):
         (tmp_path / sub / "results.json").write_text(json.dumps(res))
     summarize.main([str(tmp_path)])
     out = capsys.readouterr().out
-    assert "1/2 bench rows ok (FAILED: wide_heads-B32/compile)" in out
+    assert "1/3 bench rows ok, 1 skipped (FAILED: wide_heads-B32/compile)" in out
     assert "sanitize ok (skipped: memcheck cut at 60 s" in out
     for i in range(7):
         (tmp_path / f"extra{i}.txt").write_text("x")
