@@ -462,3 +462,62 @@ def test_replay_fields_cap_many_kernel_contenders_and_flag_cache_hits(monkeypatc
     assert B.replay_fields(one, 2 * cap, 1000, CPU) == {"graph_calls": 2 * cap, "graph_l2_resident": True}
     assert B.replay_fields(one, 2000, 1000, CPU) == {"graph_calls": 2000, "graph_l2_resident": False}
     assert B.replay_fields(many, 2000, 1000, CPU) == {"graph_calls": cap, "graph_l2_resident": True}
+
+
+@pytest.mark.parametrize("case", [TTS_CASES[0], TTS_CASES[-1]], ids=lambda c: c.id)
+def test_tts_bytes_moved_is_the_seeds_ideal_traffic(case):
+    """Every TB/s figure and the launch-bound definition rest on it: read Q and K, one cos and one sin row per
+    token, write Q and K (2 bytes each in bf16), written out from the shapes."""
+    B_, S, Hq, Hkv, D = case.batch, case.seq_len, case.num_q_heads, case.num_kv_heads, case.head_dim
+    q_k = B_ * S * (Hq + Hkv) * D
+    want = 2 * (2 * q_k + 2 * B_ * S * D)  # bf16: read q,k + cos,sin; write q,k
+    assert case.bytes_moved() == want
+    assert case.bytes_moved(torch.float32) == 2 * want
+    assert TTS_CASES[0].bytes_moved() == 204800  # qwen3_tts-B1, as bench/results/*/results.json record it
+
+
+@pytest.mark.parametrize("gs", [32, 128])
+def test_quant_bytes_moved_is_the_seeds_count(gs):
+    """SPEC: "read o, one cos and one sin row per token, write fp8 at 1 B/elem plus one scale byte per block"."""
+    case = QuantCase(8, 16, 2, quant_group_size=gs)
+    elems = 8 * 16 * 512
+    cos_sin = 8 * 2 * 32  # rope_dim/2 cos + rope_dim/2 sin per token
+    assert case.bytes_moved() == 2 * elems + 2 * cos_sin + elems + elems // gs
+    assert case.bytes_moved(torch.bfloat16, torch.float32) == 2 * elems + 4 * cos_sin + elems + elems // gs
+    assert B.case_fields(B.QUANT, case)["bytes_moved"] == case.bytes_moved(torch.bfloat16, B.QUANT_CACHE_DTYPE)
+
+
+def test_copy_roofline_counts_bytes_read_and_written(monkeypatch):
+    """The roofline is a copy: nbytes read plus nbytes written per copy, as every kernel's bytes_moved counts
+    both directions (a one-way count would double every frac_copy)."""
+    monkeypatch.setattr(B, "time_per_call_us", lambda *a, **k: 100.0)
+    copy = B.copy_roofline(CPU, nbytes=2**20, reps=1)
+    assert copy["us"] == 100.0 and copy["bytes_each_way"] == 2**20
+    assert copy["tbps"] == B._sig(2 * 2**20 / 100e-6 / 1e12)
+
+
+def test_tbps_comes_from_device_time_where_the_graph_replay_measured_it(monkeypatch):
+    """On a GPU (faked here: the timers, the cache size and the device name) a row's TB/s and frac_copy come from
+    the replayed device time, not from the per-call time with its host overhead."""
+    monkeypatch.setattr(B, "time_per_call_us", lambda *a, **k: 50.0)
+    monkeypatch.setattr(B, "time_graph_us", lambda *a, **k: 10.0)
+    monkeypatch.setattr(B, "cache_bytes", lambda device: 60 * 2**20)
+    monkeypatch.setattr(B, "_recover", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    case = TTS_CASES[0]
+    sets = B.make_sets(B.TTS, case, CPU, n=2)
+    stand_in = B.Contender("cuda", B.TTS, "stand-in", lambda c, s: (lambda i: None))
+    row, = B.measure(B.TTS, case, [stand_in], torch.device("cuda", 0), reps=1, copy_tbps=4.0, sets=sets)
+    assert row["per_call_us"] == 50.0 and row["device_us"] == 10.0 and row["tbps_basis"] == "device_us"
+    tbps = case.bytes_moved() / 10e-6 / 1e12
+    assert row["tbps"] == B._sig(tbps) and row["frac_copy"] == B._sig(B._sig(tbps) / 4.0)
+    assert row["frac_peak"] == B._sig(B._sig(tbps) / 4.8)
+
+
+@pytest.mark.parametrize("set_bytes", [7 * 2**20, 3_000_000, 123_457])
+def test_rotated_sets_hold_at_least_three_caches_whatever_the_set_size(monkeypatch, set_bytes):
+    """num_sets rounds up: the sets together hold at least 3x the last cache (and one set fewer would not)."""
+    cache = 60 * 2**20
+    monkeypatch.setattr(B, "cache_bytes", lambda device: cache)
+    n = B.num_sets(set_bytes, torch.device("cuda", 0))
+    assert n * set_bytes >= B.ROTATE_L2_FACTOR * cache > (n - 1) * set_bytes

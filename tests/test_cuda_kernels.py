@@ -542,3 +542,34 @@ def test_toolkit_root_sees_past_a_wrapper_nvcc(tmp_path, monkeypatch):
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(wrapper_home))
     monkeypatch.setenv("CUDA_HOME", str(wrapper_home))
     assert cuda_ext.toolkit_root() is None  # an explicit choice is not overridden
+
+
+def _padded_strides(shape, dim, pad):
+    """Row-major strides of ``shape`` [B, H, S, D] with ``pad`` extra elements after each index of ``dim``."""
+    _, H, S, D = shape
+    s2 = D + (pad if dim == 2 else 0)
+    s1 = S * s2 + (pad if dim == 1 else 0)
+    s0 = H * s1 + (pad if dim == 0 else 0)
+    return (s0, s1, s2, 1)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2], ids=["batch", "head", "seq"])
+@pytest.mark.parametrize("which", ["q_out", "k_out"])
+def test_emulated_output_strides_are_each_checked_for_the_vector_path(emu, which, dim):
+    """One output's batch, head or seq stride is 4 elements (8 bytes) longer than dense: its rows are 8-byte
+    aligned only, so the 16-byte path must be refused for that output alone, the 4-byte one serves, exactly,
+    and nothing between the padded rows is written."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("os", 2, 4, 4, 2), seed=3, random_cos_sin=True, layout="contiguous")
+    outs = {}
+    for name, src in (("q_out", q), ("k_out", k)):
+        strides = _padded_strides(tuple(src.shape), dim, 4) if name == which else None
+        outs[name] = guarded_poison(src.shape, src.dtype, strides=strides, tail=64)
+    (q_out, qbuf), (k_out, kbuf) = outs["q_out"], outs["k_out"]
+    padded = q_out if which == "q_out" else k_out
+    assert padded.stride(dim) % 8 == 4 and padded.stride(3) == 1
+    assert emu_pick_vec(emu, q, k, cos, sin, q_out, k_out) == 2
+    assert emu_call(emu, q, k, cos, sin, q_out, k_out) == 0
+    assert emu_call(emu, q, k, cos, sin, q_out, k_out, vec=8) == 1  # a forced 16-byte path is refused too
+    check_guards(qbuf, q_out)
+    check_guards(kbuf, k_out)
+    check(q_out, k_out, q, k, cos, sin)

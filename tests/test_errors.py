@@ -187,6 +187,10 @@ QUANT_CASES = {
                     TypeError, "argument 'x_fp8' expected dtype float8_e4m3fnuz (as fp8_dtype says), got float8_e4m3fn"),
     "x_fp8 strided": (quant_bad(x_fp8=lambda a: torch.empty(3, 1024, 2, dtype=torch.float8_e4m3fn).transpose(1, 2)),
                       ValueError, "argument 'x_fp8' expected a contiguous tensor, got strides (2048, 1, 2)"),
+    # with both buffers validate()'s hot path decides: it must refuse a padded x_fp8 too
+    "x_fp8 strided, both buffers": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 2048, dtype=torch.float8_e4m3fn)
+                                              [..., :1024], x_scale=lambda a: _bufs()(a)[1]), ValueError,
+                                    "argument 'x_fp8' expected a contiguous tensor, got strides (4096, 2048, 1)"),
     "x_scale shape": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 4, dtype=torch.float8_e8m0fnu)), ValueError,
                       "argument 'x_scale' expected shape [3, 2, 8], got [3, 2, 4]"),
     "x_scale dtype": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.float16)), TypeError,

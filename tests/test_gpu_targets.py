@@ -136,3 +136,58 @@ def test_summary_prints_seed_tables_and_targets_from_the_result_files(tmp_path, 
     for i in range(7):
         (tmp_path / f"extra{i}.txt").write_text("x")
     assert summarize.main([str(tmp_path)]) == 1
+
+
+def test_a_point_exactly_on_its_bound_meets_the_target():
+    """The issues say "at >= 75% / 80% of the copy" and ">= 1.9x": a point measured exactly on the bound meets
+    its target (a strict comparison would report MISSED for a kernel that meets the letter of the issue)."""
+    # issue #5: unfused exactly 1.9x the fused device time at S <= 32, cuda exactly at 80% of the copy at S = 8192
+    points = [(QuantCase(8, 2, 1), False), (QuantCase(8192, 2, 1), False)]
+    rows = []
+    for case, _ in points:
+        r = measured(B.QUANT, case, ("cuda", "unfused"))
+        fused_us = 2.0 if case.num_tokens <= 32 else at_frac(case, 0.9)
+        rows += [timed(r["cuda"], device_us=fused_us), timed(r["unfused"], device_us=3.8 if case.num_tokens <= 32
+                                                                          else 2 * fused_us)]
+    rows[2]["frac_copy"] = T.QUANT_BIG_FRAC  # exactly 80% of the copy
+    assert 3.8 / 2.0 == T.QUANT_SMALL_SPEEDUP  # exactly 1.9x, no rounding in between
+    got = T.quant_targets(rows, points)
+    assert verdict(got, "S <= 32").ok is True, T.markdown(got)
+    assert verdict(got, "copy").ok is True, T.markdown(got)
+    # issue #4: wide_heads-B32 exactly at 75% of the copy
+    wide = next(c for c in TTS_CASES if c.id == "wide_heads-B32")
+    rows = tts_matrix(lambda c: 5.0, lambda c: 25.0, lambda c: 12.0, lambda c: at_frac(c, 0.8), cases=[wide])
+    rows[0]["frac_copy"] = T.TTS_BANDWIDTH_FRAC
+    assert verdict(T.tts_targets(rows, COPY_TBPS, cases=[wide]), "wide_heads").ok is True
+
+
+def test_launch_bound_includes_a_case_that_takes_exactly_the_ideal_time():
+    """"Moving its bytes at the copy's bandwidth would take at most 1 us": a case that takes exactly 1 us is
+    launch-bound (it then has to meet the 3 us target), one byte more is not."""
+    case = TTS_CASES[0]  # qwen3_tts-B1: 204800 bytes
+    copy_tbps = case.bytes_moved() / 1e6  # 0.2048 TB/s: exactly 1.0 us
+    assert case.bytes_moved() / (copy_tbps * 1e12) * 1e6 == T.TTS_LAUNCH_BOUND_IDEAL_US
+    assert T.launch_bound(case, copy_tbps)
+    assert not T.launch_bound(case, copy_tbps * (1 - 1e-9))
+
+
+def test_rows_that_did_not_run_are_not_measured_points():
+    """A peer that was skipped (liger not installed: the usual case) or a contender that raised has no time:
+    its target is "not measured", and judging never trips over the row's missing fields."""
+    rows = tts_matrix(lambda c: 5.0, lambda c: 25.0, lambda c: 12.0,
+                      lambda c: 2.5 if T.launch_bound(c, COPY_TBPS) else at_frac(c, 0.8), cases=TTS_CASES[:2])
+    for r in rows:
+        if r["contender"] == "liger":  # as measure() leaves a contender that cannot run here
+            r.update(status="skipped", reason="liger-kernel not installed")
+            r.pop("per_call_us", None), r.pop("tbps", None)
+    got = T.tts_targets(rows, COPY_TBPS, cases=TTS_CASES[:2])
+    assert verdict(got, "liger").ok is None and "0/2 points" in verdict(got, "liger").detail
+    assert verdict(got, "compile").ok is True
+    # the cuda row of one case raised: that case is not measured for any cuda target
+    failed = [dict(r) for r in rows]
+    cuda0 = next(r for r in failed if r["contender"] == "cuda" and r["case"] == TTS_CASES[0].id)
+    for key in ("per_call_us", "device_us", "tbps", "frac_copy", "tbps_basis"):
+        cuda0.pop(key, None)
+    cuda0.update(status="error", reason="RuntimeError: boom")
+    got = T.tts_targets(failed, COPY_TBPS, cases=TTS_CASES[:2])
+    assert verdict(got, "compile").ok is None and "1/2 points measured" in verdict(got, "compile").detail

@@ -9,8 +9,9 @@ import torch
 import fusedrope
 from fusedrope.reference import qwen3_tts_rope_oracle, rotate_half
 from fusedrope.testing import (QuantCase, TtsCase, assert_quant_close, assert_tts_rope_close, assert_ulp_close,
-                               deepseek_rope_cache, make_quant_inputs, make_tts_inputs, qwen3_tts_cos_sin, rope_blocks,
-                               round_once, scale_bytes, tie_allowance, to_device_keeping_layout, ulp_diff)
+                               bytes_written_outside, deepseek_rope_cache, guarded_poison, make_quant_inputs,
+                               make_tts_inputs, qwen3_tts_cos_sin, rope_blocks, round_once, scale_bytes,
+                               tie_allowance, to_device_keeping_layout, ulp_diff)
 
 
 @pytest.fixture(autouse=True)
@@ -321,3 +322,65 @@ def test_tts_oracle_and_check_refuse_shapes_that_would_broadcast(bad):
 def test_cos_sin_builders_refuse_odd_widths(call, msg):
     with pytest.raises(ValueError, match="^" + re.escape(msg)):
         call()
+
+
+def test_tts_contract_check_fails_fp32_results_rounded_through_half():
+    """fp32 inputs: "within fp32 rounding of the operands". A kernel that computes or stores through fp16
+    (11-bit significand, error up to 2^-12 of the result) is off by far more than two fp32 roundings."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("t", 2, 5, 4, 2), dtype=torch.float32, random_cos_sin=True, seed=9)
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    assert_tts_rope_close(q_ref.float(), k_ref.float(), q, k, cos, sin)
+    with pytest.raises(AssertionError, match="^q .* fp32 elements are off by more than two roundings"):
+        assert_tts_rope_close(q_ref.half().float(), k_ref.float(), q, k, cos, sin)
+    with pytest.raises(AssertionError, match="^k .* fp32 elements are off by more than two roundings"):
+        assert_tts_rope_close(q_ref.float(), k_ref.float().half().float(), q, k, cos, sin)
+
+
+def test_tts_inputs_put_each_sequence_at_its_own_position():
+    """make_tts_inputs' model cos/sin (the default) differ by batch, so a kernel that reads batch 0's cos/sin
+    for every sequence (a dropped or zero batch stride) fails the contract check on them."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("t", 4, 3, 2, 1, 64))
+    assert all(not torch.equal(cos[0], cos[b]) for b in range(1, 4))
+    assert all(not torch.equal(sin[0], sin[b]) for b in range(1, 4))
+    q_bad, k_bad = qwen3_tts_rope_oracle(q, k, cos[:1].expand_as(cos), sin[:1].expand_as(sin))
+    with pytest.raises(AssertionError, match="^q "):
+        assert_tts_rope_close(q_bad.to(q.dtype), k_bad.to(k.dtype), q, k, cos, sin)
+
+
+def test_bytes_written_outside_sees_the_gaps_of_a_strided_view():
+    """An output with padded rows (e.g. a slice of a bigger cache) has elements between its rows that are not
+    its own: a kernel writing there (a row stride mistaken for the row length) writes outside it."""
+    out, buf = guarded_poison((2, 3), torch.bfloat16, strides=(5, 1))
+    assert out.storage_offset() == 64
+    out.fill_(1.0)
+    assert bytes_written_outside(buf, out) == 0
+    buf[64 + 3] = 0  # the gap after row 0
+    assert bytes_written_outside(buf, out) == 2
+    buf[64 + 9] = 0  # the gap after row 1 (past the view's last element)
+    assert bytes_written_outside(buf, out) == 4
+
+
+def test_quant_check_allows_ties_by_the_rope_elements_only():
+    """The allowance for rounding ties is tie_allowance of the elements in rope blocks (where the rotation may
+    land next to a rounding boundary), not of the whole output: one more rope element off fails."""
+    case, (ref_fp8, ref_scale) = _quant_reference()
+    mask = rope_blocks(case)
+    S, G, Dg = ref_fp8.shape
+    n_rope = int(mask.sum()) * S * case.quant_group_size
+    allowed = tie_allowance(n_rope)
+    assert tie_allowance(ref_fp8.numel()) > allowed  # the two readings differ for this case
+    raw_ref = ref_fp8.view(torch.uint8).reshape(S, G, mask.shape[1], -1)
+    idx = ((raw_ref & 0x7F) > 1) & ((raw_ref & 0x7F) < 0x7E) & mask[None, :, :, None]
+    picks = idx.nonzero()[: allowed + 1]
+
+    def nudged(n):
+        out = ref_fp8.clone()
+        raw = out.view(torch.uint8).reshape(S, G, mask.shape[1], -1)
+        for s, g, b, i in picks[:n].tolist():
+            raw[s, g, b, i] -= 1  # one step toward zero: 1 ulp
+        return out
+
+    assert_quant_close(nudged(allowed), ref_scale, ref_fp8, ref_scale, mask)
+    with pytest.raises(AssertionError, match=f"fp8 bytes differ in {allowed + 1} elements of rope blocks "
+                                             f"\\(at most {allowed} may"):
+        assert_quant_close(nudged(allowed + 1), ref_scale, ref_fp8, ref_scale, mask)

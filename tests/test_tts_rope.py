@@ -6,9 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fusedrope
-from fusedrope.reference import qwen3_tts_rope_oracle
+from fusedrope.reference import qwen3_tts_rope_oracle, rotate_half
 from fusedrope.testing import (TTS_CASES, TtsCase, assert_tts_rope_close, assert_ulp_close, bytes_written_outside,
-                               guarded_poison, make_tts_inputs)
+                               guarded_poison, make_tts_inputs, round_once)
 from fusedrope.tts_rope import REGISTRY
 
 from conftest import DEVICE, backends_here
@@ -304,3 +304,25 @@ def test_inputs_that_require_grad_give_outputs_that_refuse_backward(backend):
     assert q_out.requires_grad
     with pytest.raises(RuntimeError, match="no autograd formula"):
         q_out.float().sum().backward()
+
+
+def test_oracle_is_exact_where_fp32_is_not():
+    """qwen3_tts_rope_oracle is the exact value (float64), not an fp32 computation widened: (1) a bf16 row whose
+    exact result lies just above a bf16 tie, which an fp32 sum rounds onto the tie (then to even, the wrong
+    way); (2) fp32 inputs, whose products are inexact in fp32."""
+    x, c, z, s = -0.39453125, -0.55078125, 3.600120544433594e-05, 0.423828125  # all exact in bf16
+    bf = torch.bfloat16
+    q = torch.tensor([x, z], dtype=bf).view(1, 1, 1, 2)
+    cos = torch.tensor([c, 1.0], dtype=bf).view(1, 1, 2)
+    sin = torch.tensor([s, 0.0], dtype=bf).view(1, 1, 2)
+    q_ref, _ = qwen3_tts_rope_oracle(q, q, cos, sin)
+    exact = x * c - z * s  # exact in float64: two 16-bit products, 30 bits apart
+    assert q_ref[0, 0, 0, 0].item() == exact
+    assert float(torch.tensor(exact, dtype=torch.float32)) == 0.21728515625  # fp32 lands on the bf16 tie
+    assert round_once(q_ref, bf)[0, 0, 0, 0].item() == 0.2177734375  # the correctly rounded value
+    # fp32 inputs: the oracle is the float64 formula, element by element
+    q, k, cos, sin = make_tts_inputs(TtsCase("f32", 2, 3, 3, 2, 16), torch.float32, seed=12, random_cos_sin=True)
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    c64, s64 = cos.double()[:, None], sin.double()[:, None]
+    for x64, got in ((q.double(), q_ref), (k.double(), k_ref)):
+        assert got.dtype == torch.float64 and torch.equal(got, x64 * c64 + rotate_half(x64) * s64)
