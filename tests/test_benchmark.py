@@ -521,3 +521,35 @@ def test_rotated_sets_hold_at_least_three_caches_whatever_the_set_size(monkeypat
     monkeypatch.setattr(B, "cache_bytes", lambda device: cache)
     n = B.num_sets(set_bytes, torch.device("cuda", 0))
     assert n * set_bytes >= B.ROTATE_L2_FACTOR * cache > (n - 1) * set_bytes
+
+
+def _quiet_report(cli, monkeypatch):
+    for step in ("machine", "backends", "selection", "timing"):
+        monkeypatch.setattr(cli, step, lambda: None)
+
+
+@pytest.mark.parametrize("ok,code", [(True, 0), (False, 1)])
+def test_cli_report_exit_status_follows_the_self_check(ok, code, monkeypatch, capsys):
+    import fusedrope.__main__ as cli
+
+    _quiet_report(cli, monkeypatch)
+    monkeypatch.setattr(cli, "self_check", lambda: ok)
+    assert main([]) == code
+    assert main(["report", "--no-timing"]) == code
+    assert ("FAILURES above" in capsys.readouterr().out) == (not ok)
+
+
+@pytest.mark.parametrize("op", ["qwen3_tts_rope", "inverse_rope_group_quant"])
+def test_cli_self_check_fails_when_a_backend_is_wrong(op, monkeypatch, capsys):
+    import fusedrope.__main__ as cli
+
+    def wrong(*args, **kw):
+        raise AssertionError("1 fp8 byte differs")
+
+    monkeypatch.setattr(cli, "_available", lambda name: ["reference"] if name == op else [])
+    monkeypatch.setattr(cli, "assert_quant_close" if op == "inverse_rope_group_quant" else "assert_ulp_close", wrong)
+    assert cli.self_check() is False
+    out = capsys.readouterr().out
+    assert f"FAIL {op}" in out and "1 fp8 byte differs" in out
+    _quiet_report(cli, monkeypatch)
+    assert main(["--no-timing"]) == 1

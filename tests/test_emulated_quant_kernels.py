@@ -298,3 +298,17 @@ def test_backend_entry_splits_what_one_launch_cannot_index(transpose, monkeypatc
     launches.clear()
     entry(o[:3], p, c, s, x[:3], sc[:3], 64)  # within the limit: one launch
     assert launches == [3]
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_special_blocks_with_float32_scales(lib, transpose):
+    """A NaN / Inf block's float32 scale is NaN (the e8m0 byte 0xFF's value), bit-exact with the reference; a
+    zero block's is 2^-35 (byte 92); the other blocks keep their own scales."""
+    o, p, c, s = quant_inputs(3, 8, dtype=torch.float16, seed=5)
+    o[0, 0, 0:32] = 0
+    o[0, 1, 5] = float("nan")
+    o[1, 2, 100] = float("inf")
+    o[1, 3, 500] = float("-inf")  # inside the rope tail
+    o[2, 4, 480] = float("nan")   # a tail pair
+    for q in (32, 256):
+        _run_checked(lib, o, p, c, s, 2, q, transpose, torch.float8_e4m3fn, torch.float32)

@@ -206,3 +206,22 @@ def test_hipified_copies_are_not_sources(tmp_path, monkeypatch):
     monkeypatch.setattr(hip_ext.EXT, "sibling_headers", ())
     assert [p.name for p in hip_ext.EXT.sources()] == ["k.hip", "b_torch.cpp"]
     assert sorted(p.name for p in hip_ext.EXT.hashed_files()) == ["b_torch.cpp", "k.h", "k.hip"]
+
+
+def test_hip_build_name_covers_the_shared_cuda_header(tmp_path, monkeypatch):
+    from fusedrope import hip_ext
+
+    kdir, shared = tmp_path / "kernels_hip", tmp_path / "kernels_cuda"
+    kdir.mkdir()
+    shared.mkdir()
+    (kdir / "k.hip").write_text('#include "../kernels_cuda/common.h"\n')
+    (kdir / "b_torch.cpp").write_text("//")
+    (shared / "common.h").write_text("// v1\n")
+    (shared / "k.cu").write_text("// a CUDA kernel: not the HIP build's\n")
+    monkeypatch.setattr(hip_ext.EXT, "kernel_dir", lambda: kdir)
+    monkeypatch.setattr(hip_ext.EXT, "arch_list", lambda: "gfx942")
+    monkeypatch.setattr(hip_ext.EXT, "toolkit_version", lambda: "6.4")
+    assert [p.name for p in hip_ext.EXT.hashed_files()] == ["b_torch.cpp", "k.hip", "common.h"]
+    before = hip_ext.EXT.ext_name()
+    (shared / "common.h").write_text("// v2\n")
+    assert hip_ext.EXT.ext_name() != before

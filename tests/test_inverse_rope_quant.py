@@ -753,3 +753,36 @@ def test_empty_inputs_launch_nothing(backend, S, H, transpose_scale, monkeypatch
                                               fp8_dtype=torch.float8_e4m3fnuz, scale_dtype=torch.int32)
     assert x.shape == (S, 2, dg) and x.dtype == torch.float8_e4m3fnuz
     assert s.shape == (S, 2, dg // 128) and s.dtype == torch.int32
+
+
+def test_out_op_declares_both_buffers_mutated():
+    """Both buffers are in the _out op's schema as written, so traced code reads the op's scales, not the
+    buffer's old bytes."""
+    schema = torch.ops.fusedrope.inverse_rope_group_quant_out.default._schema
+    assert [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write] == \
+        ["x_fp8", "x_scale"]
+    o, pos, cos, sin = make_quant_inputs(QuantCase(2, 4, 2), device=DEVICE, seed=21)
+
+    def f(o, pos, cos, sin):
+        x, s = fusedrope.empty_quant_outputs(o, 2, 32, scale_dtype=torch.uint8)
+        s.fill_(7)  # no e8m0 byte of these inputs
+        torch.ops.fusedrope.inverse_rope_group_quant_out(o, pos, cos, sin, 2, 32, False, x, s, "reference")
+        return x.view(torch.uint8) + 0, s + 0
+
+    want = f(o, pos, cos, sin)
+    assert not (want[1] == 7).any()
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(o, pos, cos, sin)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("which", ["x_fp8", "x_scale"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_single_caller_buffer_gets_a_new_version(backend, which):
+    o, pos, cos, sin = make_quant_inputs(QuantCase(2, 16, 2), device=DEVICE, seed=22)
+    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2, fp8_dtype=FP8_HERE)
+    buf = {"x_fp8": x_fp8, "x_scale": x_scale}[which]
+    before = buf._version
+    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, False, backend=backend,
+                                             fp8_dtype=FP8_HERE, **{which: buf})
+    assert out[0 if which == "x_fp8" else 1] is buf
+    assert buf._version > before

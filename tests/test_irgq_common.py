@@ -85,3 +85,25 @@ def test_token_division_magic_numbers(seed):
     lib = harness()
     for heads in (1, 2, 3, 5, 7, 8, 12, 16, 24, 32, 61, 64, 100, 128, 1000, 4093):
         assert lib.irgq_host_fastdiv_mismatches(heads, 200_000, seed) == 0, heads
+
+
+def _kargs(lib, ptrs=(4096, 8192, 16384, 16384 + 128, 65536, 131072), **kw):
+    ints = dict(S=5, H=16, D=512, o_dtype=0, pos64=1, pos_stride=1, cache_dtype=2, cos_stride=64,
+                sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1)
+    ints.update(kw)
+    out = (ctypes.c_longlong * 10)()
+    lib.irgq_host_kargs((ctypes.c_void_p * 6)(*ptrs), (ctypes.c_longlong * 17)(*ints.values()), out)
+    return list(out)
+
+
+def test_launcher_sin_alignment_and_the_largest_launch():
+    lib = harness()
+    assert _kargs(lib)[8] == 1
+    assert _kargs(lib, sin_stride=65)[8] == 0                                           # sin rows unaligned
+    assert _kargs(lib, cache_dtype=0, cos_stride=72, sin_stride=68)[8] == 0             # 136 B sin rows
+    assert _kargs(lib, ptrs=(4096, 8192, 16384, 16384 + 130, 65536, 131072))[8] == 0    # sin pointer off
+    # the largest S whose S*H*32 chunks stay below 2^31 launches; one token more is kTooLarge
+    for H in (16, 1, 3, 128):
+        s_max = 0x7FFFFFFF // (H * 32)
+        assert _kargs(lib, S=s_max, H=H, G=1, q=32, ss0=H * 16)[:2] == [0, s_max * H * 32], H
+        assert _kargs(lib, S=s_max + 1, H=H, G=1, q=32, ss0=H * 16)[0] == 4, H
