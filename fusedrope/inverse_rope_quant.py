@@ -374,16 +374,14 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
     facts, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                                              transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype)
     impl = REGISTRY.select(facts, backend)
-    given = x_fp8 is not None, x_scale is not None
+    mine = _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale)  # the caller's buffers, checked
     x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype, x_fp8,
                               x_scale)
-    mine = _check_call(o, positions, cos_cache, sin_cache, x_fp8 if given[0] else None,
-                       x_scale if given[1] else None)
     if o.numel():
         # A caller's scale buffer may carry any stride on a size-1 dim (e.g. Ks == 1); the backends get the
         # view with the strides of buffer_scale_strides, which addresses the same elements.
         scale_out = x_scale
-        if given[1]:
+        if "x_scale" in mine:
             want = buffer_scale_strides(x_scale, bool(transpose_scale), scale_dtype)
             scale_out = x_scale if x_scale.stride() == want else x_scale.as_strided(x_scale.shape, want)
         impl.fn()(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size)

@@ -64,14 +64,13 @@ from fusedrope.inverse_rope_quant import empty_quant_outputs  # noqa: E402
 from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, assert_quant_close,  # noqa: E402
                                bytes_written_outside, deepseek_rope_cache, guarded_poison, poison_like,
                                rope_blocks, scale_bytes, ulp_diff)
-from memcheck import cut_clean, find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
+from memcheck import CUT, cut_clean, cut_reason, find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
 
 HEAD_GROUPS = QUANT_HEAD_GROUPS
 BENCH_CONTENDERS = ("cuda", "triton", "unfused")
 SANITIZE_RESERVE_S = 60  # kept from the bench for compute-sanitizer (the bench also leaves the Triton subset its 20 s)
 TRITON_SUBSET_RESERVE_S = 20
 NO_SANITIZER = "compute-sanitizer not found"
-CUT = "memcheck cut"  # a sanitize run stopped by its time limit, with no memory error seen before
 T_START = time.time()
 
 
@@ -285,7 +284,7 @@ def section_sanitize(res, budget_s: float):
             res["timeout_s"] = budget_s
             res["tail"] = mc["text"][-2000:]
             if cut_clean(mc):  # no verdict: shown as cut short, neither passed nor failed
-                res["skipped"] = f"{CUT} at {budget_s:.0f} s with no memory error reported before"
+                res["skipped"] = cut_reason(budget_s)
             log(f"sanitize: timed out after {res['timeout_s']:.0f} s, {mc['reported']} memory errors reported")
             return
         res["returncode"], res["errors"], res["tail"] = mc["returncode"], mc["errors"], mc["text"][-3000:]

@@ -52,7 +52,7 @@ from fusedrope import benchmark as B  # noqa: E402
 from fusedrope import bench_report as report  # noqa: E402
 from fusedrope import bench_timing as timing  # noqa: E402
 from fusedrope.testing import TTS_CASES  # noqa: E402
-from memcheck import cut_clean, find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
+from memcheck import cut_clean, cut_reason, find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
 
 T0 = time.time()
 BENCH_CONTENDERS = ("eager", "compile", "triton", "cuda", "liger")  # the engine's; cuda_op / cuda_ip added
@@ -680,7 +680,7 @@ def sanitize(res, args):
                         "seconds": round(time.time() - t, 1), "command": mc["command"]}
     log(f"   memcheck: rc={rc} errors={errors} reported={mc['reported']} subset_ok={subset_ok}")
     if cut_clean(mc):  # no verdict: recorded as cut short, neither passed nor failed
-        raise SkipSection(f"memcheck cut at {timeout:.0f} s with no memory error reported before (see sanitizer.log)")
+        raise SkipSection(f"{cut_reason(timeout)} (see sanitizer.log)")
     res.check("sanitize", "memcheck", rc == 0 and errors == 0 and subset_ok,
               f"rc={rc} errors={errors} reported={mc['reported']} subset_ok={subset_ok} (see sanitizer.log)")
 

@@ -13,7 +13,8 @@ under it, and read its verdict. Each script decides what the result means for it
   The tool runs in a session of its own, whose whole process group is killed when it returns, is cut, or the
   checking script is stopped (SIGTERM, as run_all.sh's ``timeout`` sends): its instrumented child never runs
   on beside the sections that follow. Output goes to a file, so a child holding it open cannot stall the wait.
-* ``cut_clean(result) -> bool``: cut by its time limit with no memory error printed before: no verdict.
+* ``cut_clean(result) -> bool``: cut by its time limit with no memory error printed before: no verdict,
+  recorded as ``cut_reason(seconds)`` (``CUT ...``) by both scripts.
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ def run_memcheck(tool: str, argv: list[str], timeout: float, error_exitcode: int
     m = re.search(r"ERROR SUMMARY:\s*(\d+)\s+error", text)
     return {"returncode": rc, "errors": int(m.group(1)) if m else None, "reported": len(ERROR_LINE.findall(text)),
             "text": text, "command": " ".join(cmd)}
+
+
+CUT = "memcheck cut"  # how a cut run with no verdict is named in both scripts' results
+
+
+def cut_reason(seconds: float) -> str:
+    return f"{CUT} at {seconds:.0f} s with no memory error reported before"
 
 
 def cut_clean(result: dict) -> bool:
