@@ -10,7 +10,8 @@
 //   block ends with the block amax (butterfly, no broadcast), computes the same scale byte with a handful of
 //   scalar ALU ops, and the first lane of the block writes it: one store instruction per wave for any Q.
 //   So smaller groups do fewer cross-lane steps, not more; no full-wave reduction and no LDS anywhere.
-//   Each lane handles kUnroll chunks (256 lanes apart) with all loads issued before any math.
+//   Each lane handles kUnroll chunks (256 lanes apart) with all loads issued before any math or store: o with
+//   the positions, then the cos/sin rows they select.
 //
 // amax is taken on the integer bits of |v| (v_max_u32): for non-negative floats integer order is float order,
 // and NaN (> 0x7f800000) and Inf (== 0x7f800000) win the max, so one compare tells a non-finite block apart; such
@@ -82,36 +83,33 @@ __device__ inline void unpack16(const u32x4 (&r)[2], float (&v)[16]) {
   }
 }
 
-// 8 consecutive cache entries starting at byte address p, as fp32.
-__device__ inline void load_cache8(const FR_GLOBAL unsigned char* p, int dtype, int vec, float (&c)[8]) {
-  if (dtype == kF32) {
-    if (vec) {
-      const u32x4 a = ((const FR_GLOBAL u32x4*)p)[0];
-      const u32x4 b = ((const FR_GLOBAL u32x4*)p)[1];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) { c[i] = bits_to_float(a[i]); c[4 + i] = bits_to_float(b[i]); }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) c[i] = ((const FR_GLOBAL float*)p)[i];
-    }
-    return;
-  }
-  unsigned w[4];
+// The raw words of 8 cache entries at byte address p: 16 bytes for bf16/fp16 (w[1] is then zero), 32 for fp32.
+__device__ inline void load_cache_words(const FR_GLOBAL unsigned char* p, int dtype, int vec, u32x4 (&w)[2]) {
   if (vec) {
-    const u32x4 a = ((const FR_GLOBAL u32x4*)p)[0];
+    w[0] = ((const FR_GLOBAL u32x4*)p)[0];
+    w[1] = dtype == kF32 ? ((const FR_GLOBAL u32x4*)p)[1] : u32x4{0u, 0u, 0u, 0u};
+  } else if (dtype == kF32) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = a[i];
+    for (int i = 0; i < 8; ++i) w[i >> 2][i & 3] = ((const FR_GLOBAL unsigned*)p)[i];
   } else {
     const FR_GLOBAL unsigned short* h = (const FR_GLOBAL unsigned short*)p;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = (unsigned)h[2 * i] | ((unsigned)h[2 * i + 1] << 16);
+    for (int i = 0; i < 4; ++i) w[0][i] = (unsigned)h[2 * i] | ((unsigned)h[2 * i + 1] << 16);
+    w[1] = u32x4{0u, 0u, 0u, 0u};
   }
-  if (dtype == kBF16) {
+}
+
+// Those words as 8 fp32 values.
+__device__ inline void cache8_from_words(const u32x4 (&w)[2], int dtype, float (&c)[8]) {
+  if (dtype == kF32) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) { c[2 * i] = lo_f<BF16>(w[i]); c[2 * i + 1] = hi_f<BF16>(w[i]); }
+    for (int i = 0; i < 8; ++i) c[i] = bits_to_float(w[i >> 2][i & 3]);
+  } else if (dtype == kBF16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { c[2 * i] = lo_f<BF16>(w[0][i]); c[2 * i + 1] = hi_f<BF16>(w[0][i]); }
   } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) { c[2 * i] = lo_f<F16>(w[i]); c[2 * i + 1] = hi_f<F16>(w[i]); }
+    for (int i = 0; i < 4; ++i) { c[2 * i] = lo_f<F16>(w[0][i]); c[2 * i + 1] = hi_f<F16>(w[0][i]); }
   }
 }
 
@@ -191,11 +189,22 @@ __global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
   const FR_GLOBAL unsigned char* sin_p = (const FR_GLOBAL unsigned char*)a.sin;
   FR_GLOBAL unsigned char* x_scale = (FR_GLOBAL unsigned char*)a.x_scale;
 
-  // All global loads of o first (independent of everything else).
+  // Every load of the lane is issued before any math or store, in two waves: o and the positions of its
+  // rope-tail chunks, then (needing the positions) the cos and sin rows of all of them. Not a chain of
+  // o -> position -> cos -> sin -> store per chunk: x_fp8 may alias the caches as far as the compiler knows,
+  // so it would keep every later chunk's loads behind the earlier chunk's stores.
+  // (The tail test is spelled out rather than read from ChunkPos::tail: that makes clang-19 emit ~40 more
+  // instructions per kernel.)
   u32x4 raw[kUnroll][2];
+  ChunkPos cps[kUnroll];
+  bool rope[kUnroll];  // valid chunk holding 16 rope dims (8 pairs of a head's tail)
+  long long pos[kUnroll];
 #pragma unroll
   for (int j = 0; j < kUnroll; ++j) {
     const unsigned chunk = first + j * kThreads;
+    cps[j] = chunk_pos(a, chunk);
+    rope[j] = chunk < a.num_chunks && (cps[j].r % kChunksPerHead) >= kFirstTailChunk;
+    pos[j] = 0;
     if (chunk < a.num_chunks) {
       if (a.io_vec) {
         raw[j][0] = o[2 * (unsigned long long)chunk];
@@ -205,9 +214,24 @@ __global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) raw[j][i >> 2][i & 3] = (unsigned)h[2 * i] | ((unsigned)h[2 * i + 1] << 16);
       }
+      if (rope[j]) {
+        const FR_GLOBAL unsigned char* pp = positions + a.pos_stride_bytes * cps[j].s;
+        pos[j] = a.pos_is_int64 ? *(const FR_GLOBAL long long*)pp : (long long)*(const FR_GLOBAL int*)pp;
+      }
     } else {
       raw[j][0] = u32x4{0u, 0u, 0u, 0u};
       raw[j][1] = u32x4{0u, 0u, 0u, 0u};
+    }
+  }
+  u32x4 cw[kUnroll][2], sw[kUnroll][2];  // raw cos / sin words of the rope-tail chunks
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    if (rope[j]) {
+      const long long p = clamp_position(pos[j], a.max_pos);
+      const unsigned j0 = (cps[j].r % kChunksPerHead - kFirstTailChunk) * 8u;  // first pair index of this chunk
+      const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u;
+      load_cache_words(cos_p + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, cw[j]);
+      load_cache_words(sin_p + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, sw[j]);
     }
   }
 
@@ -215,22 +239,14 @@ __global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
   for (int j = 0; j < kUnroll; ++j) {
     const unsigned chunk = first + j * kThreads;
     const bool valid = chunk < a.num_chunks;
-    const ChunkPos cp = chunk_pos(a, chunk);  // token s, chunk index r inside it, in the rope tail or not
+    const ChunkPos cp = cps[j];
 
     float v[16];
     unpack16<TIn>(raw[j], v);
-
-    // (cp.tail holds the same test; reading it here makes clang-19 emit ~40 more instructions per kernel)
-    if (valid && (cp.r % kChunksPerHead) >= kFirstTailChunk) {  // this chunk holds 16 rope dims (8 pairs)
-      long long p;
-      if (a.pos_is_int64) p = *(const FR_GLOBAL long long*)(positions + a.pos_stride_bytes * cp.s);
-      else p = *(const FR_GLOBAL int*)(positions + a.pos_stride_bytes * cp.s);
-      p = clamp_position(p, a.max_pos);
-      const unsigned j0 = (cp.r % kChunksPerHead - kFirstTailChunk) * 8u;  // first pair index of this chunk
-      const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u;
+    if (rope[j]) {
       float c[8], n[8];
-      load_cache8(cos_p + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, c);
-      load_cache8(sin_p + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, n);
+      cache8_from_words(cw[j], a.cache_dtype, c);
+      cache8_from_words(sw[j], a.cache_dtype, n);
       rotate8(v, c, n);
     }
 

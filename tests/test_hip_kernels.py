@@ -48,6 +48,11 @@ def _check_isa(arch: str, hw_fp8: bool) -> dict[str, str]:
         # the kernel issues the loads of o first: they must be the 16-byte ones
         assert loads[:2] == ["global_load_dwordx4"] * 2, f"{arch} {name}: first loads {loads[:4]}"
         assert "global_store_dwordx4" in ops, f"{arch} {name}: no global_store_dwordx4"
+        # every load (o, positions, then the cos/sin rows they select) issued before the first store: two waves
+        # of loads per lane, not a chain of o -> position -> cos -> sin -> store -> next chunk's loads
+        first_store = next(i for i, o in enumerate(ops) if o.startswith("global_store"))
+        late = [o for o in ops[first_store:] if o.startswith("global_load")]
+        assert not late, f"{arch} {name}: {len(late)} loads after the first store ({late[:3]})"
         assert not [o for o in ops if o.startswith("scratch_")], f"{arch} {name}: scratch instructions"
         assert not [o for o in ops if o.startswith("ds_")], f"{arch} {name}: LDS instructions (none intended)"
         assert not [o for o in ops if o.startswith("flat_")], \
