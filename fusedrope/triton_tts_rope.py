@@ -1,9 +1,10 @@
 """qwen3_tts_rope in Triton: NeoX (rotate_half) RoPE on standalone Q and K, both in one launch.
 
 One program owns one token (b, s): it loads the token's cos and sin rows once (both halves, which may
-differ) and applies them to all Hq query heads and all Hkv key heads, BLOCK_H heads at a time. Each head
-row is read as two contiguous halves of D/2 elements, so accesses along D are 16-byte vectors when the
-strides allow it. Math is fp32 with one RNE rounding to the output dtype.
+differ) and applies them to all Hq query heads and all Hkv key heads, BLOCK_H heads of each at a time, all
+loads of a tile before its stores. Each head row is read as two contiguous halves of D/2 elements, so
+accesses along D are 16-byte vectors when the strides allow it. Math is fp32 with one RNE rounding to the
+output dtype.
 """
 
 import triton
@@ -13,25 +14,25 @@ from .triton_utils import INTERPRETED, WARP_SIZE, round_to, to_f32
 
 
 @triton.jit
-def _rotate_heads(x_ptr, o_ptr, x_off, o_off, n_heads, x_sh, o_sh, c1, c2, s1, s2, d, d_mask,
-                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, EXACT: tl.constexpr):
-    for h0 in range(0, n_heads, BLOCK_H):
-        h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
-        m = (h < n_heads)[:, None] & d_mask[None, :]
-        src = x_ptr + x_off + h[:, None] * x_sh + d[None, :]
-        x1 = to_f32(tl.load(src, mask=m), EXACT)
-        x2 = to_f32(tl.load(src + HALF, mask=m), EXACT)
-        o1 = x1 * c1[None, :] - x2 * s1[None, :]
-        o2 = x2 * c2[None, :] + x1 * s2[None, :]
-        dst = o_ptr + o_off + h[:, None] * o_sh + d[None, :]
-        tl.store(dst, round_to(o1, o_ptr.dtype.element_ty, EXACT), mask=m)
-        tl.store(dst + HALF, round_to(o2, o_ptr.dtype.element_ty, EXACT), mask=m)
+def _load_heads(x_ptr, x_off, h, n_heads, x_sh, d, d_mask, HALF: tl.constexpr, EXACT: tl.constexpr):
+    m = (h < n_heads)[:, None] & d_mask[None, :]
+    src = x_ptr + x_off + h[:, None] * x_sh + d[None, :]
+    return to_f32(tl.load(src, mask=m), EXACT), to_f32(tl.load(src + HALF, mask=m), EXACT), m
+
+
+@triton.jit
+def _store_rotated(o_ptr, o_off, h, o_sh, x1, x2, m, c1, c2, s1, s2, d, HALF: tl.constexpr, EXACT: tl.constexpr):
+    o1 = x1 * c1[None, :] - x2 * s1[None, :]
+    o2 = x2 * c2[None, :] + x1 * s2[None, :]
+    dst = o_ptr + o_off + h[:, None] * o_sh + d[None, :]
+    tl.store(dst, round_to(o1, o_ptr.dtype.element_ty, EXACT), mask=m)
+    tl.store(dst + HALF, round_to(o2, o_ptr.dtype.element_ty, EXACT), mask=m)
 
 
 @triton.jit
 def _tts_rope_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
-    S, HQ, HKV,
+    S, HQ, HKV, H_MAX,
     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
     c_sb, c_ss, s_sb, s_ss,
     qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
@@ -48,10 +49,18 @@ def _tts_rope_kernel(
     c2 = to_f32(tl.load(cp + HALF, mask=d_mask), EXACT)
     s1 = to_f32(tl.load(sp, mask=d_mask), EXACT)
     s2 = to_f32(tl.load(sp + HALF, mask=d_mask), EXACT)
-    _rotate_heads(q_ptr, qo_ptr, b * q_sb + s * q_ss, b * qo_sb + s * qo_ss, HQ, q_sh, qo_sh,
-                  c1, c2, s1, s2, d, d_mask, HALF, BLOCK_H, EXACT)
-    _rotate_heads(k_ptr, ko_ptr, b * k_sb + s * k_ss, b * ko_sb + s * ko_ss, HKV, k_sh, ko_sh,
-                  c1, c2, s1, s2, d, d_mask, HALF, BLOCK_H, EXACT)
+    q_off, qo_off = b * q_sb + s * q_ss, b * qo_sb + s * qo_ss
+    k_off, ko_off = b * k_sb + s * k_ss, b * ko_sb + s * ko_ss
+    # Q's and K's tiles of the same heads are loaded before either is stored: the stores may alias the loads
+    # (inplace), so the compiler keeps program order, and loading K after storing Q would cost a second memory
+    # round trip in every program. Up to BLOCK_H heads of each (all of them in the seed shapes but wide_heads)
+    # take one round trip; past H_MAX = max(HQ, HKV) the masks are all false.
+    for h0 in range(0, H_MAX, BLOCK_H):
+        h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
+        q1, q2, qm = _load_heads(q_ptr, q_off, h, HQ, q_sh, d, d_mask, HALF, EXACT)
+        k1, k2, km = _load_heads(k_ptr, k_off, h, HKV, k_sh, d, d_mask, HALF, EXACT)
+        _store_rotated(qo_ptr, qo_off, h, qo_sh, q1, q2, qm, c1, c2, s1, s2, d, HALF, EXACT)
+        _store_rotated(ko_ptr, ko_off, h, ko_sh, k1, k2, km, c1, c2, s1, s2, d, HALF, EXACT)
 
 
 def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
@@ -67,7 +76,7 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
     s_sb = sin.stride(0) if sin.shape[0] > 1 else 0
     _tts_rope_kernel[(B * S,)](
         q, k, cos, sin, q_out, k_out,
-        S, HQ, HKV,
+        S, HQ, HKV, max(HQ, HKV),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         c_sb, cos.stride(1), s_sb, sin.stride(1),
         q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),

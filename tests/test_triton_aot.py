@@ -51,6 +51,8 @@ def test_tts_rope_is_all_16_byte_accesses(counts, target):
         assert c["sass_ldg128"] == c["ld"] > 0 and c["sass_stg128"] == c["st"] > 0 and c["sass_local"] == 0
     else:
         assert c["load_x4"] == c["loads"] > 0 and c["store_x4"] == c["stores"] > 0 and c["scratch"] == 0
+    # Q's and K's tiles loaded before either is stored: one memory round trip per program, not two
+    assert c["loads_after_first_store"] == 0, c
 
 
 @pytest.mark.parametrize("fmt", ["fn", "fnuz"])
@@ -67,6 +69,7 @@ def test_inverse_rope_quant_reads_o_and_writes_fp8_in_16_bytes(counts, target, g
         assert c["cvt_e4m3"] >= 8 if (fmt, target) == ("fn", "sm_90") else c["cvt_e4m3"] == 0
     else:
         assert c["load_x4"] == 2 and c["store_x4"] == 1 and c["scratch"] == 0
+    assert c["loads_after_first_store"] == 0, c  # o, positions and the cos/sin rows, then the stores
 
 
 @pytest.mark.parametrize("arch,fn_exact,fnuz_exact", [

@@ -56,11 +56,18 @@ def cuobjdump_sass(cubin: bytes) -> str:
         return subprocess.run([str(tool), "-sass", f.name], check=True, capture_output=True, text=True).stdout
 
 
+def _loads_after_first_store(mem_ops: list, load: str, store: str) -> int:
+    """Global loads that come after the first global store in the instruction stream."""
+    return mem_ops[mem_ops.index(store):].count(load) if store in mem_ops else 0
+
+
 def counts(k, target) -> dict:
     if target.backend == "cuda":
         ptx = k.asm["ptx"]
         sass = cuobjdump_sass(k.asm["cubin"])
+        mem = re.findall(r"\b(LDG|STG)\.", sass)
         return {"sass_ldg128": len(re.findall(r"LDG\.E\.128", sass)),
+                "loads_after_first_store": _loads_after_first_store(mem, "LDG", "STG"),
                 "sass_stg128": len(re.findall(r"STG\.E\.128", sass)),
                 "sass_local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
                 "ld_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
@@ -70,6 +77,7 @@ def counts(k, target) -> dict:
     asm = k.asm["amdgcn"]
     ops = re.findall(r"\b(?:global|buffer)_(load|store)_(\w+)", asm)
     return {"load_x4": sum(1 for a, b in ops if a == "load" and b == "dwordx4"),
+            "loads_after_first_store": _loads_after_first_store([a for a, _ in ops], "load", "store"),
             "store_x4": sum(1 for a, b in ops if a == "store" and b == "dwordx4"),
             "loads": sum(1 for a, _ in ops if a == "load"), "stores": sum(1 for a, _ in ops if a == "store"),
             "scratch": int(bool(re.search(r"\bscratch_(load|store)", asm)))}
