@@ -74,6 +74,17 @@ def check_shape(op: str, name: str, t: torch.Tensor, expected: tuple, names: tup
     fail(op, name, f"shape [{', '.join(shown)}]", shape_str(t.shape))
 
 
+def refuse_grad(op: str, what: str, tensors: dict, instead: str) -> None:
+    """``what`` has no derivative: with grad mode on, no tensor in ``tensors`` (name -> tensor) may require
+    grad. RuntimeError naming the first that does, as torch's own in-place and ``out=`` ops refuse."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if getattr(t, "requires_grad", False):
+            raise RuntimeError(f"{op}: {what} no autograd formula, and argument '{name}' requires grad; call it "
+                               f"under torch.no_grad() or torch.inference_mode(), or {instead}")
+
+
 def needs_grad(*tensors) -> bool:
     """Grad mode is on and an argument requires grad (non-tensors are left to validation)."""
     if not torch.is_grad_enabled():

@@ -11,12 +11,12 @@ from torch.autograd.graph import increment_version
 
 from . import _checks as C
 from .backends import reference_available, triton_available
-from .registry import Impl, registry
+from .registry import Impl, new_registry
 from . import cuda_inverse_rope_quant as _cuda  # light: cpp_extension is imported only to build
 from . import hip_inverse_rope_quant as _hip
 
 OP = "inverse_rope_group_quant"
-REGISTRY = registry(OP)
+REGISTRY = new_registry(OP)
 O_DTYPES = (torch.bfloat16, torch.float16)
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 POSITION_DTYPES = (torch.int64, torch.int32)
@@ -57,7 +57,7 @@ def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_grou
     who = "quant_output_shapes"
     for name, v in (("num_tokens", num_tokens), ("num_heads", num_heads), ("head_dim", head_dim)):
         if not _is_int(v) or v < 0:
-            C.fail(who, name, "a non-negative int", repr(v), ValueError if _is_int(v) else TypeError)
+            C.fail(who, name, "a non-negative int", repr(v), _exc(v))
     _, scale_dtype = _resolve_dtypes(None, None, None, scale_dtype, who)
     dg, ks = _group_widths(num_heads * head_dim, num_groups, quant_group_size, scale_dtype, who)
     return _shapes(num_tokens, num_groups, dg, ks, scale_dtype)
@@ -77,12 +77,18 @@ def _got(v) -> str:
     return repr(v) if _is_int(v) else f"{v!r} of type {type(v).__name__}"
 
 
+def _exc(v) -> type[Exception]:
+    """ValueError for an int out of range, TypeError for anything that is not an int."""
+    return ValueError if _is_int(v) else TypeError
+
+
 def _group_widths(row: int, num_groups, quant_group_size, scale_dtype=None, op: str = OP) -> tuple[int, int]:
     """``(Dg, Ks)`` for a token row of ``row = H*head_dim`` elements, after checking the group arguments."""
     if not _is_int(num_groups) or num_groups < 1 or row % num_groups:
-        C.fail(op, "num_groups", f"a positive int dividing H*head_dim={row}", _got(num_groups))
+        C.fail(op, "num_groups", f"a positive int dividing H*head_dim={row}", _got(num_groups), _exc(num_groups))
     if not _is_int(quant_group_size) or quant_group_size not in QUANT_GROUP_SIZES:
-        C.fail(op, "quant_group_size", f"one of {QUANT_GROUP_SIZES}", _got(quant_group_size))
+        C.fail(op, "quant_group_size", f"one of {QUANT_GROUP_SIZES}", _got(quant_group_size),
+               _exc(quant_group_size))
     dg = row // num_groups
     if dg % quant_group_size:
         C.fail(op, "quant_group_size", f"a divisor of the group width Dg=H*head_dim/num_groups={dg}",

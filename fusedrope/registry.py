@@ -172,6 +172,12 @@ REGISTRIES: dict[str, OpRegistry] = {}
 
 
 def registry(op: str) -> OpRegistry:
+    """The registry of ``op`` ("qwen3_tts_rope" or "inverse_rope_group_quant"); ValueError for any other name."""
     if op not in REGISTRIES:
-        REGISTRIES[op] = OpRegistry(op)
+        raise ValueError(f"registry: argument 'op' expected one of {sorted(REGISTRIES)}, got {op!r}")
     return REGISTRIES[op]
+
+
+def new_registry(op: str) -> OpRegistry:
+    """An op module's own registry, made when the module is first imported."""
+    return REGISTRIES.setdefault(op, OpRegistry(op))

@@ -7,12 +7,12 @@ from torch.autograd.graph import increment_version
 
 from . import _checks as C
 from .backends import reference_available, triton_available
-from .registry import Impl, registry
+from .registry import Impl, new_registry
 from . import cuda_tts_rope as _cuda  # light: torch.utils.cpp_extension is imported only to build
 
 OP = "qwen3_tts_rope"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-REGISTRY = registry(OP)
+REGISTRY = new_registry(OP)
 
 
 def check_shapes(q, k, cos, sin, op: str = OP) -> None:
@@ -72,11 +72,9 @@ def validate(q, k, cos, sin, inplace: bool) -> tuple:
     return (dev, dt, qs[3], bool(inplace))
 
 
-def _refuse_inplace_grad(q, k) -> None:
-    """In place has no derivative: with grad mode on, q and k must not require grad (eager and traced alike)."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        raise RuntimeError(f"{OP}: inplace=True has no autograd formula, and 'q' or 'k' requires grad; call it "
-                           "under torch.no_grad() or torch.inference_mode(), or use inplace=False")
+def _refuse_inplace_grad(q, k, cos, sin) -> None:
+    """In place has no derivative: with grad mode on, no input may require grad (eager and traced alike)."""
+    C.refuse_grad(OP, "inplace=True has", {"q": q, "k": k, "cos": cos, "sin": sin}, "use inplace=False")
 
 
 def _check_inplace(q, k, cos, sin) -> None:
@@ -85,7 +83,7 @@ def _check_inplace(q, k, cos, sin) -> None:
         C.check_writable_no_overlap(OP, "q", q)
         C.check_writable_no_overlap(OP, "k", k)
     C.check_apart(OP, {"k": k, "q": q}, {"cos": cos, "sin": sin}, " for inplace=True")
-    _refuse_inplace_grad(q, k)
+    _refuse_inplace_grad(q, k, cos, sin)
     C.check_writable_here(OP, {"q": q, "k": k}, " (inplace=True)")
 
 
@@ -177,7 +175,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
     k : torch.Tensor
         ``[B, Hkv, S, D]``, same dtype and device as ``q``; ``Hkv`` is independent of ``Hq``.
     cos, sin : torch.Tensor
-        ``[B, S, D]`` or ``[1, S, D]`` (broadcast over the batch), same dtype and device.
+        ``[B, S, D]`` or ``[1, S, D]`` (broadcast over the batch), both the same shape, dtype and device.
     inplace : bool, default False
         Write the results into ``q`` and ``k`` through their own strides and return them.
     q_out, k_out : torch.Tensor, optional
@@ -220,7 +218,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
         return _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend)
     if torch.compiler.is_compiling():
         if inplace:
-            _refuse_inplace_grad(q, k)  # as eager does in validate
+            _refuse_inplace_grad(q, k, cos, sin)  # as eager does in validate
             torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend)
             return q, k
         return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
@@ -236,9 +234,7 @@ def _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend):
     """:func:`qwen3_tts_rope` with caller buffers, eager or traced (the ``_out`` torch op). Like torch's own
     ``out=`` arguments, not with autograd: written bytes have no history to keep."""
     _refuse_buffers_in_place(inplace, q_out, k_out)
-    if C.needs_grad(q, k, cos, sin, q_out, k_out):
-        raise RuntimeError(f"{OP}: q_out= / k_out= have no autograd formula, and an input or buffer requires "
-                           "grad; call it under torch.no_grad() or torch.inference_mode(), or without buffers")
+    _refuse_buffer_grad(q, k, cos, sin, q_out, k_out)
     if torch.compiler.is_compiling():
         validate(q, k, cos, sin, False)  # the errors eager gives, before allocating the missing buffer
         q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
@@ -246,6 +242,11 @@ def _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend):
         torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, backend)
         return q_out, k_out
     return _run(q, k, cos, sin, False, backend, q_out, k_out)
+
+
+def _refuse_buffer_grad(q, k, cos, sin, q_out, k_out) -> None:
+    C.refuse_grad(OP, "q_out= / k_out= have", dict(q=q, k=k, cos=cos, sin=sin, q_out=q_out, k_out=k_out),
+                  "without buffers")
 
 
 def _refuse_buffers_in_place(inplace, q_out, k_out) -> None:
@@ -258,6 +259,7 @@ def explain_args(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=Non
     C.check_bool(OP, "inplace", inplace)
     if q_out is not None or k_out is not None:  # explain raises what the call would
         _refuse_buffers_in_place(inplace, q_out, k_out)
+        _refuse_buffer_grad(q, k, cos, sin, q_out, k_out)
         facts = validate(q, k, cos, sin, False)
         _check_outputs(q, k, cos, sin, q_out, k_out)
         return facts, backend

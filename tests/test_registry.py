@@ -1,5 +1,7 @@
 """Backend selection: order, forcing by argument and environment, explain(), caching, fallbacks."""
 
+import re
+
 import pytest
 import torch
 
@@ -22,6 +24,16 @@ def test_backends_are_registered_in_priority_order():
     for op in ("qwen3_tts_rope", "inverse_rope_group_quant"):
         names = [i.backend for i in fusedrope.registry(op).impls]
         assert names == sorted(names, key=fusedrope.BACKENDS.index)
+
+
+def test_registry_of_an_unknown_op_is_refused_and_adds_nothing():
+    from fusedrope.registry import REGISTRIES
+
+    known = ["inverse_rope_group_quant", "qwen3_tts_rope"]
+    with pytest.raises(ValueError, match=re.escape(
+            f"registry: argument 'op' expected one of {known}, got 'qwen3_tts_ropee'")):
+        fusedrope.registry("qwen3_tts_ropee")
+    assert sorted(REGISTRIES) == known
 
 
 @pytest.mark.skipif(not ON_CPU, reason="checks the CPU machine's choices")

@@ -288,10 +288,30 @@ def test_inplace_with_grad_under_torch_compile_raises():
         return q2 * 2
 
     g = torch.compile(f, fullgraph=True, backend="aot_eager")
-    with pytest.raises(RuntimeError, match="inplace=True has no autograd formula"):
+    with pytest.raises(RuntimeError, match="inplace=True has no autograd formula, and argument 'q' requires"):
         g(q.clone().requires_grad_(), k, cos, sin)
+    with pytest.raises(RuntimeError, match="inplace=True has no autograd formula, and argument 'cos' requires"):
+        g(q.clone(), k, cos.clone().requires_grad_(), sin)
     with torch.no_grad():
         assert torch.equal(g(q.clone().requires_grad_(), k, cos, sin), f(q, k, cos, sin))
+
+
+@pytest.mark.parametrize("name", ["k", "cos", "sin"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inplace_refuses_any_input_that_requires_grad(backend, name):
+    """cos/sin that require grad (a learned or scaled rope table) are refused in place as q and k are, before
+    anything is written, on every backend; under no_grad the rotation is written."""
+    args = dict(zip(("q", "k", "cos", "sin"), make_tts_inputs(TTS_CASES[0], device=DEVICE)))
+    want = fusedrope.qwen3_tts_rope(*args.values(), backend="reference")
+    args[name] = args[name].clone().requires_grad_()
+    q, k = args["q"].clone(), args["k"].clone()
+    before = (q.clone(), k.clone())
+    with pytest.raises(RuntimeError, match=f"inplace=True has no autograd formula, and argument '{name}' requires"):
+        fusedrope.qwen3_tts_rope(q, k, args["cos"], args["sin"], inplace=True, backend=backend)
+    assert torch.equal(q, before[0]) and torch.equal(k, before[1])
+    with torch.no_grad():
+        fusedrope.qwen3_tts_rope(q, k, args["cos"], args["sin"], inplace=True, backend=backend)
+    assert torch.equal(q, want[0]) and torch.equal(k, want[1])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -92,10 +92,13 @@ def _bad(case):
     if case == "with inplace":
         return args, dict(inplace=True, k_out=torch.empty_like(k)), ValueError, "argument 'k_out' expected None with inplace=True (which writes into q and k), got a tensor"
     if case == "requires grad":
-        return args, dict(q_out=torch.zeros(2, 4, 3, 64, dtype=q.dtype, requires_grad=True)), RuntimeError, "q_out= / k_out= have no autograd formula, and an input or buffer requires grad"
+        return args, dict(q_out=torch.zeros(2, 4, 3, 64, dtype=q.dtype, requires_grad=True)), RuntimeError, "q_out= / k_out= have no autograd formula, and argument 'q_out' requires grad"
     if case == "input requires grad":
         args["q"] = q.clone().requires_grad_()
-        return args, dict(k_out=torch.empty_like(k)), RuntimeError, "q_out= / k_out= have no autograd formula, and an input or buffer requires grad"
+        return args, dict(k_out=torch.empty_like(k)), RuntimeError, "q_out= / k_out= have no autograd formula, and argument 'q' requires grad"
+    if case == "sin requires grad":
+        args["sin"] = args["sin"].clone().requires_grad_()
+        return args, dict(q_out=torch.empty_like(q)), RuntimeError, "q_out= / k_out= have no autograd formula, and argument 'sin' requires grad"
     if case == "inference tensor":
         with torch.inference_mode():
             buf = torch.empty(2, 2, 3, 64, dtype=q.dtype)
@@ -109,7 +112,7 @@ def _bad(case):
 
 BAD = ["q_out is q", "k_out inside q", "q_out over cos", "q_out and k_out overlap", "over sin", "shape", "dtype",
        "device", "last stride", "broadcast", "not a tensor", "with inplace", "requires grad", "input requires grad",
-       "inference tensor"]
+       "sin requires grad", "inference tensor"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -145,6 +148,8 @@ def test_explain_takes_the_buffers_and_raises_what_the_call_would():
         fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, k_out=torch.empty_like(q))
     with pytest.raises(ValueError, match="^qwen3_tts_rope: argument 'k_out' expected None with inplace=True"):
         fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, inplace=True, k_out=torch.empty_like(k))
+    with pytest.raises(RuntimeError, match="^qwen3_tts_rope: q_out= / k_out= have no autograd formula, and argument 'k'"):
+        fusedrope.explain("qwen3_tts_rope", q, k.clone().requires_grad_(), cos, sin, q_out=torch.empty_like(q))
 
 
 def test_torch_op_and_its_fake_check_the_buffers():
