@@ -172,6 +172,9 @@ def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monk
     fusedrope.qwen3_tts_rope(q.detach().clone().requires_grad_(), k, cos, sin)  # autograd: the Python path
     assert calls == [("writes", False)]
     calls.clear()
+    fusedrope.qwen3_tts_rope(q, k.detach().clone().requires_grad_(), cos, sin)  # k alone requires grad: the same
+    assert calls == [("writes", False)]
+    calls.clear()
     q0, k0 = q[:, :, :0], k[:, :, :0]
     out = fusedrope.qwen3_tts_rope(q0, k0, cos[:, :0], sin[:, :0])
     assert calls == [] and out[0].shape == q0.shape and out[1].shape == k0.shape
