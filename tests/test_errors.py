@@ -369,7 +369,9 @@ def test_backend_the_op_does_not_have(monkeypatch):
     # FUSEDROPE_BACKEND=hip, set for op 2 on AMD, leaves op 1 to pick for itself
     auto = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen
     monkeypatch.setenv(fusedrope.ENV_BACKEND, "hip")
-    assert auto is not None and fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen == auto
+    ex = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin)
+    assert auto is not None and ex.chosen == auto
+    assert not ex.forced and "forced" not in str(ex)  # not forced by a variable naming another op's backend
     q_out, _ = fusedrope.qwen3_tts_rope(q, k, cos, sin)
     assert torch.equal(q_out, fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=auto)[0])
     with pytest.raises(ValueError, match=no_hip):  # the fallback cached for the variable is not the argument's
