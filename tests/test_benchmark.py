@@ -119,6 +119,42 @@ def test_quant_fused_column_prefers_autos_pick():
     assert "| 8 | 2.00 | 2.000 | 5.00 | 0.800 | 2.50x | 50 |" in text
 
 
+def test_fused_columns_follow_autos_pick_and_say_when_it_was_not_measured():
+    """Where auto picks a backend late in the registry's order (FUSEDROPE_BACKEND=reference, or Triton left out)
+    the fused columns are that backend's, not the first name measured; where auto's pick was not measured the
+    header says which one stands in for it."""
+    tts = [_row(n, per_call_us=us, auto_backend="reference") for n, us in (("triton", 20.0), ("reference", 90.0))]
+    assert report.tts_fused_name(tts) == "reference"
+    base = {"op": B.QUANT, **B.case_fields(B.QUANT, QuantCase(8, 16, 2)), "status": "ok", "auto_backend": "reference"}
+    rows = [{**base, "contender": "triton", "device_us": 4.0, "tbps": 1.0},
+            {**base, "contender": "reference", "device_us": 8.0, "tbps": 0.5},
+            {**base, "contender": "unfused", "device_us": 6.0, "tbps": 0.6}]
+    text = report.quant_seed_tables(rows)
+    assert text.startswith("fused = reference\n") and "| 8 | 8.00 | 0.500 | 6.00 | 0.600 | 0.75x |" in text
+    for r in rows:
+        r["auto_backend"] = "cuda"  # e.g. --contenders triton,unfused on an NVIDIA GPU
+    assert report.quant_seed_tables(rows).startswith("fused = triton (auto picks cuda, not measured)\n")
+
+
+def test_group_size_axis_and_not_measured_notes():
+    """The group-size table holds only token counts measured at more than one group size; "Not measured" lists
+    only contenders that ran nowhere (one skipped in some cases but measured in others has its column)."""
+    rows = []
+    for case in [QuantCase(8, 16, 2, quant_group_size=q) for q in (32, 64, 128)] + [QuantCase(8, 8, 1)]:
+        base = {"op": B.QUANT, **B.case_fields(B.QUANT, case), "status": "ok", "auto_backend": "triton"}
+        rows += [{**base, "contender": "triton", "device_us": 4.0, "tbps": 1.0},
+                 {**base, "contender": "unfused", "device_us": 6.0, "tbps": 0.6}]
+    text = report.quant_seed_tables(rows)
+    assert "Quant group size axis, hg = (16, 2)" in text and "Quant group size axis, hg = (8, 1)" not in text
+    other = {"op": B.TTS, **B.case_fields(B.TTS, TTS_CASES[1]), "per_call_us": 7.0}
+    tts = [_row("cuda", per_call_us=6.0), _row("liger", per_call_us=9.0),
+           {**other, "contender": "cuda", "status": "ok"},
+           {**other, "contender": "liger", "status": "skipped", "reason": "liger: shape not served"},
+           _row("flashinfer", status="skipped", reason="not installed")]
+    every = report.contender_tables(tts, B.TTS)
+    assert "Not measured:\n- flashinfer: not installed\n" in every and "liger: shape not served" not in every
+
+
 def test_l2_resident_replay_times_are_marked():
     """A device time from replaying inputs that fit in the L2 is an L2 hit: every cell derived from it carries
     the mark and the tables say why; per-call times and HBM-sized rotations stay unmarked."""
