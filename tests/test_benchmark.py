@@ -212,6 +212,46 @@ def test_measure_records_skips_and_errors():
     assert rows[0]["auto_backend"] in fusedrope.BACKENDS and rows[0]["n_sets"] == 2
 
 
+def test_a_backend_contender_skips_the_cases_its_backend_cannot_serve():
+    """A contender named for a fusedrope backend asks the registry per case: where that backend cannot run the
+    case it is skipped with the registry's reason (not timed into an error row that fails the run)."""
+    def make(case, sets):
+        return lambda i: fusedrope.qwen3_tts_rope(*sets[i % len(sets)], backend="cuda")
+
+    rows = B.measure(B.TTS, TTS_CASES[6], [B.Contender("cuda", B.TTS, "the cuda backend", make, backend="cuda")],
+                     CPU, reps=1)
+    assert rows[0]["status"] == "skipped" and "CUDA device" in rows[0]["reason"], rows[0]
+
+
+def test_input_bytes_are_the_bytes_of_one_input_set():
+    """input_bytes() sizes the rotation (how many sets outgrow the cache): the bytes of the tensors one set holds
+    (q, k, cos, sin; o and its int64 positions), outputs not counted."""
+    for op, case in ((B.TTS, TTS_CASES[6]), (B.QUANT, QuantCase(8, 16, 2))):
+        one = B.make_sets(op, case, CPU, n=1)[0][:4]
+        held = sum(t.numel() * t.element_size() for t in one if t.dim() != 2 or op == B.TTS)  # not the shared cache
+        assert B.input_bytes(op, case) == held, op
+
+
+def test_seed_matrices_are_the_specs_each_case_once():
+    """SPEC: op 1's 6 shapes x batch 1, 8, 32; op 2's (16, 2) and (8, 1) over 10 token counts, plus group sizes 32
+    and 64 at S = 2048 and 8192 (group 128 there is already in the S axis: measured once, not twice)."""
+    tts, quant = B.seed_cases(B.TTS), B.seed_cases(B.QUANT)
+    assert len(tts) == len({c.id for c in tts}) == 18
+    assert len(quant) == len({c.id for c in quant}) == 24
+    axis = {(c.num_tokens, c.quant_group_size) for c in quant if (c.num_heads, c.num_groups) == (16, 2)}
+    assert {(s, q) for s in (2048, 8192) for q in (32, 64, 128)} <= axis
+
+
+def test_a_run_past_its_budget_measures_nothing_more(tmp_path):
+    """--budget-s: cases after the budget ran out get one skipped row per contender and are not measured."""
+    cfg = B.RunConfig(ops=(B.TTS,), matrix="quick", reps=1, compile=False, budget_s=1e-9, plots=False,
+                      only_contenders=("eager", "reference"))
+    results = B.run(cfg, tmp_path, CPU, log=lambda s: None)
+    cases = B.quick_cases(B.TTS, CPU)
+    assert len(results["rows"]) == 2 * len(cases)
+    assert {(r["status"], r["reason"]) for r in results["rows"]} == {("skipped", "time budget (0 s) ran out")}
+
+
 def test_measure_frees_each_contenders_buffers_before_the_next_makes_its_own():
     """On a GPU a contender's buffers can be GBs: two contenders' at once could run out of memory."""
     import weakref
