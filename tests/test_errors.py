@@ -351,6 +351,10 @@ def test_inplace_into_itself_or_with_autograd():
     leaf = q.clone().requires_grad_()
     with pytest.raises(RuntimeError, match="inplace=True has no autograd formula, and 'q' or 'k' requires grad"):
         fusedrope.qwen3_tts_rope(leaf, k, cos, sin, inplace=True, backend="reference")
+    k_leaf, k_before = k.clone().requires_grad_(), k.clone()
+    with pytest.raises(RuntimeError, match="inplace=True has no autograd formula, and 'q' or 'k' requires grad"):
+        fusedrope.qwen3_tts_rope(q, k_leaf, cos, sin, inplace=True, backend="reference")  # k alone
+    assert torch.equal(k_leaf.detach(), k_before)
     with torch.inference_mode():
         q_inf = q.clone()
     with pytest.raises(RuntimeError, match=re.escape(

@@ -252,6 +252,24 @@ def test_out_of_range_positions_are_clamped(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_position_check_reads_only_the_first_s_positions(backend, monkeypatch):
+    """positions may be longer than S (an engine's max-size buffer, its tail stale or padded with -1): the debug
+    check looks at the S positions the op reads, as the op does, and the call gives the bytes it gives without
+    the check."""
+    case = QuantCase(3, 2, 1)
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=13, max_pos=32)
+    padded = torch.cat([pos[:3], torch.tensor([-1, 32, 10**9], device=DEVICE)])
+    want = run(backend, o, pos[:3], cos, sin, case)
+    monkeypatch.setenv("FUSEDROPE_CHECK_POSITIONS", "1")
+    got = run(backend, o, padded, cos, sin, case)
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(scale_bytes(got[1]), scale_bytes(want[1]))
+    padded[1] = 32
+    with pytest.raises(ValueError, match=r"got positions\[1\]=32 \(1 out of range\)"):
+        run(backend, o, padded, cos, sin, case)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_empty_and_single_token(backend):
     for S in (0, 1):
         case = QuantCase(S, 16, 2)
