@@ -119,6 +119,42 @@ def test_quant_fused_column_prefers_autos_pick():
     assert "| 8 | 2.00 | 2.000 | 5.00 | 0.800 | 2.50x | 50 |" in text
 
 
+def test_fused_columns_follow_autos_pick_and_say_when_it_was_not_measured():
+    """Where auto picks a backend late in the registry's order (FUSEDROPE_BACKEND=reference, or Triton left out)
+    the fused columns are that backend's, not the first name measured; where auto's pick was not measured the
+    header says which one stands in for it."""
+    tts = [_row(n, per_call_us=us, auto_backend="reference") for n, us in (("triton", 20.0), ("reference", 90.0))]
+    assert report.tts_fused_name(tts) == "reference"
+    base = {"op": B.QUANT, **B.case_fields(B.QUANT, QuantCase(8, 16, 2)), "status": "ok", "auto_backend": "reference"}
+    rows = [{**base, "contender": "triton", "device_us": 4.0, "tbps": 1.0},
+            {**base, "contender": "reference", "device_us": 8.0, "tbps": 0.5},
+            {**base, "contender": "unfused", "device_us": 6.0, "tbps": 0.6}]
+    text = report.quant_seed_tables(rows)
+    assert text.startswith("fused = reference\n") and "| 8 | 8.00 | 0.500 | 6.00 | 0.600 | 0.75x |" in text
+    for r in rows:
+        r["auto_backend"] = "cuda"  # e.g. --contenders triton,unfused on an NVIDIA GPU
+    assert report.quant_seed_tables(rows).startswith("fused = triton (auto picks cuda, not measured)\n")
+
+
+def test_group_size_axis_and_not_measured_notes():
+    """The group-size table holds only token counts measured at more than one group size; "Not measured" lists
+    only contenders that ran nowhere (one skipped in some cases but measured in others has its column)."""
+    rows = []
+    for case in [QuantCase(8, 16, 2, quant_group_size=q) for q in (32, 64, 128)] + [QuantCase(8, 8, 1)]:
+        base = {"op": B.QUANT, **B.case_fields(B.QUANT, case), "status": "ok", "auto_backend": "triton"}
+        rows += [{**base, "contender": "triton", "device_us": 4.0, "tbps": 1.0},
+                 {**base, "contender": "unfused", "device_us": 6.0, "tbps": 0.6}]
+    text = report.quant_seed_tables(rows)
+    assert "Quant group size axis, hg = (16, 2)" in text and "Quant group size axis, hg = (8, 1)" not in text
+    other = {"op": B.TTS, **B.case_fields(B.TTS, TTS_CASES[1]), "per_call_us": 7.0}
+    tts = [_row("cuda", per_call_us=6.0), _row("liger", per_call_us=9.0),
+           {**other, "contender": "cuda", "status": "ok"},
+           {**other, "contender": "liger", "status": "skipped", "reason": "liger: shape not served"},
+           _row("flashinfer", status="skipped", reason="not installed")]
+    every = report.contender_tables(tts, B.TTS)
+    assert "Not measured:\n- flashinfer: not installed\n" in every and "liger: shape not served" not in every
+
+
 def test_l2_resident_replay_times_are_marked():
     """A device time from replaying inputs that fit in the L2 is an L2 hit: every cell derived from it carries
     the mark and the tables say why; per-call times and HBM-sized rotations stay unmarked."""
@@ -174,6 +210,46 @@ def test_measure_records_skips_and_errors():
     assert [(r["contender"], r["status"], r["reason"]) for r in rows] == [
         ("absent", "skipped", "not installed"), ("broken", "error", "RuntimeError: boom")]
     assert rows[0]["auto_backend"] in fusedrope.BACKENDS and rows[0]["n_sets"] == 2
+
+
+def test_a_backend_contender_skips_the_cases_its_backend_cannot_serve():
+    """A contender named for a fusedrope backend asks the registry per case: where that backend cannot run the
+    case it is skipped with the registry's reason (not timed into an error row that fails the run)."""
+    def make(case, sets):
+        return lambda i: fusedrope.qwen3_tts_rope(*sets[i % len(sets)], backend="cuda")
+
+    rows = B.measure(B.TTS, TTS_CASES[6], [B.Contender("cuda", B.TTS, "the cuda backend", make, backend="cuda")],
+                     CPU, reps=1)
+    assert rows[0]["status"] == "skipped" and "CUDA device" in rows[0]["reason"], rows[0]
+
+
+def test_input_bytes_are_the_bytes_of_one_input_set():
+    """input_bytes() sizes the rotation (how many sets outgrow the cache): the bytes of the tensors one set holds
+    (q, k, cos, sin; o and its int64 positions), outputs not counted."""
+    for op, case in ((B.TTS, TTS_CASES[6]), (B.QUANT, QuantCase(8, 16, 2))):
+        one = B.make_sets(op, case, CPU, n=1)[0][:4]
+        held = sum(t.numel() * t.element_size() for t in one if t.dim() != 2 or op == B.TTS)  # not the shared cache
+        assert B.input_bytes(op, case) == held, op
+
+
+def test_seed_matrices_are_the_specs_each_case_once():
+    """SPEC: op 1's 6 shapes x batch 1, 8, 32; op 2's (16, 2) and (8, 1) over 10 token counts, plus group sizes 32
+    and 64 at S = 2048 and 8192 (group 128 there is already in the S axis: measured once, not twice)."""
+    tts, quant = B.seed_cases(B.TTS), B.seed_cases(B.QUANT)
+    assert len(tts) == len({c.id for c in tts}) == 18
+    assert len(quant) == len({c.id for c in quant}) == 24
+    axis = {(c.num_tokens, c.quant_group_size) for c in quant if (c.num_heads, c.num_groups) == (16, 2)}
+    assert {(s, q) for s in (2048, 8192) for q in (32, 64, 128)} <= axis
+
+
+def test_a_run_past_its_budget_measures_nothing_more(tmp_path):
+    """--budget-s: cases after the budget ran out get one skipped row per contender and are not measured."""
+    cfg = B.RunConfig(ops=(B.TTS,), matrix="quick", reps=1, compile=False, budget_s=1e-9, plots=False,
+                      only_contenders=("eager", "reference"))
+    results = B.run(cfg, tmp_path, CPU, log=lambda s: None)
+    cases = B.quick_cases(B.TTS, CPU)
+    assert len(results["rows"]) == 2 * len(cases)
+    assert {(r["status"], r["reason"]) for r in results["rows"]} == {("skipped", "time budget (0 s) ran out")}
 
 
 def test_measure_frees_each_contenders_buffers_before_the_next_makes_its_own():

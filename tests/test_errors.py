@@ -67,6 +67,9 @@ TTS_CASES = {
                    "argument 'sin' expected a tensor on cpu (same device as 'q'), got a tensor on meta"),
     "cos sparse": (tts_bad(cos=lambda t: t.to_sparse()), TypeError,
                    "argument 'cos' expected a dense (strided) tensor, got layout torch.sparse_coo"),
+    # cos and sin both for other token counts (e.g. the whole table passed): no tensor agrees to the wrong S
+    "cos and sin seq": (tts_bad(cos=torch.randn(2, 5, 8).to(bf16), sin=torch.randn(2, 5, 8).to(bf16)), ValueError,
+                        "argument 'cos' expected shape [2, 3, 8], got [2, 5, 8]"),
     "D=0": (tts_bad(q=torch.randn(2, 4, 3, 0).to(bf16), k=torch.randn(2, 2, 3, 0).to(bf16),
                     cos=torch.randn(2, 3, 0).to(bf16), sin=torch.randn(2, 3, 0).to(bf16)), ValueError,
             "argument 'q' expected an even head_dim D >= 2 (last dim), got D=0"),
@@ -244,6 +247,27 @@ QUANT_CASES = {
                             "argument 'transpose_scale' expected a bool, got int 1"),
     "o sparse": (quant_bad(o=lambda a: a["o"].to_sparse()), TypeError,
                  "argument 'o' expected a dense (strided) tensor, got layout torch.sparse_coo"),
+    "groups zero": (quant_bad(num_groups=0), ValueError,
+                    "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got 0"),
+    "positions column": (quant_bad(positions=lambda a: a["positions"][:, None]), ValueError,
+                         "argument 'positions' expected a 1-D tensor [>= S], got 2-D shape [3, 1]"),
+    "cos last stride only": (quant_bad(cos_cache=lambda a: a["cos_cache"].t().contiguous().t()), ValueError,
+                             "argument 'cos_cache' expected a contiguous last dimension (stride 1), got strides (1, 64)"),
+    "rope_dim 0": (quant_bad(cos_cache=torch.zeros(64, 0), sin_cache=torch.zeros(64, 0)), ValueError,
+                   "argument 'cos_cache' expected shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim=512, got [64, 0]"),
+    "x_fp8 4-D": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 1024, 1, dtype=torch.float8_e4m3fn)), ValueError,
+                  "argument 'x_fp8' expected shape [3, 2, 1024], got [3, 2, 1024, 1]"),
+    "x_scale 2-D": (quant_bad(x_scale=lambda a: torch.empty(3, 2, dtype=torch.float8_e8m0fnu)), ValueError,
+                    "argument 'x_scale' expected shape [3, 2, 8], got [3, 2]"),
+    # with both buffers validate()'s hot path decides: it must refuse each of these too
+    "x_fp8 shape, both buffers": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 512, dtype=torch.float8_e4m3fn),
+                                            x_scale=lambda a: _bufs()(a)[1]), ValueError,
+                                  "argument 'x_fp8' expected shape [3, 2, 1024], got [3, 2, 512]"),
+    "x_scale shape, both buffers": (quant_bad(x_fp8=lambda a: _bufs()(a)[0],
+                                              x_scale=lambda a: torch.empty(3, 2, 4, dtype=torch.float8_e8m0fnu)),
+                                    ValueError, "argument 'x_scale' expected shape [3, 2, 8], got [3, 2, 4]"),
+    "x_scale device, both buffers": (quant_bad(x_fp8=lambda a: _bufs()(a)[0], x_scale=lambda a: _bufs()(a)[1].to("meta")),
+                                     ValueError, "argument 'x_scale' expected a tensor on cpu (same device as 'o'), got a tensor on meta"),
     "positions int16": (quant_bad(positions=lambda a: a["positions"].to(torch.int16)), TypeError,
                         "argument 'positions' expected dtype int64 or int32, got int16"),
 }
@@ -288,6 +312,15 @@ def test_quant_output_shapes_names_itself_and_the_argument(args, exc, msg):
         fusedrope.quant_output_shapes(*args)
 
 
+def test_quant_output_shapes_take_zero_tokens():
+    """An engine step with no tokens on this rank is a valid call: the shape helper answers it as the op does."""
+    H, G = 4, 2
+    o = torch.randn(0, H, 512).to(bf16)
+    pos, cos, sin = torch.zeros(0, dtype=torch.int64), torch.randn(16, 32), torch.randn(16, 32)
+    x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, G, backend="reference")
+    assert fusedrope.quant_output_shapes(0, H, 512, G) == (tuple(x.shape), tuple(s.shape)) == ((0, 2, 1024), (0, 2, 8))
+
+
 @pytest.mark.parametrize("op", ["tts", "quant"])
 def test_bad_input_under_torch_compile_keeps_the_message(op):
     """Dynamo re-raises the error it meets while tracing as its own RuntimeError (docs/design.md says so);
@@ -320,6 +353,10 @@ def test_inplace_into_itself_or_with_autograd():
             "qwen3_tts_rope: inplace=True has no autograd formula, and argument 'q' requires grad; call it under "
             "torch.no_grad() or torch.inference_mode(), or use inplace=False")):
         fusedrope.qwen3_tts_rope(leaf, k, cos, sin, inplace=True, backend="reference")
+    k_leaf, k_before = k.clone().requires_grad_(), k.clone()
+    with pytest.raises(RuntimeError, match="inplace=True has no autograd formula, and 'q' or 'k' requires grad"):
+        fusedrope.qwen3_tts_rope(q, k_leaf, cos, sin, inplace=True, backend="reference")  # k alone
+    assert torch.equal(k_leaf.detach(), k_before)
     with torch.inference_mode():
         q_inf = q.clone()
     with pytest.raises(RuntimeError, match=re.escape(
@@ -338,7 +375,9 @@ def test_backend_the_op_does_not_have(monkeypatch):
     # FUSEDROPE_BACKEND=hip, set for op 2 on AMD, leaves op 1 to pick for itself
     auto = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen
     monkeypatch.setenv(fusedrope.ENV_BACKEND, "hip")
-    assert auto is not None and fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen == auto
+    ex = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin)
+    assert auto is not None and ex.chosen == auto
+    assert not ex.forced and "forced" not in str(ex)  # not forced by a variable naming another op's backend
     q_out, _ = fusedrope.qwen3_tts_rope(q, k, cos, sin)
     assert torch.equal(q_out, fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=auto)[0])
     with pytest.raises(ValueError, match=no_hip):  # the fallback cached for the variable is not the argument's

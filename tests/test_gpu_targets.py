@@ -191,3 +191,57 @@ def test_rows_that_did_not_run_are_not_measured_points():
     cuda0.update(status="error", reason="RuntimeError: boom")
     got = T.tts_targets(failed, COPY_TBPS, cases=TTS_CASES[:2])
     assert verdict(got, "compile").ok is None and "1/2 points measured" in verdict(got, "compile").detail
+
+
+def test_small_s_target_counts_s32_and_needs_both_device_times():
+    """"Up to S = 32" includes S = 32: a miss there is a miss. A point whose unfused capture failed (no device
+    time) is not measured, and judging does not trip over it."""
+    points = [(QuantCase(8, 2, 1), False), (QuantCase(32, 2, 1), False)]
+    rows = []
+    for case, _ in points:
+        r = measured(B.QUANT, case, ("cuda", "unfused"))
+        rows += [timed(r["cuda"], device_us=2.0), timed(r["unfused"], device_us=4.0 if case.num_tokens < 32 else 3.0)]
+    small = verdict(T.quant_targets(rows, points), "S <= 32")
+    assert small.ok is False and "missed: " + points[1][0].id in small.detail
+    rows[3].pop("device_us")
+    rows[3].update(tbps_basis="per_call_us", device_error="RuntimeError: capture failed")
+    small = verdict(T.quant_targets(rows, points), "S <= 32")
+    assert small.ok is None and "1/2 points measured" in small.detail
+
+
+def test_bandwidth_target_needs_device_time_and_margins_read_as_met_above_1():
+    """Issue #4's bandwidth target is about device time: a fraction of the copy from the per-call time (no
+    graph replay) is no measurement of it. A margin above 1x is met for "<=" targets as for ">=" ones."""
+    wide = next(c for c in TTS_CASES if c.id == "wide_heads-B32")
+    rows = tts_matrix(lambda c: 5.0, lambda c: 25.0, lambda c: 12.0, lambda c: None, cases=[wide])
+    rows[0]["frac_copy"] = 0.9  # from the per-call time
+    got = verdict(T.tts_targets(rows, COPY_TBPS, cases=[wide]), "wide_heads")
+    assert got.ok is None and "0/1 points" in got.detail
+    small = TTS_CASES[:2]  # launch-bound at 4 TB/s
+    rows = tts_matrix(lambda c: 5.0, lambda c: 25.0, lambda c: 12.0, lambda c: 2.5, cases=small)
+    got = verdict(T.tts_targets(rows, COPY_TBPS, cases=small), "launch-bound")
+    assert got.ok is True and "vs <= 3 us (1.20x of the target)" in got.detail, got.detail
+
+
+def test_summary_reports_sections_not_ok_the_copy_from_either_script_and_8_files(tmp_path, capsys):
+    """A tts section that failed is named; with no copy in the tts results (its script died early) the header
+    takes the quant script's; a bench that cut nothing reads as plain ok; 8 files all come back (exit 0)."""
+    import json
+
+    import summarize
+
+    meta = {**B.machine_info(CPU), "gpu": "NVIDIA H200"}
+    tts = {"meta": meta, "checks": [], "rows": [],
+           "sections": {"graphs": {"status": "FAILED: capture raised"}, "bench": {"status": "ok"}}}
+    quant = {"meta": meta, "sections": {"bench": {"ok": True, "skipped": [], "rows": [], "copy": {"tbps": 4.25}}}}
+    for sub, res in (("tts", tts), ("quant", quant)):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "results.json").write_text(json.dumps(res))
+    for i in range(6):
+        (tmp_path / f"extra{i}.txt").write_text("x")
+    assert summarize.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "copy roofline 4.25 TB/s" in out
+    assert "sections not ok: graphs (FAILED: capture raised)" in out
+    assert "inverse_rope_q  exit ?: bench ok; 0/0 bench rows ok" in out
+    assert "files under $OUT: 8 (" in out and "MORE THAN" not in out

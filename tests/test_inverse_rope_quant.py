@@ -252,6 +252,24 @@ def test_out_of_range_positions_are_clamped(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_position_check_reads_only_the_first_s_positions(backend, monkeypatch):
+    """positions may be longer than S (an engine's max-size buffer, its tail stale or padded with -1): the debug
+    check looks at the S positions the op reads, as the op does, and the call gives the bytes it gives without
+    the check."""
+    case = QuantCase(3, 2, 1)
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=13, max_pos=32)
+    padded = torch.cat([pos[:3], torch.tensor([-1, 32, 10**9], device=DEVICE)])
+    want = run(backend, o, pos[:3], cos, sin, case)
+    monkeypatch.setenv("FUSEDROPE_CHECK_POSITIONS", "1")
+    got = run(backend, o, padded, cos, sin, case)
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(scale_bytes(got[1]), scale_bytes(want[1]))
+    padded[1] = 32
+    with pytest.raises(ValueError, match=r"got positions\[1\]=32 \(1 out of range\)"):
+        run(backend, o, padded, cos, sin, case)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_empty_and_single_token(backend):
     for S in (0, 1):
         case = QuantCase(S, 16, 2)
@@ -484,6 +502,10 @@ def _valid_calls():
     x, s = fusedrope.empty_quant_outputs(torch.empty(8, 16, 512, dtype=torch.bfloat16, device=DEVICE), 2, 64, True,
                                          scale_dtype=torch.float32)
     yield (o, pos, cos, sin, 2, 64, True, x[:3], s[:3], None, None)
+    # the whole head rotated: rope_dim == head_dim
+    o, pos, cos, sin = make_quant_inputs(QuantCase(3, 4, 2, head_dim=64, rope_dim=64, quant_group_size=32),
+                                         device=DEVICE)
+    yield (o, pos, cos, sin, 2, 32, False, None, None, None, None)
 
 
 def test_fast_validation_agrees_with_every_check(monkeypatch):
@@ -503,7 +525,33 @@ def test_fast_validation_agrees_with_every_check(monkeypatch):
         monkeypatch.setattr(irq, "_validate_all", check_by_check)
         assert fast == check_by_check(*args)
         n += 1
-    assert n == 21
+    assert n == 22
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_dim_2_caches_with_any_last_stride(backend):
+    """rope_dim = 2: the caches' last dim has size 1, so its stride addresses nothing (a column of a transposed
+    table); accepted, with the bytes a contiguous cache gives."""
+    case = QuantCase(3, 2, 1, head_dim=64, rope_dim=2, quant_group_size=32)
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=23, max_pos=16)
+    cos_t, sin_t = cos.t().contiguous().t(), sin.t().contiguous().t()
+    assert cos_t.stride() == sin_t.stride() == (1, 16) and torch.equal(cos_t, cos) and torch.equal(sin_t, sin)
+    want_fp8, want_scale = reference(o, pos, cos.contiguous(), sin.contiguous(), case)
+    x_fp8, x_scale = run(backend, o, pos, cos_t, sin_t, case)
+    assert_quant_close(x_fp8, x_scale, want_fp8, want_scale, rope_blocks(case), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_buffers_made_inside_inference_mode(backend):
+    """How an engine calls: inputs and caller buffers made inside torch.inference_mode() are written there (only
+    outside it does torch refuse writes into inference tensors)."""
+    case = QuantCase(3, 16, 2)
+    with torch.inference_mode():
+        o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=29)
+        want_fp8, want_scale = reference(o, pos, cos, sin, case)
+        x_fp8, x_scale = run(backend, o, pos, cos, sin, case)
+        assert x_fp8.is_inference() and x_scale.is_inference()
+    assert_quant_close(x_fp8, x_scale, want_fp8, want_scale, rope_blocks(case), backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -701,19 +749,25 @@ def test_outputs_inside_poisoned_buffers_write_nothing_outside(backend, case, le
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32, torch.int32])
-def test_column_major_scales_with_padded_tokens(backend, scale_dtype):
+@pytest.mark.parametrize("case", [QuantCase(5, 8, 2, quant_group_size=32),
+                                  QuantCase(5, 2, 2, head_dim=128, quant_group_size=128)],  # Ks = 1
+                         ids=lambda c: c.id)
+def test_column_major_scales_with_padded_tokens(backend, scale_dtype, case):
     """A column-major x_scale whose token dim is padded to L > S, strides (1, Ks*L, L): what an engine gets by
     slicing this step's tokens out of one max-size buffer (or TMA-aligned fp32 scales). The op writes the S
-    tokens of every column and none of the padding."""
-    case = QuantCase(5, 8, 2, quant_group_size=32)
+    tokens of every column and none of the padding. With one block per group (Ks = 1) the group stride L says
+    the padding (the last dim's stride addresses nothing)."""
+    G, q = case.num_groups, case.quant_group_size
+    if scale_dtype == torch.int32 and case.head_dim * case.num_heads // G // q % 4:
+        pytest.skip("packed UE8M0 needs a multiple of 4 blocks per group")
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=35)
-    facts = validate(o, pos, cos, sin, 2, 32, True, None, None, FP8_HERE, scale_dtype)[0]
+    facts = validate(o, pos, cos, sin, G, q, True, None, None, FP8_HERE, scale_dtype)[0]
     skip_unless_served(backend, facts)
-    x_fp8, _ = fusedrope.empty_quant_outputs(o, 2, 32, True, fp8_dtype=FP8_HERE, scale_dtype=scale_dtype)
-    S, G, Ks = fusedrope.quant_output_shapes(5, 8, 512, 2, 32, scale_dtype)[1]
+    x_fp8, _ = fusedrope.empty_quant_outputs(o, G, q, True, fp8_dtype=FP8_HERE, scale_dtype=scale_dtype)
+    S, G, Ks = fusedrope.quant_output_shapes(*o.shape, G, q, scale_dtype)[1]
     L = 11
     x_scale, buf = guarded_poison((S, G, Ks), scale_dtype, DEVICE, (1, Ks * L, L), lead=3, byte=GUARD)
-    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 32, True, x_fp8, x_scale, backend=backend)
+    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, G, q, True, x_fp8, x_scale, backend=backend)
     assert out[1] is x_scale and x_scale.stride() == (1, Ks * L, L)
     assert bytes_written_outside(buf, x_scale, GUARD) == 0
     ref = reference(o, pos, cos, sin, case, True, scale_dtype=scale_dtype)

@@ -132,10 +132,81 @@ def test_unsupported_inputs_fall_through_to_the_next_backend():
 
 def test_a_broken_backend_probe_becomes_a_reason():
     reg = OpRegistry("toy")
+    probes = []
     reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
-    reg.register(Impl("cuda", "x:y", lambda f: None, lambda d: 1 / 0))
+    reg.register(Impl("cuda", "x:y", lambda f: None, lambda d: probes.append(d) or 1 / 0))
     assert reg.select((torch.device("cpu"),)).backend == "reference"
     assert "ZeroDivisionError" in reg.explain((torch.device("cpu"),))[0].reason
+    assert reg.select((torch.device("cpu"), "other facts")).backend == "reference"
+    assert len(probes) == 1  # the failure is the answer for this device, cached like any other
+
+
+def test_an_unavailable_backend_gives_availability_as_its_reason():
+    """Can it run here at all comes first: a backend that is unavailable and would not support the inputs either
+    is explained (and refused when forced) by its availability."""
+    reg = OpRegistry("toy")
+    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
+    reg.register(Impl("cuda", "x:y", lambda f: "no odd sizes", lambda d: "no CUDA here"))
+    facts = (torch.device("cpu"), 3)
+    assert [(d.backend, d.reason) for d in reg.explain(facts)] == [("cuda", "no CUDA here"),
+                                                                    ("reference", "supports these inputs")]
+    with pytest.raises(fusedrope.BackendUnavailableError,
+                       match="backend 'cuda' cannot run these inputs: no CUDA here$"):
+        reg.select(facts, "cuda")
+
+
+def test_registering_a_backend_drops_the_cached_choices():
+    reg = OpRegistry("toy")
+    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
+    facts = (torch.device("cpu"), 2)
+    assert reg.select(facts).backend == "reference"
+    reg.register(Impl("triton", "x:y", lambda f: None, lambda d: None))  # faster, registered later
+    assert reg.select(facts).backend == "triton"
+    assert reg.explain(facts).chosen == "triton"
+
+
+def test_an_empty_environment_variable_forces_nothing(monkeypatch):
+    """FUSEDROPE_BACKEND set to the empty string (as `FUSEDROPE_BACKEND= cmd` or a container spec leaves it) is
+    "auto", not a backend name to refuse."""
+    q, k, cos, sin = tts_args()
+    auto = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "")
+    ex = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin)
+    assert ex.chosen == auto and not ex.forced
+    got = fusedrope.qwen3_tts_rope(q, k, cos, sin)
+    want = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=auto)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_explain_reports_a_backend_name_the_op_does_not_have():
+    """explain() is how a user finds out why a call cannot run: a bad backend name is its last row, not a raise."""
+    q, k, cos, sin = tts_args()
+    ex = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, backend="cudnn")
+    assert ex.chosen is None and ex[-1].backend == "(error)" and not ex[-1].runs
+    assert "argument 'backend' expected 'auto' or one of" in ex[-1].reason and "'cudnn'" in ex[-1].reason
+    assert "chosen backend = none" in str(ex)
+
+
+def test_device_probes(monkeypatch):
+    """gpu_arch() drops the feature suffix ROCm reports (gfx942:sramecc+:xnack-), so that the fp8 format and the
+    hip kernel's arch check see gfx942; a visible GPU is not enough for HIP kernels without a ROCm torch; Triton
+    runs on GPUs and, interpreted, on the CPU only."""
+    from types import SimpleNamespace
+
+    from fusedrope import backends as K
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda d: SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-", major=9, minor=4))
+    assert K.gpu_arch(gpu) == "gfx942" and K.native_fp8_dtype(gpu) == torch.float8_e4m3fnuz
+    assert K.hip_toolkit_reason(gpu) is None
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(major=9, minor=0))
+    assert K.gpu_arch(gpu) == "sm_90" and K.native_fp8_dtype(gpu) == torch.float8_e4m3fn
+    assert K.hip_toolkit_reason(gpu) == "this torch build has no ROCm (torch.version.hip is None)"
+    assert K.triton_available(torch.device("meta")) == "Triton does not run on device type 'meta'"
 
 
 def test_availability_is_answered_per_device():
@@ -182,6 +253,9 @@ def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monk
     assert calls == [("writes", True)]
     calls.clear()
     fusedrope.qwen3_tts_rope(q.detach().clone().requires_grad_(), k, cos, sin)  # autograd: the Python path
+    assert calls == [("writes", False)]
+    calls.clear()
+    fusedrope.qwen3_tts_rope(q, k.detach().clone().requires_grad_(), cos, sin)  # k alone requires grad: the same
     assert calls == [("writes", False)]
     calls.clear()
     q0, k0 = q[:, :, :0], k[:, :, :0]

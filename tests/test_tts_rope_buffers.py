@@ -199,3 +199,36 @@ def test_torch_compile_writes_into_a_cache_slice():
     assert torch.equal(got, want)
     assert torch.equal(k_compiled.nan_to_num(7.0), k_eager.nan_to_num(7.0))
     assert not k_compiled[:, :, POS:POS + q.shape[2]].isnan().any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_place_and_into_buffers_inside_inference_mode(backend):
+    """How an engine calls: inputs and buffers made inside torch.inference_mode() are written there (only
+    outside it does torch refuse writes into inference tensors)."""
+    with torch.inference_mode():
+        q, k, cos, sin = _inputs(seed=37)
+        q0, k0 = q.clone(), k.clone()
+        k_cache, k_view = _cache(k)
+        q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, k_out=k_view, backend=backend)
+        assert k_out is k_view and _untouched_outside(k_cache, k_view)
+        assert_tts_rope_close(q_out, k_out, q0, k0, cos, sin)
+        fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True, backend=backend)
+        assert_tts_rope_close(q, k, q0, k0, cos, sin)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stride_0_on_a_size_1_dim_is_not_a_broadcast(backend):
+    """A size-1 dim addresses one element whatever its stride (0 too, as as_strided or a custom allocator may
+    leave it): such a q written in place, or such a k_out, is no broadcast and is accepted."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("b1", 1, 3, 4, 2, 64), device=DEVICE, seed=41, random_cos_sin=True)
+    q0, k0 = q.clone(), k.clone()
+    k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
+    k_out = k_out.as_strided(k_out.shape, (0, *k_out.stride()[1:]))
+    q_out, got = fusedrope.qwen3_tts_rope(q, k, cos, sin, k_out=k_out, backend=backend)
+    assert got is k_out
+    assert_tts_rope_close(q_out, k_out, q0, k0, cos, sin)
+    q_in = q.clone(memory_format=torch.contiguous_format)
+    q_in = q_in.as_strided(q_in.shape, (0, *q_in.stride()[1:]))
+    k_in = k.clone()
+    fusedrope.qwen3_tts_rope(q_in, k_in, cos, sin, inplace=True, backend=backend)
+    assert_tts_rope_close(q_in, k_in, q0, k0, cos, sin)
