@@ -49,16 +49,30 @@ def check_dtype(op: str, name: str, t: torch.Tensor, allowed) -> None:
         fail(op, name, f"dtype {names}", dtype_name(t.dtype), TypeError)
 
 
-def check_same_dtype(op: str, ref_name: str, ref: torch.Tensor, named: dict) -> None:
+def _odd_one_out(ref_name: str, ref, named: dict, key) -> tuple:
+    """``(name, value, agreed, agreeing names)`` of the argument to blame when ``key`` differs: the first of
+    ``named`` that differs from ``ref``, or ``ref`` itself when all of ``named`` (two or more) agree without it."""
+    values = {key(t) for t in named.values()}
+    if len(named) >= 2 and len(values) == 1 and key(ref) not in values:
+        return ref_name, key(ref), values.pop(), "', '".join(named)
     for name, t in named.items():
-        if t.dtype != ref.dtype:
-            fail(op, name, f"dtype {dtype_name(ref.dtype)} (same as '{ref_name}')", dtype_name(t.dtype), TypeError)
+        if key(t) != key(ref):
+            return name, key(t), key(ref), ref_name
+    return None
+
+
+def check_same_dtype(op: str, ref_name: str, ref: torch.Tensor, named: dict) -> None:
+    odd = _odd_one_out(ref_name, ref, named, lambda t: t.dtype)
+    if odd:
+        name, got, want, like = odd
+        fail(op, name, f"dtype {dtype_name(want)} (same as '{like}')", dtype_name(got), TypeError)
 
 
 def check_same_device(op: str, ref_name: str, ref: torch.Tensor, named: dict) -> None:
-    for name, t in named.items():
-        if t.device != ref.device:
-            fail(op, name, f"a tensor on {ref.device} (same device as '{ref_name}')", f"a tensor on {t.device}")
+    odd = _odd_one_out(ref_name, ref, named, lambda t: t.device)
+    if odd:
+        name, got, want, like = odd
+        fail(op, name, f"a tensor on {want} (same device as '{like}')", f"a tensor on {got}")
 
 
 def check_last_dim_contiguous(op: str, name: str, t: torch.Tensor) -> None:

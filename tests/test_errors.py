@@ -50,6 +50,13 @@ TTS_CASES = {
     "sin dtype": (tts_bad(sin=lambda t: t.float()), TypeError, "argument 'sin' expected dtype bfloat16 (same as 'q'), got float32"),
     "k device": (tts_bad(k=lambda t: t.to("meta")), ValueError,
                  "argument 'k' expected a tensor on cpu (same device as 'q'), got a tensor on meta"),
+    # q the odd one out: q is blamed, not the first of the others
+    "q device": (tts_bad(q=lambda t: t.to("meta")), ValueError,
+                 "argument 'q' expected a tensor on cpu (same device as 'k', 'cos', 'sin'), got a tensor on meta"),
+    "q dtype": (tts_bad(q=lambda t: t.float()), TypeError,
+                "argument 'q' expected dtype bfloat16 (same as 'k', 'cos', 'sin'), got float32"),
+    "k and cos device": (tts_bad(k=lambda t: t.to("meta"), cos=lambda t: t.to("meta")), ValueError,
+                         "argument 'k' expected a tensor on cpu (same device as 'q'), got a tensor on meta"),
     "q last stride": (tts_bad(q=lambda t: torch.randn(2, 4, 3, 16).to(bf16)[..., ::2]), ValueError,
                       "argument 'q' expected a contiguous last dimension (stride 1), got strides (192, 48, 16, 2)"),
     "cos last stride": (tts_bad(cos=lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
@@ -159,6 +166,9 @@ QUANT_CASES = {
                         "argument 'positions' expected at least S=3 elements, got 2"),
     "positions device": (quant_bad(positions=lambda a: a["positions"].to("meta")), ValueError,
                          "argument 'positions' expected a tensor on cpu (same device as 'o'), got a tensor on meta"),
+    "o device": (quant_bad(o=lambda a: a["o"].to("meta")), ValueError,
+                 "argument 'o' expected a tensor on cpu (same device as 'positions', 'cos_cache', 'sin_cache'), got a "
+                 "tensor on meta"),
     "cos 1-D": (quant_bad(cos_cache=lambda a: a["cos_cache"][0]), ValueError,
                 "argument 'cos_cache' expected a 2-D tensor [max_pos, rope_dim/2]"),
     "cos int": (quant_bad(cos_cache=lambda a: a["cos_cache"].int()), TypeError, "argument 'cos_cache' expected dtype bfloat16 or float16 or float32, got int32"),
