@@ -43,6 +43,8 @@ def explain(op, *args, **kwargs) -> Explanation:
     -------
     Explanation
         A list of ``Decision(backend, runs, reason)`` in registry order with ``.chosen``; ``print()`` it.
+        Where the call would raise at selection (a named or forced backend that cannot run these inputs, or a
+        ``backend=`` the op does not have), ``.chosen`` is None and a last ``(error)`` row holds the message.
 
     Raises
     ------
