@@ -73,8 +73,9 @@ def validate(q, k, cos, sin, inplace: bool) -> tuple:
 
 
 def _refuse_inplace_grad(q, k, cos, sin) -> None:
-    """In place has no derivative: with grad mode on, no input may require grad (eager and traced alike)."""
-    C.refuse_grad(OP, "inplace=True has", {"q": q, "k": k, "cos": cos, "sin": sin}, "use inplace=False")
+    """In place has no derivative: with grad mode on, no input may require grad."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
+        C.refuse_grad(OP, "inplace=True has", {"q": q, "k": k, "cos": cos, "sin": sin}, "use inplace=False")
 
 
 def _check_inplace(q, k, cos, sin) -> None:
@@ -218,7 +219,9 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
         return _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend)
     if torch.compiler.is_compiling():
         if inplace:
-            _refuse_inplace_grad(q, k, cos, sin)  # as eager does in validate
+            # eager refuses this in validate; traced, the op's fake validates (storage overlap checks cannot be
+            # traced here), so for inputs that are also invalid this error may come before the validation error
+            _refuse_inplace_grad(q, k, cos, sin)
             torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend)
             return q, k
         return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
@@ -245,8 +248,9 @@ def _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend):
 
 
 def _refuse_buffer_grad(q, k, cos, sin, q_out, k_out) -> None:
-    C.refuse_grad(OP, "q_out= / k_out= have", dict(q=q, k=k, cos=cos, sin=sin, q_out=q_out, k_out=k_out),
-                  "without buffers")
+    if C.needs_grad(q, k, cos, sin, q_out, k_out):  # the names only when one is refused: this is the hot path
+        C.refuse_grad(OP, "q_out= / k_out= have", dict(q=q, k=k, cos=cos, sin=sin, q_out=q_out, k_out=k_out),
+                      "without buffers")
 
 
 def _refuse_buffers_in_place(inplace, q_out, k_out) -> None:

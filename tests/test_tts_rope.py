@@ -94,6 +94,24 @@ def test_backend_matches_oracle(backend, case):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("hq,hkv", [(3, 20), (20, 3), (17, 33)])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_head_counts_over_several_tiles_either_side_larger(backend, hq, hkv, inplace):
+    """More heads than one tile (Triton: 16 per tile at D=128, Q's and K's tiles in the same loop), with Hkv
+    larger than Hq as well as smaller: one side's mask runs out while the other's is still live."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("tiles", 2, 3, hq, hkv, 128), device=DEVICE, seed=hq * hkv,
+                                     random_cos_sin=True)
+    want = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
+    if inplace:
+        got = (q.clone(), k.clone())
+        fusedrope.qwen3_tts_rope(*got, cos, sin, inplace=True, backend=backend)
+    else:
+        got = run_backend(backend, q, k, cos, sin)
+    check(*got, q, k, cos, sin)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("layout", ["projection", "contiguous"])
 def test_dtypes_layouts_and_independent_halves(backend, dtype, layout):
@@ -294,6 +312,26 @@ def test_inplace_with_grad_under_torch_compile_raises():
         g(q.clone(), k, cos.clone().requires_grad_(), sin)
     with torch.no_grad():
         assert torch.equal(g(q.clone().requires_grad_(), k, cos, sin), f(q, k, cos, sin))
+
+
+@pytest.mark.parametrize("name", ["q", "sin", "k_out"])
+def test_buffers_with_grad_under_torch_compile_raise(name):
+    """Compiled, buffers with an input or buffer that requires grad are refused naming it, as in eager mode;
+    under no_grad the compiled call writes what eager writes."""
+    q, k, cos, sin = make_tts_inputs(TTS_CASES[0], device=DEVICE)
+    args = dict(q=q, k=k, cos=cos, sin=sin, q_out=torch.empty_like(q), k_out=torch.empty_like(k))
+
+    def f(q, k, cos, sin, q_out, k_out):
+        return fusedrope.qwen3_tts_rope(q * 1, k, cos, sin, q_out=q_out, k_out=k_out, backend="reference")
+
+    g = torch.compile(f, fullgraph=True, backend="aot_eager")
+    bad = dict(args, **{name: args[name].clone().requires_grad_()})
+    with pytest.raises(RuntimeError, match=f"q_out= / k_out= have no autograd formula, and argument '{name}'"):
+        g(**bad)
+    want = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
+    with torch.no_grad():
+        q_out, k_out = g(**bad)
+    assert torch.equal(q_out, want[0]) and torch.equal(k_out, want[1])
 
 
 @pytest.mark.parametrize("name", ["k", "cos", "sin"])
