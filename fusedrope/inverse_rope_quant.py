@@ -464,25 +464,25 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     """
     compiling = torch.compiler.is_compiling()
     grad = not compiling and C.needs_grad(o, cos_cache, sin_cache)
-    if grad:
-        validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-                 x_scale, fp8_dtype, scale_dtype)  # the same errors as without grad
-        if x_fp8 is not None or x_scale is not None:
-            with torch.no_grad():  # quantised bytes written into buffers: no autograd history, on any backend
-                return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                            x_fp8, x_scale, fp8_dtype, scale_dtype, backend)
+    if compiling or grad:
+        # the errors and messages eager gives (traced, before torch's schema check, which would refuse a
+        # non-int group argument with its own message)
+        _, checked_fp8, checked_scale = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                                                 transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype)
+    if grad and (x_fp8 is not None or x_scale is not None):
+        with torch.no_grad():  # quantised bytes written into buffers: no autograd history, on any backend
+            return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
+                        x_fp8, x_scale, fp8_dtype, scale_dtype, backend)
     if compiling or grad:
         # Traced, or inputs that require grad: the torch op, whose outputs raise on backward (no derivative)
         # instead of silently cutting the graph.
         if x_fp8 is not None or x_scale is not None:
             as_e8m0 = False
             if x_fp8 is None or x_scale is None or fp8_dtype is not None or scale_dtype is not None:
-                # the _out op reads the buffers' dtypes: check them against the arguments, and allocate the
+                # the _out op reads the buffers' dtypes (checked against the arguments above): allocate the
                 # buffer the caller left out, as eager does; an e8m0 one as its uint8 bytes, since inductor has
                 # no e8m0 code generation for a tensor an op mutates
-                _, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups,
-                                                     quant_group_size, transpose_scale, x_fp8, x_scale, fp8_dtype,
-                                                     scale_dtype)
+                fp8_dtype, scale_dtype = checked_fp8, checked_scale
                 as_e8m0 = x_scale is None and scale_dtype == torch.float8_e8m0fnu
                 x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype,
                                           torch.uint8 if as_e8m0 else scale_dtype, x_fp8, x_scale)

@@ -331,7 +331,7 @@ def test_quant_output_shapes_take_zero_tokens():
     assert fusedrope.quant_output_shapes(0, H, 512, G) == (tuple(x.shape), tuple(s.shape)) == ((0, 2, 1024), (0, 2, 8))
 
 
-@pytest.mark.parametrize("op", ["tts", "quant"])
+@pytest.mark.parametrize("op", ["tts", "quant", "quant type"])
 def test_bad_input_under_torch_compile_keeps_the_message(op):
     """Dynamo re-raises the error it meets while tracing as its own RuntimeError (docs/design.md says so);
     the message a user reads must still be fusedrope's."""
@@ -340,10 +340,11 @@ def test_bad_input_under_torch_compile_keeps_the_message(op):
         args = tts_bad(cos=lambda t: t.double())
         fn = torch.compile(lambda q, k, cos, sin: fusedrope.qwen3_tts_rope(q, k, cos, sin), fullgraph=True)
         msg = "argument 'cos' expected dtype bfloat16"
-    else:
+    else:  # a group count that does not divide, or one of a type torch's schema would refuse with its message
         (args, _), = [quant_bad()]
-        fn = torch.compile(lambda **a: fusedrope.inverse_rope_group_quant(**a, num_groups=3), fullgraph=True)
-        msg = "argument 'num_groups' expected a positive int dividing"
+        groups = 3 if op == "quant" else 2.0
+        fn = torch.compile(lambda **a: fusedrope.inverse_rope_group_quant(**a, num_groups=groups), fullgraph=True)
+        msg = f"argument 'num_groups' expected a positive int dividing H*head_dim=2048, got {groups}"
     with pytest.raises(RuntimeError, match=re.escape(msg)):
         fn(**{n: v for n, v in args.items() if n != "num_groups"})
 
