@@ -53,8 +53,8 @@ def _tts_rope_kernel(
     k_off, ko_off = b * k_sb + s * k_ss, b * ko_sb + s * ko_ss
     # Q's and K's tiles of the same heads are loaded before either is stored: the stores may alias the loads
     # (inplace), so the compiler keeps program order, and loading K after storing Q would cost a second memory
-    # round trip in every program. Up to BLOCK_H heads of each (all of them in the seed shapes but wide_heads)
-    # take one round trip; past H_MAX = max(HQ, HKV) the masks are all false.
+    # round trip in every program. Up to BLOCK_H heads of each (all of them in every seed shape) take one round
+    # trip; past H_MAX = max(HQ, HKV) the masks are all false.
     for h0 in range(0, H_MAX, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
         q1, q2, qm = _load_heads(q_ptr, q_off, h, HQ, q_sh, d, d_mask, HALF, EXACT)
@@ -63,14 +63,20 @@ def _tts_rope_kernel(
         _store_rotated(ko_ptr, ko_off, h, ko_sh, k1, k2, km, c1, c2, s1, s2, d, HALF, EXACT)
 
 
+def launch_shape(hq: int, hkv: int, head_dim: int, warp_size: int = WARP_SIZE) -> tuple[int, int, int]:
+    """``(BLOCK_D, BLOCK_H, num_warps)``: up to 2K elements per half-tile, so 32 heads of D=128 (every seed
+    shape, wide_heads included) take one pass, and warps sized so each thread owns 8 elements of a half-tile,
+    a 16-byte vector of bf16/fp16."""
+    block_d = triton.next_power_of_2(head_dim // 2)
+    block_h = max(1, min(triton.next_power_of_2(max(hq, hkv, 1)), max(1, 2048 // block_d)))
+    return block_d, block_h, max(1, min(8, block_h * block_d // (8 * warp_size)))
+
+
 def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
     B, HQ, S, D = q.shape
     HKV = k.shape[1]
     half = D // 2
-    block_d = triton.next_power_of_2(half)
-    # About 1K elements per half-tile, and warps sized so each thread owns 8 of them: 16-byte vectors.
-    block_h = max(1, min(triton.next_power_of_2(max(HQ, HKV, 1)), max(1, 1024 // block_d)))
-    num_warps = max(1, min(8, block_h * block_d // (8 * WARP_SIZE)))
+    block_d, block_h, num_warps = launch_shape(HQ, HKV, D)
     # cos/sin broadcast over the batch: stride 0 re-reads batch 0.
     c_sb = cos.stride(0) if cos.shape[0] > 1 else 0
     s_sb = sin.stride(0) if sin.shape[0] > 1 else 0

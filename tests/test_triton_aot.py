@@ -55,6 +55,20 @@ def test_tts_rope_is_all_16_byte_accesses(counts, target):
     assert c["loads_after_first_store"] == 0, c
 
 
+@pytest.mark.parametrize("warp_size", [32, 64])
+def test_tts_launch_shape_takes_every_seed_shape_in_one_pass_of_16_byte_vectors(warp_size):
+    """Q's and K's heads of every seed shape fit one tile (one memory round trip per program), and every thread
+    owns 8 elements of a half-tile: one 16-byte bf16/fp16 vector per half and tensor."""
+    from fusedrope import triton_tts_rope as tts
+    from fusedrope.testing import TTS_SHAPES
+
+    for _, hq, hkv in TTS_SHAPES.values():
+        block_d, block_h, warps = tts.launch_shape(hq, hkv, 128, warp_size)
+        assert block_d == 64 and block_h >= max(hq, hkv), (hq, hkv, block_h)
+        assert block_h * block_d // (warps * warp_size) == 8, (hq, hkv, block_h, warps)
+    assert tts.launch_shape(64, 8, 128, warp_size)[1] == 32  # beyond that, several passes of the widest tile
+
+
 @pytest.mark.parametrize("fmt", ["fn", "fnuz"])
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])

@@ -83,14 +83,13 @@ def counts(k, target) -> dict:
             "scratch": int(bool(re.search(r"\bscratch_(load|store)", asm)))}
 
 
-def tts_kernel(target, dtype="bf16", head_dim=128):
-    half = head_dim // 2
-    block_h = max(1, 1024 // half)
-    warps = max(1, block_h * half // (8 * target.warp_size))
+def tts_kernel(target, dtype="bf16", head_dim=128, hq=32, hkv=8):
+    """The kernel with the launch shape the launcher picks on ``target`` (default: wide_heads, the widest tile)."""
+    block_d, block_h, warps = tts.launch_shape(hq, hkv, head_dim, target.warp_size)
     ptrs = {n: f"*{dtype}" for n in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")}
     strides = {n for n in tts._tts_rope_kernel.arg_names if "_s" in n and n not in ptrs}
-    return compile_kernel(tts._tts_rope_kernel, ptrs,
-                          dict(HALF=half, BLOCK_D=half, BLOCK_H=block_h, EXACT=False), strides, target, warps)
+    return compile_kernel(tts._tts_rope_kernel, ptrs, dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_H=block_h,
+                                                           EXACT=False), strides, target, warps)
 
 
 def quant_kernel(tname, fp8, group_size=128, rope=True):
@@ -112,11 +111,10 @@ def variants(tname) -> int:
     n = 0
     for dt in ("fp16", "fp32", "bf16"):
         for head_dim in (64, 96, 256):
-            half = head_dim // 2
-            block_d = triton.next_power_of_2(half)
+            block_d, block_h, warps = tts.launch_shape(32, 8, head_dim, target.warp_size)
             ptrs = {p: f"*{dt}" for p in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")}
-            consts = dict(HALF=half, BLOCK_D=block_d, BLOCK_H=max(1, 1024 // block_d), EXACT=False)
-            compile_kernel(tts._tts_rope_kernel, ptrs, consts, set(), target, 4)
+            consts = dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_H=block_h, EXACT=False)
+            compile_kernel(tts._tts_rope_kernel, ptrs, consts, set(), target, warps)
             n += 1
     fp8 = arch_fp8_dtype(tname)
     for (heads, head_dim, rope_dim, gs) in ((3, 192, 32, 64), (16, 512, 64, 256)):
