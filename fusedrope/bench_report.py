@@ -361,6 +361,7 @@ def plot(results: dict, out_dir) -> list[Path]:
         fig.suptitle(f"{where(m)} | commit {m['git_commit'][:10]} | {m['time_utc']}", fontsize=9)
         fig.tight_layout()
         path = Path(out_dir) / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)  # re-plotting committed results into a new folder
         fig.savefig(path, dpi=100)
         plt.close(fig)
         files.append(path)

@@ -622,7 +622,7 @@ def git_state() -> tuple[str, Optional[bool]]:
     if not head or (named and not head.startswith(named)):
         told = os.environ.get(ENV_GIT_DIRTY, "")
         return named or head or "unknown", {"0": False, "1": True}.get(told) if named else None
-    return head, bool(_git("status", "--porcelain", "--untracked-files=no"))
+    return head, bool(_git("status", "--porcelain"))  # untracked files too: the device builds and runs them
 
 
 def _version(dist: str) -> Optional[str]:

@@ -56,7 +56,11 @@ from memcheck import cut_clean, cut_reason, find_sanitizer, run_memcheck  # noqa
 
 T0 = time.time()
 BENCH_CONTENDERS = ("eager", "compile", "triton", "cuda", "liger")  # the engine's; cuda_op / cuda_ip added
-BENCH_RESERVE_S = 110  # the bench starts no case this close to the budget's end (sanitize, compile, sweep)
+# Seconds each section after the bench asks of the budget before it starts (need()); the bench keeps that much
+# for the ones that will run, but never so much that it gets less than BENCH_MIN_S itself (its target cases come
+# first), so a slow build costs the later sections (each skipped visibly) before it costs every timing.
+LATER_S = {"compile": 25, "sanitize": 60, "sweep": 30}
+BENCH_MIN_S = 60
 # The bench measures these first (issue #4's bandwidth target, wide_heads B=32, and the Qwen3-TTS shapes the op
 # exists for), then the rest of the seed matrix, so a budget cut loses the least; tables keep seed order.
 BENCH_FIRST = ("wide_heads-B32", "qwen3_tts-B1", "qwen3_tts-B8", "qwen3_tts-B32")
@@ -484,7 +488,7 @@ def _liger_accuracy(res, dev):
 
 def compile_check(res, args):
     """The public op under torch.compile(fullgraph) with the cuda backend equals eager."""
-    need(25, args, "the compile check")  # two cold inductor compiles
+    need(LATER_S["compile"], args, "the compile check")  # two cold inductor compiles
     import fusedrope
     from fusedrope.testing import TtsCase, make_tts_inputs
 
@@ -597,6 +601,15 @@ def bench_contenders(args, device: torch.device) -> list:
     return cl[:at] + extra + cl[at:]
 
 
+def bench_reserve(args, now: float) -> float:
+    """Seconds the bench leaves for the later sections that will run (LATER_S), capped so that the bench itself
+    gets BENCH_MIN_S of what is left at ``now``."""
+    skip = set(filter(None, args.skip.split(",")))
+    later = [n for n in LATER_S if n not in skip and not (n == "compile" and args.no_compile)
+             and not (n == "sanitize" and find_sanitizer() is None)]
+    return min(sum(LATER_S[n] for n in later), max(0.0, args.budget_s - now - BENCH_MIN_S))
+
+
 def bench(res, args):
     dev = res.device
     seed_order = {c.id: i for i, c in enumerate(TTS_CASES)}
@@ -608,9 +621,11 @@ def bench(res, args):
     for c in cl:
         if c.reason:
             log(f"   skip {c.name}: {c.reason}")
+    reserve = bench_reserve(args, elapsed())
+    res["bench_reserve_s"] = reserve
     for case in cases:
-        if elapsed() > args.budget_s - BENCH_RESERVE_S:
-            why = f"time budget (--budget-s {args.budget_s:.0f}, {BENCH_RESERVE_S} s kept for later sections)"
+        if elapsed() > args.budget_s - reserve:
+            why = f"time budget (--budget-s {args.budget_s:.0f}, {reserve:.0f} s kept for later sections)"
             res["rows"] += [{"op": B.TTS, **B.case_fields(B.TTS, case), "contender": c.name,
                              "status": "skipped", "reason": why} for c in cl]
             continue
@@ -627,7 +642,7 @@ def bench(res, args):
 # launch-shape sweep (cuda)
 # ------------------------------------------------------------------------------------------------------------
 def sweep(res, args):
-    need(30, args, "the sweep")
+    need(LATER_S["sweep"], args, "the sweep")
     dev = res.device
     shapes = [(0, 0, 0)] + [(0, w, t) for w in (1, 2, 3, 4) for t in (1, 2, 4) if w * t <= 8] + \
              [(2, 0, 0), (1, 0, 0)]
@@ -668,7 +683,7 @@ def sanitize(res, args):
     tool = find_sanitizer()
     if tool is None:
         raise SkipSection("compute-sanitizer not found")
-    need(60, args, "compute-sanitizer")
+    need(LATER_S["sanitize"], args, "compute-sanitizer")
     timeout = min(args.sanitize_timeout, max(30.0, args.budget_s - elapsed() - 15))
     t = time.time()
     mc = run_memcheck(tool, [sys.executable, os.path.abspath(__file__), "--sanitize-subset", "--out", str(res.out)],
@@ -755,8 +770,9 @@ def main(argv=None) -> int:
         res = Results(Path(args.out), args, torch.device("cuda"))
         res.section("env", env_info, args)
         res.section("build", build, args)
+        # the compile check (cheap) before the sanitizer, whose run may take what is left
         sections = (("correct", correct), ("graph", graph), ("copy", copy_section), ("bench", bench),
-                    ("sanitize", sanitize), ("compile", compile_check), ("sweep", sweep))
+                    ("compile", compile_check), ("sanitize", sanitize), ("sweep", sweep))
     built = res.get("build", {}).get("ok") or res.get("build", {}).get("fallback_qwen3_only") == "ok"
     for name, fn in sections:
         if name in skip or (name == "compile" and args.no_compile):

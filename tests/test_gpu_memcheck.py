@@ -128,3 +128,22 @@ def test_op2_script_sanitize_section_plumbing(fake_tool):
     res = {}
     script.section_sanitize(res, 120)
     assert res["returncode"] == 2 and res["errors"] == 0 and "compute-sanitizer" in res["command"], res
+
+
+def test_tts_bench_keeps_time_only_for_later_sections_that_will_run(monkeypatch):
+    """The op-1 GPU script's bench leaves the later sections what they ask (need()), only for those that will
+    run, and never takes its own share below BENCH_MIN_S: a slow build costs later sections before timings."""
+    import argparse
+
+    import check_qwen3_tts_rope as tts
+
+    monkeypatch.setattr(tts, "find_sanitizer", lambda: "/usr/bin/compute-sanitizer")
+    args = argparse.Namespace(budget_s=290.0, skip="", no_compile=False)
+    assert tts.bench_reserve(args, now=60.0) == 25 + 60 + 30
+    assert tts.bench_reserve(argparse.Namespace(budget_s=290.0, skip="sweep", no_compile=True), 60.0) == 60
+    monkeypatch.setattr(tts, "find_sanitizer", lambda: None)
+    assert tts.bench_reserve(args, now=60.0) == 25 + 30
+    monkeypatch.setattr(tts, "find_sanitizer", lambda: "/usr/bin/compute-sanitizer")
+    # 135 s budget after a 200 s build: 100 s left at the bench, which keeps 60 s for itself
+    assert tts.bench_reserve(argparse.Namespace(budget_s=135.0, skip="", no_compile=False), 35.0) == 40
+    assert tts.bench_reserve(argparse.Namespace(budget_s=135.0, skip="", no_compile=False), 130.0) == 0
