@@ -36,7 +36,7 @@ from .tts_rope import OP as TTS
 # result files
 # ------------------------------------------------------------------------------------------------------------
 CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "tbps", "frac_copy", "frac_peak",
-             "tbps_basis", "graph_calls", "graph_l2_resident", "n_sets", "rotated_mb", "rotated_over_l2",
+             "tbps_basis", "graph_calls", "graph_rotated_over_l2", "graph_l2_resident", "n_sets", "rotated_mb", "rotated_over_l2",
              "bytes_moved", "auto_backend", "device"]
 
 

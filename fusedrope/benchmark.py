@@ -194,10 +194,13 @@ def cache_bytes(device: torch.device) -> int:
 
 def replay_fields(contender, n: int, set_bytes: int, device: torch.device) -> dict:
     """``graph_calls``: how many of ``n`` rotating calls a CUDA graph of ``contender`` captures (fewer for one
-    that launches many kernels per call); ``graph_l2_resident``: whether their inputs fit in the last cache (so a
-    replay times cache hits)."""
+    that launches many kernels per call); ``graph_rotated_over_l2``: their inputs over the last cache (the row's
+    ``rotated_over_l2`` counts all ``n`` sets); ``graph_l2_resident``: whether they fit in it (so a replay times
+    cache hits)."""
     calls = min(n, GRAPH_CAP_MANY_KERNELS) if contender.many_kernels else n
-    return {"graph_calls": calls, "graph_l2_resident": calls * set_bytes < cache_bytes(device)}
+    cache = cache_bytes(device)
+    return {"graph_calls": calls, "graph_rotated_over_l2": round(calls * set_bytes / cache, 2),
+            "graph_l2_resident": calls * set_bytes < cache}
 
 
 def input_bytes(op: str, case) -> int:

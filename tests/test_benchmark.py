@@ -535,9 +535,13 @@ def test_replay_fields_cap_many_kernel_contenders_and_flag_cache_hits(monkeypatc
     one = B.Contender("cuda", B.TTS, "one kernel", None)
     many = B.Contender("eager", B.TTS, "many kernels", None, many_kernels=True)
     cap = B.GRAPH_CAP_MANY_KERNELS
-    assert B.replay_fields(one, 2 * cap, 1000, CPU) == {"graph_calls": 2 * cap, "graph_l2_resident": True}
-    assert B.replay_fields(one, 2000, 1000, CPU) == {"graph_calls": 2000, "graph_l2_resident": False}
-    assert B.replay_fields(many, 2000, 1000, CPU) == {"graph_calls": cap, "graph_l2_resident": True}
+    assert B.replay_fields(one, 2 * cap, 1000, CPU) == {"graph_calls": 2 * cap, "graph_rotated_over_l2": 0.8,
+                                                        "graph_l2_resident": True}
+    assert B.replay_fields(one, 2000, 1000, CPU) == {"graph_calls": 2000, "graph_rotated_over_l2": 2.0,
+                                                     "graph_l2_resident": False}
+    # the capped replay rotates only its own calls' inputs, whatever the row's rotated_over_l2 says of all n
+    assert B.replay_fields(many, 2000, 1000, CPU) == {"graph_calls": cap, "graph_rotated_over_l2": 0.4,
+                                                      "graph_l2_resident": True}
 
 
 @pytest.mark.parametrize("case", [TTS_CASES[0], TTS_CASES[-1]], ids=lambda c: c.id)
