@@ -36,8 +36,8 @@ from .tts_rope import OP as TTS
 # result files
 # ------------------------------------------------------------------------------------------------------------
 CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "tbps", "frac_copy", "frac_peak",
-             "tbps_basis", "graph_calls", "graph_rotated_over_l2", "graph_l2_resident", "n_sets", "rotated_mb", "rotated_over_l2",
-             "bytes_moved", "auto_backend", "device"]
+             "tbps_basis", "graph_calls", "graph_rotated_over_l2", "graph_l2_resident", "n_sets", "rotated_mb",
+             "rotated_over_l2", "bytes_moved", "auto_backend", "device"]
 
 
 def write_json(results: dict, path) -> Path:
@@ -152,8 +152,9 @@ def tts_seed_table(rows: list[dict]) -> str:
     """Op 1 in the seed's columns (per-call us, CUDA events around back-to-back calls), with the fused kernel's
     TB/s and fraction of the copy roofline added (:func:`tts_fused_name`: the cuda kernel where measured)."""
     f = tts_fused_name(rows)
-    header = ["shape", "batch", "rows", "eager us", "torch.compile us", "triton us", f"{f} us",
-              f"compile / {f}", f"triton / {f}", f"{f} TB/s", "% copy"]
+    vs_triton = f != "triton"  # where Triton is the fused kernel (ROCm), no column compares it with itself
+    header = ["shape", "batch", "rows", "eager us", "torch.compile us", *(["triton us"] * vs_triton), f"{f} us",
+              f"compile / {f}", *([f"triton / {f}"] * vs_triton), f"{f} TB/s", "% copy"]
     lines = []
     meta = {r["case"]: r for r in rows if r.get("op") == TTS}
     by_case = _by_case(rows, TTS)
@@ -161,8 +162,8 @@ def tts_seed_table(rows: list[dict]) -> str:
         m = meta[cid]
         t = {k: cr.get(k, {}).get("per_call_us") for k in ("eager", "compile", "triton", f)}
         lines.append([m["shape"], str(m["batch"]), str(m["rows"]), _f(t["eager"]), _f(t["compile"]),
-                      _f(t["triton"]), _f(t[f]), _ratio(t["compile"], t[f]),
-                      _ratio(t["triton"], t[f]), _cell(cr.get(f, {}), "tbps", 3),
+                      *([_f(t["triton"])] * vs_triton), _f(t[f]), _ratio(t["compile"], t[f]),
+                      *([_ratio(t["triton"], t[f])] * vs_triton), _cell(cr.get(f, {}), "tbps", 3),
                       _cell(cr.get(f, {}), "frac_copy", 0, 100)])
     return _table(header, lines) + _l2_note(cr.get(f, {}) for cr in by_case.values())
 
