@@ -465,15 +465,14 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     compiling = torch.compiler.is_compiling()
     grad = not compiling and C.needs_grad(o, cos_cache, sin_cache)
     if compiling or grad:
-        # the errors and messages eager gives (traced, before torch's schema check, which would refuse a
-        # non-int group argument with its own message)
+        # The errors and messages eager gives (traced, before torch's schema check, which would refuse a
+        # non-int group argument with its own message).
         _, checked_fp8, checked_scale = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                                                  transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype)
-    if grad and (x_fp8 is not None or x_scale is not None):
-        with torch.no_grad():  # quantised bytes written into buffers: no autograd history, on any backend
-            return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                        x_fp8, x_scale, fp8_dtype, scale_dtype, backend)
-    if compiling or grad:
+        if grad and (x_fp8 is not None or x_scale is not None):
+            with torch.no_grad():  # quantised bytes written into buffers: no autograd history, on any backend
+                return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
+                            x_fp8, x_scale, fp8_dtype, scale_dtype, backend)
         # Traced, or inputs that require grad: the torch op, whose outputs raise on backward (no derivative)
         # instead of silently cutting the graph.
         if x_fp8 is not None or x_scale is not None:

@@ -601,11 +601,15 @@ def bench_contenders(args, device: torch.device) -> list:
     return cl[:at] + extra + cl[at:]
 
 
+def skipped_by_args(name: str, args) -> bool:
+    """Whether ``--skip`` (or ``--no-compile`` for the compile check) leaves section ``name`` out."""
+    return name in set(filter(None, args.skip.split(","))) or (name == "compile" and args.no_compile)
+
+
 def bench_reserve(args, now: float) -> float:
     """Seconds the bench leaves for the later sections that will run (LATER_S), capped so that the bench itself
     gets BENCH_MIN_S of what is left at ``now``."""
-    skip = set(filter(None, args.skip.split(",")))
-    later = [n for n in LATER_S if n not in skip and not (n == "compile" and args.no_compile)
+    later = [n for n in LATER_S if not skipped_by_args(n, args)
              and not (n == "sanitize" and find_sanitizer() is None)]
     return min(sum(LATER_S[n] for n in later), max(0.0, args.budget_s - now - BENCH_MIN_S))
 
@@ -754,7 +758,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.sanitize_subset:
         return sanitize_subset_main(args)
-    skip = set(filter(None, args.skip.split(",")))
     if args.fake:  # CPU self-test: the sections that need no GPU, on the CPU, through the same engine calls
         res = Results(Path(args.out), args, torch.device("cpu"))
         args.no_compile = True
@@ -775,7 +778,7 @@ def main(argv=None) -> int:
                     ("compile", compile_check), ("sanitize", sanitize), ("sweep", sweep))
     built = res.get("build", {}).get("ok") or res.get("build", {}).get("fallback_qwen3_only") == "ok"
     for name, fn in sections:
-        if name in skip or (name == "compile" and args.no_compile):
+        if skipped_by_args(name, args):
             continue
         if not built and name not in ("correct", "copy", "bench"):
             continue  # without the extension, still check and time triton (cuda columns stay empty)
