@@ -9,7 +9,9 @@ the contenders of a case side by side. What is timed and how comes from ``fusedr
 * ``extra_info`` (in ``--benchmark-json``) adds the device time per call from CUDA-graph replay
   (``device_us``; ``graph_l2_resident`` when the replayed inputs fit in the last cache), ``tbps`` (from
   device time on a GPU, per-call time on a CPU), ``frac_copy`` against a device-to-device copy measured once
-  per session and ``frac_peak`` against the GPU's spec-sheet bandwidth.
+  per session and ``frac_peak`` against the GPU's spec-sheet bandwidth;
+* ``machine_info`` (in ``--benchmark-json``) adds ``fusedrope``: ``fusedrope.benchmark.machine_info``, the same
+  provenance as the CLI's results (GPU, its architecture, L2, driver and clocks, library versions, git commit).
 
 A contender that cannot run here is skipped with the reason (no GPU, backend unavailable, liger_kernel
 missing, Triton only in its CPU interpreter). On a CPU, op-2 cases above ``FUSEDROPE_BENCH_CPU_MAX_TOKENS``
@@ -33,6 +35,10 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if DEVICE.type == "cpu":
     torch.set_num_threads(1)  # on a shared CPU, parallel regions wait for descheduled threads (ms per call)
 CPU_MAX_TOKENS = int(os.environ.get("FUSEDROPE_BENCH_CPU_MAX_TOKENS", "1024"))
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["fusedrope"] = B.machine_info(DEVICE)
 
 
 @pytest.fixture(scope="session")

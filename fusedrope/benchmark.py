@@ -635,6 +635,56 @@ def _version(dist: str) -> Optional[str]:
         return None
 
 
+NVIDIA_SMI_FIELDS = ("name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,"
+                     "power.limit,temperature.gpu,clocks_event_reasons.active")
+
+
+def _smi_commands() -> list[list[str]]:
+    if torch.version.hip:
+        return [["amd-smi", "metric", "--clock", "--power", "--temperature"],
+                ["rocm-smi", "--showdriverversion", "--showclocks", "--showpower", "--showtemp"]]
+    # a driver that does not know one field rejects the whole query: the short list is the fallback
+    return [["nvidia-smi", f"--query-gpu={NVIDIA_SMI_FIELDS}", "--format=csv"],
+            ["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv"]]
+
+
+def smi_under_load(device: torch.device, nbytes: int = 256 << 20, timeout_s: float = 20.0) -> str:
+    """The vendor tool's driver / clock / power report, read while copies keep the GPU busy: read idle, the
+    clocks would be the idle ones, not those the benchmarks ran at. A failure is returned as text."""
+    try:
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+    except Exception as e:  # noqa: BLE001 - provenance must not stop a run
+        src = dst = None
+        failures = [f"no load ({type(e).__name__}: {e})"[:200]]
+    else:
+        failures = []
+    for cmd in _smi_commands():
+        try:
+            if dst is not None:
+                for _ in range(20):  # the clocks ramp up before the tool samples them
+                    dst.copy_(src)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            deadline = time.time() + timeout_s
+            while proc.poll() is None and time.time() < deadline:
+                if dst is not None:
+                    for _ in range(10):
+                        dst.copy_(src)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)  # bounded work in flight, so the loop sees the tool end
+                else:
+                    time.sleep(0.01)
+            if proc.poll() is None:
+                proc.kill()
+            out = proc.communicate()[0].strip()
+            if proc.returncode == 0:
+                return f"{out}\n(read {'under a copy loop' if dst is not None else 'idle: ' + failures[0]})"
+            failures.append(f"{' '.join(cmd[:2])}: rc {proc.returncode}: {out[-200:]}")
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"{cmd[0]}: {type(e).__name__}: {e}"[:200])
+    return "; ".join(failures)
+
+
 def machine_info(device: torch.device, command: Optional[str] = None) -> dict:
     """Where and how results were made: host, GPU, library versions, git commit, the exact command.
 
@@ -665,13 +715,7 @@ def machine_info(device: torch.device, command: Optional[str] = None) -> dict:
         peak = spec_peak(p.name)
         if peak:
             info.update(hbm_peak_tbps=peak[0], hbm_peak_source=peak[1])
-        smi = ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"]
-        if not torch.version.hip:
-            try:
-                done = subprocess.run(smi, capture_output=True, text=True, timeout=15)
-                info["driver_clocks"] = done.stdout.strip()
-            except Exception:  # noqa: BLE001
-                pass
+        info["smi_under_load"] = smi_under_load(device)
     else:
         info.update(gpu=None, label=CPU_LABEL)
     return info

@@ -334,12 +334,13 @@ def test_docstring_examples():
     assert tried and failures == 0
 
 
-def test_pytest_benchmark_suite_runs_and_skips_with_reasons():
+def test_pytest_benchmark_suite_runs_and_skips_with_reasons(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    saved = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "bench/test_bench_tts_rope.py",
          "bench/test_bench_inverse_rope_quant.py", "--benchmark-only", "-q", "-rs", "-p", "no:cacheprovider",
-         "-k", "(small_tts-B1 or S1-H8-G1) and not compile"],
+         "-k", "(small_tts-B1 or S1-H8-G1) and not compile", f"--benchmark-json={saved}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
@@ -349,6 +350,14 @@ def test_pytest_benchmark_suite_runs_and_skips_with_reasons():
     assert "unfused: CPU interpreter timings are not meaningful" in out
     assert "cuda: cuda backend unavailable" in out
     assert "4 passed" in out  # eager + reference, for each op
+    # the JSON carries our provenance next to pytest-benchmark's, and each row its bandwidth fields
+    saved = json.loads(saved.read_text())
+    meta = saved["machine_info"]["fusedrope"]
+    assert meta["device"] == "cpu" and meta["torch"] == torch.__version__ and meta["git_commit"]
+    assert meta["timing"] == B.CPU_TIMING and "command" in meta
+    rows = {b["extra_info"]["contender"]: b["extra_info"] for b in saved["benchmarks"]}
+    assert len(saved["benchmarks"]) == 4 and set(rows) == {"eager", "reference"}
+    assert all(r["tbps"] > 0 and r["per_call_us"] > 0 and r["bytes_moved"] > 0 for r in rows.values())
     # --benchmark-disable (a smoke run of the suite) runs each call once and times nothing: no crash
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "bench/test_bench_tts_rope.py", "--benchmark-disable", "-q",
@@ -464,6 +473,29 @@ def test_rotated_inputs_outgrow_the_last_cache(monkeypatch, name, arch, hip, l2,
     assert B.num_sets(2**20, gpu) == 3 * cache // 2**20
     meta = B.machine_info(gpu)
     assert meta["l2_bytes"] == l2 and meta["rotate_cache_bytes"] == cache
+
+
+def test_smi_report_is_read_under_load_and_falls_back(monkeypatch):
+    """Clocks are read while copies run (idle clocks say nothing of the run); a tool that rejects the long field
+    list falls back to the short one; a missing tool or a failed load is recorded as text, never raised."""
+    copies = []
+    real_copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src: copies.append(1) or real_copy(self, src))
+    monkeypatch.setattr(B, "_smi_commands", lambda: [["sh", "-c", "echo bad field; exit 2"],
+                                                     ["sh", "-c", "sleep 0.3; echo 1980 MHz"]])
+    got = B.smi_under_load(CPU, nbytes=1024)
+    assert got == "1980 MHz\n(read under a copy loop)" and len(copies) > 30
+    monkeypatch.setattr(B, "_smi_commands", lambda: [["sh", "-c", "echo bad field; exit 2"],
+                                                     ["/nonexistent/nvidia-smi"]])
+    got = B.smi_under_load(CPU, nbytes=1024)
+    assert got.startswith("sh -c: rc 2: bad field; /nonexistent/nvidia-smi: FileNotFoundError")
+    monkeypatch.setattr(B, "_smi_commands", lambda: [["sh", "-c", "echo 1980 MHz"]])
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(torch, "empty", no_memory)
+    got = B.smi_under_load(CPU, nbytes=1024)  # copies cannot run: read idle, and says so
+    assert got == "1980 MHz\n(read idle: no load (RuntimeError: out of memory))"
 
 
 def test_time_basis_says_where_rows_fell_back_to_per_call():
