@@ -25,6 +25,19 @@ from typing import Iterator, Optional
 import torch
 
 
+ENV_NO_BUILD = "FUSEDROPE_NO_BUILD"  # "1": never compile on first use; a cached build still loads
+
+
+def builds_allowed() -> bool:
+    """False where ``$FUSEDROPE_NO_BUILD`` is set (to anything but "" or "0"): a deployment that must not stall on
+    a first-use compile, or a script whose earlier build failed; ``python -m fusedrope build`` builds anyway."""
+    return os.environ.get(ENV_NO_BUILD, "") in ("", "0")
+
+
+class NoBuildAllowed(RuntimeError):
+    """No cached build, and ``$FUSEDROPE_NO_BUILD`` forbids making one (not remembered: checked on each call)."""
+
+
 class Extension:
     """One vendor's extension. Subclasses set the attributes below and the vendor hooks at the end."""
 
@@ -153,11 +166,12 @@ class Extension:
             )
         return self.library_path(name)
 
-    def load(self, verbose: bool = False) -> str:
+    def load(self, verbose: bool = False, allow_build: Optional[bool] = None) -> str:
         """Load the extension (building it first if no cached build matches); return the library's path.
 
-        Raises RuntimeError with the reason when it cannot. Thread-safe; a failure is remembered for the
-        process.
+        ``allow_build`` (default: :func:`builds_allowed`, i.e. unless ``$FUSEDROPE_NO_BUILD`` is set) False makes
+        a missing build an error (:class:`NoBuildAllowed`) instead of a compile. Raises RuntimeError with the
+        reason when it cannot load. Thread-safe; a failed build is remembered for the process.
         """
         if self.loaded:
             return self.loaded
@@ -179,11 +193,18 @@ class Extension:
                         if not (lib.parent / "lock").exists():  # no other process mid-build: a real failure
                             raise
                 if not done:
+                    if not (builds_allowed() if allow_build is None else allow_build):
+                        raise NoBuildAllowed(
+                            f"no cached {self.vendor} build {name} in {lib.parent.parent}, and "
+                            f"{ENV_NO_BUILD}={os.environ.get(ENV_NO_BUILD, '')} forbids compiling one here "
+                            "(`python -m fusedrope build` builds it ahead of time)")
                     if not lib.exists():
                         print(self.build_message, file=sys.stderr, flush=True)
                     lib = self._build(name, archs, verbose)  # waits on torch's baton if another one builds
                 self.loaded = str(lib)
                 return self.loaded
+            except NoBuildAllowed:
+                raise
             except Exception as e:  # noqa: BLE001 - any failure becomes the backend's reason
                 self.failure = f"{self.failure_prefix}: {short_error(e)}"
                 raise RuntimeError(self.failure) from e
@@ -197,7 +218,7 @@ class Extension:
         reason = self.toolkit_reason()
         if reason:
             raise RuntimeError(f"fusedrope: cannot build the {self.vendor} kernels: {reason}")
-        return self.load(verbose=verbose)
+        return self.load(verbose=verbose, allow_build=True)
 
     # -- availability ----------------------------------------------------------------------------------------
     def available(self, device: torch.device) -> Optional[str]:

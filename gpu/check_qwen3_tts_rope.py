@@ -199,7 +199,7 @@ def env_info(res, args):
 # build
 # ------------------------------------------------------------------------------------------------------------
 def build(res, args):
-    from fusedrope import cuda_ext
+    from fusedrope import cuda_ext, jit_ext
 
     info = res.setdefault("build", {})
     info["sources"] = [s.name for s in cuda_ext.sources()]
@@ -214,6 +214,8 @@ def build(res, args):
         cause = e.__cause__ or e
         info["error"] = f"{e}\n--- full:\n{cause}"[-20000:]
         log(f"   full build failed: {e}")
+        if isinstance(e, jit_ext.NoBuildAllowed):  # run_all.sh's build failed: its log says why; not retried
+            raise
         # Debug aid: the qwen3 sources alone (another op's source must not hide whether this one builds).
         need(90, args, "the qwen3-only fallback build")
         from torch.utils import cpp_extension

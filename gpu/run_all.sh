@@ -2,7 +2,8 @@
 # gpu/run_all.sh: both ops' GPU checks in ONE device call on a lent H200 (gpu/README.md gives the `run` call).
 #
 #   1. installs the wheels carried in .whl/ (gpu/fetch_wheels.sh: Liger-Kernel) with pip --target /tmp/site;
-#   2. builds the CUDA extension once (TORCH_CUDA_ARCH_LIST=9.0); both scripts then load that build;
+#   2. builds the CUDA extension once (TORCH_CUDA_ARCH_LIST=9.0); both scripts then load that build (if it
+#      failed, they run with FUSEDROPE_NO_BUILD=1: the Triton checks and timings, no second try at the build);
 #   3. gpu/check_qwen3_tts_rope.py, then gpu/check_inverse_rope_group_quant.py, each with its own --budget-s
 #      taken from what is left of TOTAL_S (default 520 s) and a hard `timeout` a little above it;
 #   4. prints a short combined table last (gpu/summarize.py).
@@ -68,6 +69,9 @@ main() {
         if [ "$build_rc" != 0 ]; then
             "$PY" -c 'from fusedrope import cuda_ext; print(cuda_ext.build_root())' 2>/dev/null \
                 | xargs -r -I{} find {} -maxdepth 2 -name lock -print -delete
+            # the scripts check and time Triton without compiling again (a retry would eat their budgets)
+            export FUSEDROPE_NO_BUILD=1
+            echo "== build failed (rc $build_rc): FUSEDROPE_NO_BUILD=1 for both scripts"
         fi
 
         left=$((TOTAL_S - SECONDS))

@@ -147,3 +147,30 @@ def test_tts_bench_keeps_time_only_for_later_sections_that_will_run(monkeypatch)
     # 135 s budget after a 200 s build: 100 s left at the bench, which keeps 60 s for itself
     assert tts.bench_reserve(argparse.Namespace(budget_s=135.0, skip="", no_compile=False), 35.0) == 40
     assert tts.bench_reserve(argparse.Namespace(budget_s=135.0, skip="", no_compile=False), 130.0) == 0
+
+
+def test_gpu_scripts_do_not_build_again_after_run_all_failed(monkeypatch):
+    """gpu/run_all.sh sets FUSEDROPE_NO_BUILD=1 when its build failed: neither script compiles again (op 1 not
+    even its qwen3-only fallback), so their budgets go to the Triton checks and timings."""
+    import argparse
+
+    import check_inverse_rope_group_quant as quant
+    import check_qwen3_tts_rope as tts
+    from torch.utils import cpp_extension
+
+    from fusedrope import cuda_ext, jit_ext
+
+    def refuse(*args, **kwargs):
+        raise jit_ext.NoBuildAllowed("no cached CUDA build")
+
+    monkeypatch.setenv(jit_ext.ENV_NO_BUILD, "1")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    monkeypatch.setattr(cuda_ext, "load", refuse)
+    monkeypatch.setattr(cuda_ext, "build", lambda *a, **k: pytest.fail("built despite FUSEDROPE_NO_BUILD"))
+    monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("fallback built"))
+    res = {}
+    with pytest.raises(jit_ext.NoBuildAllowed):
+        tts.build(res, argparse.Namespace(budget_s=290.0, skip="", no_compile=False))
+    assert res["build"]["ok"] is False and "no cached CUDA build" in res["build"]["error"]
+    with pytest.raises(jit_ext.NoBuildAllowed):
+        quant.section_build({})

@@ -70,3 +70,39 @@ def test_ext_cached_build_loads_without_building(tmp_path, monkeypatch):
     monkeypatch.setattr(ext, "_build", lambda *a: pytest.fail("a cached build was rebuilt"))
     assert ext.load() == str(lib) and loaded == [str(lib)]
     assert ext.load() == str(lib) and loaded == [str(lib)]  # loaded once
+
+
+def test_no_build_env_refuses_to_compile_but_loads_a_cached_build(tmp_path, monkeypatch):
+    """FUSEDROPE_NO_BUILD=1: no first-use compile (the reason names the variable and the AOT command, and is not
+    remembered); a cached build still loads; the ahead-of-time build() compiles anyway."""
+    from fusedrope import jit_ext
+
+    ext, _ = _fake_extension(tmp_path, monkeypatch)
+    lib = ext.library_path(ext.ext_name())
+    builds = []
+
+    def build(name, archs, verbose):
+        builds.append(name)
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        lib.write_bytes(b"\x7fELF")
+        return lib
+
+    monkeypatch.setattr(ext, "_build", build)
+    monkeypatch.setattr(ext, "toolkit_reason", lambda: None)
+    monkeypatch.setattr(ext, "device_reason", lambda device: None)
+    monkeypatch.setattr(torch.ops, "load_library", lambda path: None)
+    monkeypatch.setenv(jit_ext.ENV_NO_BUILD, "1")
+    for _ in range(2):
+        with pytest.raises(jit_ext.NoBuildAllowed, match="no cached X build .* FUSEDROPE_NO_BUILD=1 forbids "
+                                                         "compiling one here .*python -m fusedrope build"):
+            ext.load()
+        reason = ext.available(torch.device("cuda"))
+        assert reason.startswith("no cached X build") and ext.failure is None
+    assert builds == [] and not lib.exists()
+    assert ext.build() == str(lib) and len(builds) == 1  # ahead of time: builds regardless
+    ext.loaded = None
+    assert ext.load() == str(lib) and len(builds) == 1  # the cached build loads under the variable
+    monkeypatch.setenv(jit_ext.ENV_NO_BUILD, "0")
+    ext.loaded = None
+    lib.unlink()
+    assert ext.load() == str(lib) and len(builds) == 2  # "0" allows building
