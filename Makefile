@@ -25,7 +25,7 @@ test: $(STAMP)  ## the whole CPU test suite (Triton kernels in the interpreter)
 bench: $(STAMP)  ## pytest-benchmark suites: both ops' backends side by side, and the host overhead
 	$(PY) -m pytest bench/ --benchmark-only -q
 
-aot: $(STAMP)  ## ahead-of-time Triton compiles for sm_90 / gfx942 / gfx950, with access-width counts
+aot: $(STAMP)  ## ahead-of-time Triton compiles for sm_90 / sm_80 / gfx942 / gfx950, with access-width counts
 	env -u TRITON_INTERPRET $(PY) tests/triton_aot.py
 
 clean:
