@@ -33,11 +33,22 @@ def synchronized_timer() -> float:
     return time.perf_counter()
 
 
+GPU_MIN_CALLS = 50  # per sample: the idle GPU's wait for the first launch is then <= 2% of a call's time
+
+
 def calls_per_sample(call: Callable[[int], object], n: int, device: torch.device, min_s: float = 0.01) -> int:
-    """``n`` on a GPU (n rotating sets already make a long sample); on a CPU a multiple of ``n`` that lasts at
-    least ``min_s`` (one pass is timed to find it), so the wall clock's noise stays small."""
+    """On a GPU ``n`` (the rotating sets), or its smallest multiple of at least ``GPU_MIN_CALLS`` where large
+    inputs leave few sets: the start event fires on an idle GPU, and over 2 calls the first launch's latency
+    would add a few % to the per-call time. On a CPU a multiple of ``n`` that lasts at least ``min_s`` (one pass
+    is timed to find it), so the wall clock's noise stays small.
+
+    >>> calls_per_sample(None, 2, torch.device("cuda")), calls_per_sample(None, 3, torch.device("cuda"))
+    (50, 51)
+    >>> calls_per_sample(None, 1200, torch.device("cuda"))
+    1200
+    """
     if device.type == "cuda":
-        return n
+        return n * math.ceil(GPU_MIN_CALLS / n)
     t0 = time.perf_counter()
     for i in range(n):
         call(i)

@@ -120,8 +120,8 @@ def spec_peak(device_name: str) -> Optional[tuple[float, str]]:
 
 
 TIMING = {
-    "per_call_us": "(a) CUDA events around n back-to-back calls over n rotating input sets, host overhead "
-                   "included (the seeds' method); median of reps",
+    "per_call_us": "(a) CUDA events around back-to-back calls over n rotating input sets (n calls, or the "
+                   "smallest multiple of n >= 50), host overhead included (the seeds' method); median of reps",
     "device_us": "(b) device time per call: n calls captured in one CUDA graph, replayed; median of reps, "
                  "/ n",
     "tbps": "case.bytes_moved() (bytes read + written) / time; time = device_us where measured, else "
