@@ -3,7 +3,6 @@ and torch ops (DeepSeek-V4 attention output -> wo_a FP8 GEMM input)."""
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -11,7 +10,7 @@ from torch.autograd.graph import increment_version
 
 from . import _checks as C
 from .backends import reference_available, triton_available
-from .registry import Impl, new_registry
+from .registry import Impl, getenv, new_registry
 from . import cuda_inverse_rope_quant as _cuda  # light: cpp_extension is imported only to build
 from . import hip_inverse_rope_quant as _hip
 
@@ -182,7 +181,9 @@ def _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, 
     S, H, D = o.shape
     dg = H * D // num_groups
     fp_shape, sc_shape = _shapes(S, num_groups, dg, dg // quant_group_size, scale_dtype)
-    x_fp8 = torch.empty(fp_shape, dtype=fp8_dtype, device=o.device)
+    # empty_strided: on the host, 1.5 us against torch.empty's 2.2 (2-core CPU VM); this is the hot path
+    x_fp8 = torch.empty_strided(fp_shape, (fp_shape[1] * fp_shape[2], fp_shape[2], 1), dtype=fp8_dtype,
+                                device=o.device)
     strides = scale_strides(sc_shape, transpose_scale, scale_dtype)
     if transpose_scale and strides[-1] > sc_shape[0]:
         # packed column-major: the whole [G, Ks/4, align(S, 4)] storage, padding tokens included, as DeepGEMM
@@ -365,7 +366,7 @@ REGISTRY.register(Impl("cuda", ".cuda_inverse_rope_quant:inverse_rope_group_quan
 def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
     """What the call checks beyond :func:`validate` (explain does too): the positions debug switch, and that the
     caller's buffers (None when not given) are writable here and apart from the inputs; returns those buffers."""
-    if os.environ.get(ENV_CHECK_POSITIONS, "0") not in ("", "0"):
+    if getenv(ENV_CHECK_POSITIONS) not in ("", "0"):
         check_positions_on_host(positions, o.shape[0], cos_cache.shape[0])
     mine = {n: t for n, t in (("x_fp8", x_fp8), ("x_scale", x_scale)) if t is not None}
     if mine and o.numel():

@@ -132,13 +132,19 @@ REGISTRY.register(Impl("cuda", ".cuda_tts_rope:qwen3_tts_rope", _cuda.supports, 
                        run_alloc=".cuda_tts_rope:qwen3_tts_rope_new"))
 
 
+def _new_out(t: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor shaped and typed like ``t``: ``empty_like`` costs half of ``new_empty(t.shape)``
+    on the host (1.4 us against 2.9 us on the 2-core CPU VM), and this is the hot path."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 def _run(q, k, cos, sin, inplace: bool, backend: str, q_out=None, k_out=None):
     impl = REGISTRY.select(validate(q, k, cos, sin, inplace), backend)
     work = q.numel() or k.numel()
     if q_out is not None or k_out is not None:
         given = _check_outputs(q, k, cos, sin, q_out, k_out)
-        q_out = q.new_empty(q.shape) if q_out is None else q_out
-        k_out = k.new_empty(k.shape) if k_out is None else k_out
+        q_out = _new_out(q) if q_out is None else q_out
+        k_out = _new_out(k) if k_out is None else k_out
         if work:
             impl.fn()(q, k, cos, sin, q_out, k_out)
             increment_version(tuple(given.values()))  # written through raw pointers
@@ -153,7 +159,7 @@ def _run(q, k, cos, sin, inplace: bool, backend: str, q_out=None, k_out=None):
         # outputs would come back from the compiled op with an autograd placeholder instead of plain tensors
         return impl.fn_alloc()(q, k, cos, sin)
     else:
-        q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)  # contiguous
+        q_out, k_out = _new_out(q), _new_out(k)
     if work:
         impl.fn()(q, k, cos, sin, q_out, k_out)
     return q_out, k_out
@@ -240,8 +246,8 @@ def _into_buffers(q, k, cos, sin, inplace, q_out, k_out, backend):
     _refuse_buffer_grad(q, k, cos, sin, q_out, k_out)
     if torch.compiler.is_compiling():
         validate(q, k, cos, sin, False)  # the errors eager gives, before allocating the missing buffer
-        q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
-        k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k_out is None else k_out
+        q_out = _new_out(q) if q_out is None else q_out
+        k_out = _new_out(k) if k_out is None else k_out
         torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, backend)
         return q_out, k_out
     return _run(q, k, cos, sin, False, backend, q_out, k_out)
@@ -280,7 +286,7 @@ def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 @_op.register_fake
 def _op_fake(q, k, cos, sin, backend="auto"):
     validate(q, k, cos, sin, False)
-    return q.new_empty(q.shape), k.new_empty(k.shape)
+    return _new_out(q), _new_out(k)
 
 
 @torch.library.custom_op("fusedrope::qwen3_tts_rope_", mutates_args=("q", "k"))
