@@ -18,14 +18,30 @@
 # (the commit to record; default `git rev-parse HEAD`, which a copy of the tree without .git cannot answer),
 # FUSEDROPE_GIT_DIRTY (0 / 1: whether that tree had uncommitted changes; recorded as unknown without it).
 # `gpu/run_all.sh --cpu-selftest` runs the same pipeline with the scripts' CPU modes (no GPU, no build).
+# `gpu/run_all.sh --smoke`: about 3 minutes (an estimate), a first call that finds what would break the full run (the build,
+# both ops' correctness and graph checks, two op-1 bench cases, op 2's bench until its budget ends) while
+# leaving the lease time for the full run (gpu/README.md); knobs set in the environment still win.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
 PY="${PYTHON:-python3}"
+SELFTEST=0
+SMOKE=0
+for arg in "$@"; do
+    case "$arg" in
+        --cpu-selftest) SELFTEST=1 ;;
+        --smoke) SMOKE=1 ;;
+        *) echo "gpu/run_all.sh: unknown argument '$arg' (expected --cpu-selftest and/or --smoke)" >&2; exit 2 ;;
+    esac
+done
+if [ "$SMOKE" = 1 ]; then
+    TOTAL_S="${TOTAL_S:-120}"
+    QUANT_S="${QUANT_S:-45}"
+    TTS_ARGS="${TTS_ARGS:---no-compile --cases qwen3_tts-B1,wide_heads-B32 --skip sanitize,sweep}"
+    QUANT_ARGS="${QUANT_ARGS:---skip-sanitize}"
+fi
 TOTAL_S="${TOTAL_S:-520}"
 QUANT_S="${QUANT_S:-150}"
-SELFTEST=0
-[ "${1:-}" = "--cpu-selftest" ] && SELFTEST=1
 mkdir -p "$OUT/tts" "$OUT/quant"
 
 clamp() { local v=$1; [ "$v" -lt "$2" ] && v=$2; [ "$v" -gt "$3" ] && v=$3; echo "$v"; }
@@ -46,7 +62,7 @@ main() {
     # The device machine's copy of the tree has no .git: pass FUSEDROPE_GIT_COMMIT=<sha> for the results' provenance
     FUSEDROPE_GIT_COMMIT="${FUSEDROPE_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
     export FUSEDROPE_GIT_COMMIT
-    echo "== gpu/run_all.sh: commit ${FUSEDROPE_GIT_COMMIT:-unknown}, OUT=$OUT," \
+    echo "== gpu/run_all.sh$([ "$SMOKE" = 1 ] && echo " --smoke"): commit ${FUSEDROPE_GIT_COMMIT:-unknown}, OUT=$OUT," \
          "TOTAL_S=$TOTAL_S, TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader 2>/dev/null
 

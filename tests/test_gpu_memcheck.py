@@ -1,5 +1,6 @@
 """gpu/memcheck.py (what both GPU check scripts run compute-sanitizer through), exercised on the CPU with a
-stand-in ``compute-sanitizer`` that runs the command it is given and prints memcheck's summary line."""
+stand-in ``compute-sanitizer`` that runs the command it is given and prints memcheck's summary line; and
+gpu/run_all.sh's build fallback and arguments (``--smoke``), the latter with a stand-in python."""
 
 import os
 import signal
@@ -174,3 +175,53 @@ def test_gpu_scripts_do_not_build_again_after_run_all_failed(monkeypatch):
     assert res["build"]["ok"] is False and "no cached CUDA build" in res["build"]["error"]
     with pytest.raises(jit_ext.NoBuildAllowed):
         quant.section_build({})
+
+
+STUB_PYTHON = """#!/bin/sh
+# stands in for python3 in gpu/run_all.sh: records each command line, succeeds
+echo "$*" >> "$STUB_LOG"
+"""
+
+
+def _run_all(tmp_path, *args, **env) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """gpu/run_all.sh with a stand-in python that records what it was asked to run (no build, no GPU)."""
+    tmp_path.mkdir(exist_ok=True)
+    stub = tmp_path / "python"
+    stub.write_text(STUB_PYTHON)
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "calls.txt"
+    base = {k: v for k, v in os.environ.items() if k not in ("TOTAL_S", "QUANT_S", "TTS_ARGS", "QUANT_ARGS")}
+    proc = subprocess.run(["bash", str(ROOT / "gpu" / "run_all.sh"), *args], capture_output=True, text=True,
+                          timeout=60, env={**base, "PYTHON": str(stub), "STUB_LOG": str(log),
+                                           "OUT": str(tmp_path / "out"), **env})
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+def test_run_all_smoke_is_a_short_first_call(tmp_path):
+    """``--smoke``: a 120 s total, op 1 benchmarks two cases without torch.compile, the sanitizer and the sweep,
+    op 2 skips its sanitizer; both keep their correctness and graph checks. The full run passes none of that."""
+    proc, calls = _run_all(tmp_path, "--smoke")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "run_all.sh --smoke:" in proc.stdout and "TOTAL_S=120" in proc.stdout, proc.stdout
+    tts = next(c for c in calls if "check_qwen3_tts_rope.py" in c)
+    quant = next(c for c in calls if "check_inverse_rope_group_quant.py" in c)
+    assert "--no-compile --cases qwen3_tts-B1,wide_heads-B32 --skip sanitize,sweep" in tts, tts
+    assert "--skip-sanitize" in quant, quant
+    assert any("cuda_ext.build" in c for c in calls), calls  # the build is part of what the smoke checks
+
+    proc, calls = _run_all(tmp_path / "full")
+    assert proc.returncode == 0 and "TOTAL_S=520" in proc.stdout, proc.stdout + proc.stderr
+    tts = next(c for c in calls if "check_qwen3_tts_rope.py" in c)
+    quant = next(c for c in calls if "check_inverse_rope_group_quant.py" in c)
+    assert "--cases" not in tts and "--skip" not in tts and "--skip" not in quant, calls
+
+    # knobs set in the environment win over the smoke's defaults
+    proc, calls = _run_all(tmp_path / "knobs", "--smoke", TOTAL_S="200", TTS_ARGS="--no-liger")
+    assert proc.returncode == 0 and "TOTAL_S=200" in proc.stdout, proc.stdout + proc.stderr
+    assert next(c for c in calls if "check_qwen3_tts_rope.py" in c).endswith("--no-liger"), calls
+
+
+def test_run_all_refuses_an_unknown_argument(tmp_path):
+    proc, calls = _run_all(tmp_path, "--smoek")
+    assert proc.returncode == 2 and "unknown argument '--smoek'" in proc.stderr, proc.stderr
+    assert calls == [] and not (tmp_path / "out").exists()
