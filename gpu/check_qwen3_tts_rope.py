@@ -91,6 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--sanitize-subset", action="store_true",
                    help="(internal) the small correctness subset run under compute-sanitizer")
     p.add_argument("--sanitize-timeout", type=float, default=150.0)
+    p.add_argument("--raw-rejects", action="store_true",
+                   help="(internal) bad inputs to the raw op, in a child process (a crash is one failed check)")
     p.add_argument("--commit", default="", help="git commit to record (sets FUSEDROPE_GIT_COMMIT; default: "
                    "that variable, else git rev-parse HEAD)")
     p.add_argument("--fake", action="store_true",
@@ -446,25 +448,63 @@ def _correct_cuda_only(res, dev):
             cuda_tts_rope.qwen3_tts_rope_config(qi, ki, cos, sin, qi, ki, **cfg)
             _verify(res, "correct", f"cuda_cfg_inplace/{case.name}/{tag}", qi, ki, q, k, cos, sin)
 
-    # Bad inputs reach the raw op only through misuse; they must raise, not crash.
+    _raw_op_rejects(res)
+
+
+RAW_REJECT_CASES = ("fp32", "cpu_k", "D96", "wide_vec_on_misaligned")
+
+
+def raw_reject_main() -> int:
+    """(--raw-rejects, child process) Bad inputs to the raw op, one line per case: a case that crashes the
+    process leaves a START line without its END line."""
+    from fusedrope import cuda_ext
+    from fusedrope.testing import TtsCase, make_tts_inputs
+
+    cuda_ext.load()
+    dev = torch.device("cuda")
     q, k, cos, sin = make_tts_inputs(TtsCase("bad", 2, 3, 4, 2), device=dev)
     qo, ko = torch.empty_like(q), torch.empty_like(k)
-    for name, argsx in (("fp32", (q.float(), k.float(), cos.float(), sin.float(), qo.float(), ko.float())),
-                        ("cpu_k", (q, k.cpu(), cos, sin, qo, ko)),
-                        ("D96", tuple(t[..., :96] for t in (q, k, cos, sin, qo, ko))),
-                        ("wide_vec_on_misaligned", None)):
+    ops = torch.ops.fusedrope_cuda
+    for name in RAW_REJECT_CASES:
+        print(f"START {name}", flush=True)
         try:
-            if argsx is None:
+            if name == "wide_vec_on_misaligned":
                 buf = torch.empty(q.numel() + 1, device=dev, dtype=q.dtype)
-                qm = buf[1:].view(q.shape)
-                torch.ops.fusedrope_cuda.qwen3_tts_rope_out_config(q, k, cos, sin, qm, ko, 8, 0, 0, 0)
+                ops.qwen3_tts_rope_out_config(q, k, cos, sin, buf[1:].view(q.shape), ko, 8, 0, 0, 0)
             else:
-                torch.ops.fusedrope_cuda.qwen3_tts_rope_out(*argsx)
+                args = {"fp32": tuple(t.float() for t in (q, k, cos, sin, qo, ko)),
+                        "cpu_k": (q, k.cpu(), cos, sin, qo, ko),
+                        "D96": tuple(t[..., :96] for t in (q, k, cos, sin, qo, ko))}[name]
+                ops.qwen3_tts_rope_out(*args)
             torch.cuda.synchronize()
-            res.check("correct", f"cuda_rejects/{name}", False, "no error raised")
+            print(f"END {name} 0 no error raised", flush=True)
         except RuntimeError as e:
-            res.check("correct", f"cuda_rejects/{name}", "fusedrope_cuda" in str(e), str(e).splitlines()[0])
+            print(f"END {name} {int('fusedrope_cuda' in str(e))} {str(e).splitlines()[0]}", flush=True)
+    return 0
 
+
+def _raw_op_rejects(res):
+    """Bad inputs reach the raw op only through misuse; they must raise, not crash. Run in a child process,
+    so that a crash is one failed check (with the case it crashed on), not the end of this script."""
+    cmd = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--raw-rejects"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        out, rc, err = p.stdout, p.returncode, p.stderr
+    except subprocess.TimeoutExpired as e:
+        out, rc, err = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout", ""
+    ended = {}
+    for line in out.splitlines():
+        if line.startswith("END "):
+            _, name, ok, msg = (line.split(" ", 3) + [""])[:4]
+            ended[name] = (ok == "1", msg)
+    for name in RAW_REJECT_CASES:
+        if name in ended:
+            res.check("correct", f"cuda_rejects/{name}", *ended[name])
+        else:
+            started = f"START {name}" in out
+            res.check("correct", f"cuda_rejects/{name}", False,
+                      (f"the process died (rc {rc}) on this case" if started else f"not reached (rc {rc})")
+                      + f"; stderr tail: {err[-1500:]}")
 
 
 def _liger_accuracy(res, dev):
@@ -765,6 +805,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.sanitize_subset:
         return sanitize_subset_main(args)
+    if args.raw_rejects:
+        return raw_reject_main()
     if args.fake:  # CPU self-test: the sections that need no GPU, on the CPU, through the same engine calls
         res = Results(Path(args.out), args, torch.device("cpu"))
         args.no_compile = True
