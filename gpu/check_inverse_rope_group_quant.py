@@ -64,6 +64,7 @@ from fusedrope.inverse_rope_quant import empty_quant_outputs  # noqa: E402
 from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, assert_quant_close,  # noqa: E402
                                bytes_written_outside, deepseek_rope_cache, guarded_poison, poison_like,
                                rope_blocks, scale_bytes, ulp_diff)
+import raw_rejects  # noqa: E402  (gpu/raw_rejects.py, beside this script)
 from memcheck import CUT, cut_clean, cut_reason, find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
 
 HEAD_GROUPS = QUANT_HEAD_GROUPS
@@ -233,6 +234,24 @@ def empty_direct_case(device):
     return out
 
 
+def raw_reject_cases() -> dict:
+    """Bad inputs to the raw CUDA op (they reach it only through misuse): each must raise, not crash. Most
+    messages hold integers (the kind that crashed op 1's raw op on the H200 at 63f6bd6)."""
+    op = torch.ops.fusedrope_cuda.inverse_rope_group_quant_out
+    S, H, G, q = 4, 16, 2, 128
+    o, p, c, s = make_inputs(S, H, device="cuda")
+    dg = H * 512 // G
+    x = torch.empty(S, G, dg, dtype=torch.float8_e4m3fn, device="cuda")
+    sc = torch.empty(S, G, dg // q, dtype=torch.uint8, device="cuda")
+    o256 = o[..., :256].contiguous()
+    return {"fp32_o": lambda: op(o.float(), p, c, s, x, sc, q),
+            "cpu_positions": lambda: op(o, p.cpu(), c, s, x, sc, q),
+            "head_dim_256": lambda: op(o256, p, c, s, x[..., :dg // 2], sc[..., :dg // 2 // q], q),
+            "group_48": lambda: op(o, p, c, s, x, sc, 48),
+            "positions_short": lambda: op(o, p[:2], c, s, x, sc, q),
+            "x_scale_shape": lambda: op(o, p, c, s, x, sc[:, :, :1], q)}
+
+
 def section_correctness(res, device, backend, subset=False, cpu_reference_every=0):
     cases = correctness_cases(subset)
     fails = []
@@ -258,10 +277,14 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
         res["empty_direct"] = empty_direct_case(device)
         if not all(v["ok"] for v in res["empty_direct"].values()):
             fails.append("empty_direct")
-    res["n_cases"] = len(cases) + 1
+        res["raw_rejects"] = {name: {"ok": ok, "detail": detail} for name, ok, detail in
+                              raw_rejects.checks(os.path.abspath(__file__), list(raw_reject_cases()))}
+        fails += [f"raw_rejects/{n}" for n, v in res["raw_rejects"].items() if not v["ok"]]
+    n = len(cases) + 1 + (1 + len(res["raw_rejects"]) if backend == "cuda" else 0)  # + nan_inf (+ the raw op's)
+    res["n_cases"] = n
     res["failed"] = fails
     res["fp8_bytes_differ_total"] = sum(v.get("fp8_bytes_differ", 0) for v in res["cases"].values())
-    log(f"correctness[{backend}]: {len(cases) + 1 - len(fails)}/{len(cases) + 1} cases ok, "
+    log(f"correctness[{backend}]: {n - len(fails)}/{n} cases ok, "
         f"{res['fp8_bytes_differ_total']} fp8 bytes differ from the reference"
         + (f"; FAILED: {fails}" if fails else ""))
 
@@ -425,6 +448,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sanitize-subset", action="store_true",
                     help="only the small correctness subset (what runs under compute-sanitizer)")
     ap.add_argument("--skip-sanitize", action="store_true")
+    ap.add_argument("--raw-rejects", action="store_true",
+                    help="(internal) bad inputs to the raw op, in a child process (a crash is one failed check)")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--budget-s", type=float, default=225.0,
                     help="stop starting new work after this many seconds")
@@ -435,6 +460,8 @@ def main(argv=None) -> int:
                     help="no GPU: the correctness machinery with the reference backend on CPU tensors, and "
                          "the bench section on two tiny configs")
     args = ap.parse_args(argv)
+    if args.raw_rejects:
+        return raw_rejects.child(raw_reject_cases())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = T_START + args.budget_s

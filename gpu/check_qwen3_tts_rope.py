@@ -52,6 +52,7 @@ from fusedrope import benchmark as B  # noqa: E402
 from fusedrope import bench_report as report  # noqa: E402
 from fusedrope import bench_timing as timing  # noqa: E402
 from fusedrope.testing import TTS_CASES  # noqa: E402
+import raw_rejects  # noqa: E402  (gpu/raw_rejects.py, beside this script)
 from memcheck import cut_clean, cut_reason, find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
 
 T0 = time.time()
@@ -451,12 +452,8 @@ def _correct_cuda_only(res, dev):
     _raw_op_rejects(res)
 
 
-RAW_REJECT_CASES = ("fp32", "cpu_k", "D96", "wide_vec_on_misaligned")
-
-
-def raw_reject_main() -> int:
-    """(--raw-rejects, child process) Bad inputs to the raw op, one line per case: a case that crashes the
-    process leaves a START line without its END line."""
+def _raw_reject_cases() -> dict:
+    """Bad inputs to the raw op (they reach it only through misuse): each must raise, not crash."""
     from fusedrope import cuda_ext
     from fusedrope.testing import TtsCase, make_tts_inputs
 
@@ -465,46 +462,23 @@ def raw_reject_main() -> int:
     q, k, cos, sin = make_tts_inputs(TtsCase("bad", 2, 3, 4, 2), device=dev)
     qo, ko = torch.empty_like(q), torch.empty_like(k)
     ops = torch.ops.fusedrope_cuda
-    for name in RAW_REJECT_CASES:
-        print(f"START {name}", flush=True)
-        try:
-            if name == "wide_vec_on_misaligned":
-                buf = torch.empty(q.numel() + 1, device=dev, dtype=q.dtype)
-                ops.qwen3_tts_rope_out_config(q, k, cos, sin, buf[1:].view(q.shape), ko, 8, 0, 0, 0)
-            else:
-                args = {"fp32": tuple(t.float() for t in (q, k, cos, sin, qo, ko)),
-                        "cpu_k": (q, k.cpu(), cos, sin, qo, ko),
-                        "D96": tuple(t[..., :96] for t in (q, k, cos, sin, qo, ko))}[name]
-                ops.qwen3_tts_rope_out(*args)
-            torch.cuda.synchronize()
-            print(f"END {name} 0 no error raised", flush=True)
-        except RuntimeError as e:
-            print(f"END {name} {int('fusedrope_cuda' in str(e))} {str(e).splitlines()[0]}", flush=True)
-    return 0
+
+    def misaligned_wide():
+        buf = torch.empty(q.numel() + 1, device=dev, dtype=q.dtype)
+        ops.qwen3_tts_rope_out_config(q, k, cos, sin, buf[1:].view(q.shape), ko, 8, 0, 0, 0)
+
+    return {"fp32": lambda: ops.qwen3_tts_rope_out(*(t.float() for t in (q, k, cos, sin, qo, ko))),
+            "cpu_k": lambda: ops.qwen3_tts_rope_out(q, k.cpu(), cos, sin, qo, ko),
+            "D96": lambda: ops.qwen3_tts_rope_out(*(t[..., :96] for t in (q, k, cos, sin, qo, ko))),
+            "k_batch_mismatch": lambda: ops.qwen3_tts_rope_out(q, k[:1], cos, sin, qo, ko[:1]),
+            "config_out_of_range": lambda: ops.qwen3_tts_rope_out_config(q, k, cos, sin, qo, ko, 3, 9, 0, 0),
+            "wide_vec_on_misaligned": misaligned_wide}
 
 
 def _raw_op_rejects(res):
-    """Bad inputs reach the raw op only through misuse; they must raise, not crash. Run in a child process,
-    so that a crash is one failed check (with the case it crashed on), not the end of this script."""
-    cmd = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--raw-rejects"]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-        out, rc, err = p.stdout, p.returncode, p.stderr
-    except subprocess.TimeoutExpired as e:
-        out, rc, err = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout", ""
-    ended = {}
-    for line in out.splitlines():
-        if line.startswith("END "):
-            _, name, ok, msg = (line.split(" ", 3) + [""])[:4]
-            ended[name] = (ok == "1", msg)
-    for name in RAW_REJECT_CASES:
-        if name in ended:
-            res.check("correct", f"cuda_rejects/{name}", *ended[name])
-        else:
-            started = f"START {name}" in out
-            res.check("correct", f"cuda_rejects/{name}", False,
-                      (f"the process died (rc {rc}) on this case" if started else f"not reached (rc {rc})")
-                      + f"; stderr tail: {err[-1500:]}")
+    """The raw op's bad inputs, in a child process (gpu/raw_rejects.py): a crash is one failed check."""
+    for name, ok, detail in raw_rejects.checks(os.path.abspath(__file__), list(_raw_reject_cases())):
+        res.check("correct", f"cuda_rejects/{name}", ok, detail)
 
 
 def _liger_accuracy(res, dev):
@@ -806,7 +780,7 @@ def main(argv=None) -> int:
     if args.sanitize_subset:
         return sanitize_subset_main(args)
     if args.raw_rejects:
-        return raw_reject_main()
+        return raw_rejects.child(_raw_reject_cases())
     if args.fake:  # CPU self-test: the sections that need no GPU, on the CPU, through the same engine calls
         res = Results(Path(args.out), args, torch.device("cpu"))
         args.no_compile = True

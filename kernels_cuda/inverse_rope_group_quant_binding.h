@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "check_message.h"
 #include "inverse_rope_group_quant_common.h"
 
 namespace fusedrope {
@@ -47,52 +48,60 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
   check_device(n, sin, "sin", o);
   check_device(n, x_fp8, "x_fp8", o);
   check_device(n, x_scale, "x_scale", o);
-  TORCH_CHECK(o.dim() == 3, n.op, ": argument 'o' expected a 3-D tensor [S, H, head_dim], got shape ", o.sizes());
+  TORCH_CHECK(o.dim() == 3, n.op, ": argument 'o' expected a 3-D tensor [S, H, head_dim], got shape ",
+              msg::shape(o.sizes()));
   TORCH_CHECK(o.scalar_type() == at::kBFloat16 || o.scalar_type() == at::kHalf, n.op,
               ": argument 'o' expected dtype bfloat16 or float16, got ", o.scalar_type());
-  TORCH_CHECK(o.is_contiguous(), n.op, ": argument 'o' expected a contiguous tensor, got strides ", o.strides());
+  TORCH_CHECK(o.is_contiguous(), n.op, ": argument 'o' expected a contiguous tensor, got strides ",
+              msg::shape(o.strides()));
   const int64_t S = o.size(0), H = o.size(1), D = o.size(2);
-  TORCH_CHECK(D == 512, n.op, ": argument 'o' expected head_dim 512 (the compiled kernel's), got ", D);
+  TORCH_CHECK(D == 512, n.op, ": argument 'o' expected head_dim 512 (the compiled kernel's), got ", msg::num(D));
   TORCH_CHECK(positions.dim() == 1 && positions.size(0) >= S, n.op,
-              ": argument 'positions' expected a 1-D tensor with at least S=", S, " elements, got shape ",
-              positions.sizes());
+              ": argument 'positions' expected a 1-D tensor with at least S=", msg::num(S), " elements, got shape ",
+              msg::shape(positions.sizes()));
   TORCH_CHECK(positions.scalar_type() == at::kLong || positions.scalar_type() == at::kInt, n.op,
               ": argument 'positions' expected dtype int64 or int32, got ", positions.scalar_type());
   TORCH_CHECK(cos.dim() == 2 && cos.size(1) == 32 && cos.size(0) >= 1, n.op,
-              ": argument 'cos' expected shape [max_pos >= 1, 32] (rope_dim 64), got ", cos.sizes());
-  TORCH_CHECK(sin.sizes() == cos.sizes(), n.op, ": argument 'sin' expected shape ", cos.sizes(),
-              " (same as 'cos'), got ", sin.sizes());
+              ": argument 'cos' expected shape [max_pos >= 1, 32] (rope_dim 64), got ", msg::shape(cos.sizes()));
+  TORCH_CHECK(sin.sizes() == cos.sizes(), n.op, ": argument 'sin' expected shape ", msg::shape(cos.sizes()),
+              " (same as 'cos'), got ", msg::shape(sin.sizes()));
   TORCH_CHECK(cos.scalar_type() == at::kBFloat16 || cos.scalar_type() == at::kHalf ||
                   cos.scalar_type() == at::kFloat,
               n.op, ": argument 'cos' expected dtype bfloat16, float16 or float32, got ", cos.scalar_type());
   TORCH_CHECK(sin.scalar_type() == cos.scalar_type(), n.op, ": argument 'sin' expected dtype ", cos.scalar_type(),
               " (same as 'cos'), got ", sin.scalar_type());
   TORCH_CHECK(cos.stride(1) == 1 && sin.stride(1) == 1, n.op,
-              ": arguments 'cos'/'sin' expected a contiguous last dimension, got strides ", cos.strides(), " / ",
-              sin.strides());
+              ": arguments 'cos'/'sin' expected a contiguous last dimension, got strides ",
+              msg::shape(cos.strides()), " / ",
+              msg::shape(sin.strides()));
   const int64_t q = quant_group_size;
   TORCH_CHECK(q == 32 || q == 64 || q == 128 || q == 256, n.op,
-              ": argument 'quant_group_size' expected 32, 64, 128 or 256, got ", q);
+              ": argument 'quant_group_size' expected 32, 64, 128 or 256, got ", msg::num(q));
   TORCH_CHECK(x_fp8.dim() == 3 && x_fp8.size(0) == S && x_fp8.size(1) >= 1 && x_fp8.size(1) * x_fp8.size(2) == H * D,
-              n.op, ": argument 'x_fp8' expected shape [", S, ", G, ", H * D, "/G], got ", x_fp8.sizes());
+              n.op, ": argument 'x_fp8' expected shape [", msg::num(S), ", G, ", msg::num(H * D), "/G], got ",
+              msg::shape(x_fp8.sizes()));
   TORCH_CHECK(x_fp8.scalar_type() == at::kFloat8_e4m3fn || x_fp8.scalar_type() == at::kFloat8_e4m3fnuz, n.op,
               ": argument 'x_fp8' expected dtype ", n.fp8_dtypes, ", got ", x_fp8.scalar_type());
   TORCH_CHECK(x_fp8.is_contiguous(), n.op, ": argument 'x_fp8' expected a contiguous tensor, got strides ",
-              x_fp8.strides());
+              msg::shape(x_fp8.strides()));
   const int64_t G = x_fp8.size(1), Dg = x_fp8.size(2);
-  TORCH_CHECK(Dg % q == 0, n.op, ": argument 'quant_group_size' expected a divisor of Dg=", Dg, ", got ", q);
+  TORCH_CHECK(Dg % q == 0, n.op, ": argument 'quant_group_size' expected a divisor of Dg=",
+              msg::num(Dg), ", got ", msg::num(q));
   const int64_t Ks = Dg / q;
   TORCH_CHECK(x_scale.dim() == 3 && x_scale.size(0) == S && x_scale.size(1) == G && x_scale.size(2) == Ks, n.op,
-              ": argument 'x_scale' expected shape [", S, ", ", G, ", ", Ks, "], got ", x_scale.sizes());
+              ": argument 'x_scale' expected shape [", msg::num(S), ", ", msg::num(G), ", ", msg::num(Ks),
+              "], got ", msg::shape(x_scale.sizes()));
   const auto st = x_scale.scalar_type();
   TORCH_CHECK(st == at::kFloat8_e8m0fnu || st == at::kByte || st == at::kFloat, n.op,
               ": argument 'x_scale' expected dtype float8_e8m0fnu, uint8 or float32, got ", st);
   // The kernel addresses scale (s, g, k) as s*stride(0) + (g*Ks + k)*stride(2): true for the row-major and the
   // column-major layouts, i.e. whenever stride(1) == Ks * stride(2).
   TORCH_CHECK(G == 1 || Ks <= 1 || x_scale.stride(1) == Ks * x_scale.stride(2), n.op,
-              ": argument 'x_scale' expected stride(1) == Ks*stride(2) (row-major (", G * Ks, ", ", Ks,
-              ", 1) or column-major (1, ", Ks, "*L, L)), got ", x_scale.strides());
-  TORCH_CHECK(S * H * D / 16 <= INT32_MAX, n.op, ": expected S*H*head_dim/16 < 2^31, got S=", S, " H=", H);
+              ": argument 'x_scale' expected stride(1) == Ks*stride(2) (row-major (",
+              msg::num(G * Ks), ", ", msg::num(Ks),
+              ", 1) or column-major (1, ", msg::num(Ks), "*L, L)), got ", msg::shape(x_scale.strides()));
+  TORCH_CHECK(S * H * D / 16 <= INT32_MAX, n.op, ": expected S*H*head_dim/16 < 2^31, got S=",
+              msg::num(S), " H=", msg::num(H));
   if (S == 0 || H == 0) return false;
 
   p->o = o.data_ptr();

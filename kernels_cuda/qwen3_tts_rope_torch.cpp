@@ -22,9 +22,12 @@
 #include <string>
 #include <tuple>
 
+#include "check_message.h"
 #include "qwen3_tts_rope.cuh"
 
 namespace {
+
+namespace msg = fusedrope::msg;
 
 constexpr const char* kOp = "fusedrope_cuda::qwen3_tts_rope_out";
 constexpr const char* kOpNew = "fusedrope_cuda::qwen3_tts_rope";
@@ -36,10 +39,11 @@ void check_tensor(const char* op, const at::Tensor& t, const char* name, int64_t
               " (same device as 'q'), got ", t.device());
   TORCH_CHECK(t.scalar_type() == q.scalar_type(), op, ": argument '", name, "' expected dtype ",
               q.scalar_type(), " (same as 'q'), got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == dim, op, ": argument '", name, "' expected a ", dim, "-D tensor, got ", t.dim(),
-              "-D shape ", t.sizes());
+  TORCH_CHECK(t.dim() == dim, op, ": argument '", name, "' expected a ", msg::num(dim), "-D tensor, got ",
+              msg::num(t.dim()),
+              "-D shape ", msg::shape(t.sizes()));
   TORCH_CHECK(t.size(dim - 1) <= 1 || t.stride(dim - 1) == 1, op, ": argument '", name,
-              "' expected a contiguous last dimension (stride 1), got strides ", t.strides());
+              "' expected a contiguous last dimension (stride 1), got strides ", msg::shape(t.strides()));
 }
 
 void run(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
@@ -56,21 +60,21 @@ void run(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Ten
 
   const int64_t B = q.size(0), Hq = q.size(1), S = q.size(2), D = q.size(3), Hkv = k.size(1);
   TORCH_CHECK(D == 64 || D == 128 || D == 256, op, ": argument 'q' expected head_dim (last dim) 64, 128 or 256, got ",
-              D);
-  TORCH_CHECK(k.size(0) == B && k.size(2) == S && k.size(3) == D, op, ": argument 'k' expected shape [", B,
-              ", Hkv, ", S, ", ", D, "], got ", k.sizes());
-  TORCH_CHECK(cos.size(0) == B || cos.size(0) == 1, op, ": argument 'cos' expected shape [", B, " or 1, ", S,
-              ", ", D, "], got ", cos.sizes());
-  TORCH_CHECK(cos.size(1) == S && cos.size(2) == D, op, ": argument 'cos' expected shape [", B, " or 1, ", S,
-              ", ", D, "], got ", cos.sizes());
-  TORCH_CHECK(sin.sizes() == cos.sizes(), op, ": argument 'sin' expected shape ", cos.sizes(),
-              " (same as 'cos'), got ", sin.sizes());
-  TORCH_CHECK(q_out.sizes() == q.sizes(), op, ": argument 'q_out' expected shape ", q.sizes(), ", got ",
-              q_out.sizes());
-  TORCH_CHECK(k_out.sizes() == k.sizes(), op, ": argument 'k_out' expected shape ", k.sizes(), ", got ",
-              k_out.sizes());
+              msg::num(D));
+  TORCH_CHECK(k.size(0) == B && k.size(2) == S && k.size(3) == D, op, ": argument 'k' expected shape [", msg::num(B),
+              ", Hkv, ", msg::num(S), ", ", msg::num(D), "], got ", msg::shape(k.sizes()));
+  TORCH_CHECK(cos.size(0) == B || cos.size(0) == 1, op, ": argument 'cos' expected shape [", msg::num(B), " or 1, ",
+              msg::num(S), ", ", msg::num(D), "], got ", msg::shape(cos.sizes()));
+  TORCH_CHECK(cos.size(1) == S && cos.size(2) == D, op, ": argument 'cos' expected shape [", msg::num(B), " or 1, ",
+              msg::num(S), ", ", msg::num(D), "], got ", msg::shape(cos.sizes()));
+  TORCH_CHECK(sin.sizes() == cos.sizes(), op, ": argument 'sin' expected shape ", msg::shape(cos.sizes()),
+              " (same as 'cos'), got ", msg::shape(sin.sizes()));
+  TORCH_CHECK(q_out.sizes() == q.sizes(), op, ": argument 'q_out' expected shape ", msg::shape(q.sizes()), ", got ",
+              msg::shape(q_out.sizes()));
+  TORCH_CHECK(k_out.sizes() == k.sizes(), op, ": argument 'k_out' expected shape ", msg::shape(k.sizes()), ", got ",
+              msg::shape(k_out.sizes()));
   TORCH_CHECK(B * S <= INT32_MAX && Hq + Hkv <= (int64_t(1) << 30), op,
-              ": expected B*S < 2^31 and Hq+Hkv <= 2^30, got B*S=", B * S, ", Hq+Hkv=", Hq + Hkv);
+              ": expected B*S < 2^31 and Hq+Hkv <= 2^30, got B*S=", msg::num(B * S), ", Hq+Hkv=", msg::num(Hq + Hkv));
   if (B == 0 || S == 0 || Hq + Hkv == 0) return;
 
   fusedrope::TtsRopeParams p;
@@ -119,8 +123,9 @@ void qwen3_tts_rope_out_config(const at::Tensor& q, const at::Tensor& k, const a
                                int64_t warps_per_token, int64_t tokens_per_cta, int64_t max_blocks) {
   TORCH_CHECK(vec >= 0 && vec <= 8 && warps_per_token >= 0 && warps_per_token <= 8 && tokens_per_cta >= 0 &&
                   tokens_per_cta <= 8 && max_blocks >= 0 && max_blocks <= INT32_MAX,
-              kOp, "_config: launch config out of range: vec=", vec, " warps_per_token=", warps_per_token,
-              " tokens_per_cta=", tokens_per_cta, " max_blocks=", max_blocks);
+              kOp, "_config: launch config out of range: vec=", msg::num(vec),
+              " warps_per_token=", msg::num(warps_per_token), " tokens_per_cta=", msg::num(tokens_per_cta),
+              " max_blocks=", msg::num(max_blocks));
   fusedrope::TtsRopeLaunchConfig cfg;
   cfg.vec = int(vec);
   cfg.warps_per_token = int(warps_per_token);
