@@ -237,6 +237,9 @@ def empty_direct_case(device):
 def raw_reject_cases() -> dict:
     """Bad inputs to the raw CUDA op (they reach it only through misuse): each must raise, not crash. Most
     messages hold integers (the kind that crashed op 1's raw op on the H200 at 63f6bd6)."""
+    from fusedrope import cuda_ext
+
+    cuda_ext.load()
     op = torch.ops.fusedrope_cuda.inverse_rope_group_quant_out
     S, H, G, q = 4, 16, 2, 128
     o, p, c, s = make_inputs(S, H, device="cuda")
