@@ -18,7 +18,7 @@
 # (the commit to record; default `git rev-parse HEAD`, which a copy of the tree without .git cannot answer),
 # FUSEDROPE_GIT_DIRTY (0 / 1: whether that tree had uncommitted changes; recorded as unknown without it).
 # `gpu/run_all.sh --cpu-selftest` runs the same pipeline with the scripts' CPU modes (no GPU, no build).
-# `gpu/run_all.sh --smoke`: about 3 minutes (an estimate), a first call that finds what would break the full
+# `gpu/run_all.sh --smoke`: a minute or two, a first call that finds what would break the full
 # run (the build, both ops' correctness and graph checks, two op-1 bench cases, op 2's bench until its budget
 # ends) while leaving the lease time for the full run (gpu/README.md); knobs set in the environment still win.
 set -uo pipefail
