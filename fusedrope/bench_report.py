@@ -295,7 +295,8 @@ def markdown(results: dict) -> str:
               f"python {m['python']}"),
              f"- commit: {m['git_commit']}{dirty}",
              f"- command: `{m['command']}`", f"- time: {m['time_utc']}",
-             f"- copy roofline: {cp.get('tbps', 0):.3f} TB/s ({cp.get('timing', '')})"]
+             f"- copy roofline: {cp.get('tbps', 0):.3f} TB/s ({cp.get('timing', '')})"
+             + "".join(f"; {n} {c['tbps']:.3f} TB/s" for n, c in cp.get("copies", {}).items())]
     if m.get("hbm_peak_tbps"):
         frac = f", the copy reaches {cp['tbps'] / m['hbm_peak_tbps']:.0%} of it" if cp.get("tbps") else ""
         lines.append(f"- spec-sheet memory bandwidth: {m['hbm_peak_tbps']} TB/s ({m['hbm_peak_source']}){frac}")

@@ -378,7 +378,7 @@ def section_bench(res, device: torch.device, deadline: float, configs=None, only
     """fusedrope.benchmark's copy roofline and measure() per config, until the deadline."""
     res["copy"] = B.copy_roofline(device)
     copy = res["copy"]["tbps"]
-    log(f"copy roofline: {copy:.2f} TB/s (read + write)")
+    log(f"copy roofline: {copy:.2f} TB/s (read + write; {res['copy'].get('timing', '')})")
     cl = B.contenders(B.QUANT, device, compile=False, only=only)
     res["contenders"] = [{"name": c.name, "what": c.what, "unavailable": c.reason} for c in cl]
     rows = res.setdefault("rows", [])

@@ -573,7 +573,8 @@ def graph(res, args):
 # ------------------------------------------------------------------------------------------------------------
 def copy_section(res, args):
     res["copy"] = B.copy_roofline(res.device)
-    log(f"   copy: {res['copy']['tbps']:.2f} TB/s (read + write, {res['copy']['bytes_each_way'] >> 20} MiB)")
+    log(f"   copy: {res['copy']['tbps']:.2f} TB/s (read + write, {res['copy']['bytes_each_way'] >> 20} MiB; "
+        f"{res['copy'].get('timing', '')})")
 
 
 def _cuda_op_maker(case, sets):

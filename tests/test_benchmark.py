@@ -611,6 +611,24 @@ def test_copy_roofline_counts_bytes_read_and_written(monkeypatch):
     assert copy["tbps"] == B._sig(2 * 2**20 / 100e-6 / 1e12)
 
 
+def test_copy_roofline_is_the_faster_of_memcpy_and_a_kernel_copy(monkeypatch):
+    """Both copies move the same bytes; the roofline is the faster (on the H200 the memcpy was the weaker one)."""
+    times = iter([200.0, 50.0])  # memcpy first, then the elementwise kernel
+    monkeypatch.setattr(B, "time_per_call_us", lambda *a, **k: next(times))
+    copy = B.copy_roofline(CPU, nbytes=2**20, reps=1)
+    assert copy["copy"] == "kernel" and copy["us"] == 50.0
+    assert copy["copies"]["memcpy"]["us"] == 200.0 and copy["tbps"] == B._sig(2 * 2**20 / 50e-6 / 1e12)
+    assert "kernel" in copy["timing"]
+
+
+def test_the_kernel_copy_moves_the_bytes_it_counts():
+    """bitwise_not over int32 views reads every source byte and writes every destination byte."""
+    src = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    torch.bitwise_not(src.view(torch.int32), out=dst.view(torch.int32))
+    assert torch.equal(dst, ~src)
+
+
 def test_tbps_comes_from_device_time_where_the_graph_replay_measured_it(monkeypatch):
     """On a GPU (faked here: the timers, the cache size and the device name) a row's TB/s and frac_copy come from
     the replayed device time, not from the per-call time with its host overhead."""
