@@ -229,6 +229,21 @@ def _positive(kind):
     return parse
 
 
+def plot(args) -> int:
+    """Draw each results file's plots; a file that is missing or not a results.json is named, and exit 2."""
+    from fusedrope import bench_report
+
+    for path in args.results:
+        try:
+            results = bench_report.load_results(path)
+        except (OSError, ValueError) as e:
+            print(f"python -m fusedrope plot: {e}", file=sys.stderr)
+            return 2
+        files = bench_report.plot(results, args.out or os.path.dirname(os.path.abspath(path)))
+        print("\n".join(str(f) for f in files) if files else f"{path}: no measured rows to plot")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fusedrope", description=" ".join(__doc__.split("\n\n")[0].split()))
     # --no-timing works with and without the word `report`: the default command takes its options too.
@@ -256,6 +271,9 @@ def main(argv=None) -> int:
     be.add_argument("--cases", default="", help="comma-separated case ids to run (default: the whole matrix)")
     be.add_argument("--budget-s", type=_positive(float), default=None,
                     help="start no new case after this many seconds")
+    pl = sub.add_parser("plot", help="PNG plots from saved results.json files (bench/results/...)")
+    pl.add_argument("results", nargs="+", help="results.json files (the bench CLI's or the gpu/ scripts')")
+    pl.add_argument("--out", help="folder for the PNGs (default: each file's own folder)")
     args = parser.parse_args(argv)
     if args.command not in (None, "report") and args.no_timing:
         parser.error(f"--no-timing belongs to the report, not to `{args.command}`")
@@ -263,6 +281,8 @@ def main(argv=None) -> int:
         return build(args)
     if args.command == "bench":
         return bench(args, argv)
+    if args.command == "plot":
+        return plot(args)
     args.no_timing = args.no_timing or getattr(args, "report_no_timing", False)
     return report(args)
 

@@ -322,6 +322,20 @@ def markdown(results: dict) -> str:
 # ------------------------------------------------------------------------------------------------------------
 # plots
 # ------------------------------------------------------------------------------------------------------------
+def load_results(path) -> dict:
+    """A saved ``results.json`` as :func:`plot` and the tables take it (``meta``, ``rows``, ``copy``): the bench
+    CLI's and op 1's GPU script's as written, op 2's GPU script's from its ``sections.bench``."""
+    with open(path) as f:
+        data = json.load(f)
+    if "rows" not in data and "bench" in data.get("sections", {}):
+        bench = data["sections"]["bench"]
+        data = {**data, "rows": bench.get("rows", []), "copy": bench.get("copy", {})}
+    if "meta" not in data or "rows" not in data:
+        raise ValueError(f"{path}: expected a fusedrope results.json (keys 'meta' and 'rows', or "
+                         f"'sections.bench'), got keys {sorted(data)}")
+    return data
+
+
 def plot(results: dict, out_dir) -> list[Path]:
     """PNG plots, time and bandwidth against bytes moved, one line per contender: one figure for op 1, one per
     (H, G) for op 2 (quant group 128). Needs matplotlib."""

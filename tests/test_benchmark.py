@@ -686,3 +686,20 @@ def test_cli_self_check_fails_when_a_backend_is_wrong(op, monkeypatch, capsys):
     assert f"FAIL {op}" in out and "1 fp8 byte differs" in out
     _quiet_report(cli, monkeypatch)
     assert main(["--no-timing"]) == 1
+
+
+def test_cli_plot_redraws_committed_results_of_both_layouts(tmp_path, capsys):
+    """`python -m fusedrope plot` on the committed H200 run: op 1's results.json (rows at the top) and op 2's
+    (rows under sections.bench) each give their PNGs; a missing file and a JSON that is not a results file are
+    named, exit 2."""
+    run = Path(__file__).resolve().parent.parent / "bench/results/nvidia-h200-gpu-checks-63f6bd6"
+    assert main(["plot", str(run / "tts/results.json"), str(run / "quant/results.json"), "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "inverse_rope_group_quant_H16_G2.png", "inverse_rope_group_quant_H8_G1.png", "qwen3_tts_rope.png"]
+    for p in tmp_path.glob("*.png"):
+        assert p.stat().st_size > 5000 and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plot", str(tmp_path / "missing.json")]) == 2
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    assert main(["plot", str(tmp_path / "other.json")]) == 2
+    err = capsys.readouterr().err
+    assert "missing.json" in err and "expected a fusedrope results.json" in err and "got keys ['a']" in err
