@@ -338,7 +338,7 @@ def load_results(path) -> dict:
 
 def plot(results: dict, out_dir) -> list[Path]:
     """PNG plots, time and bandwidth against bytes moved, one line per contender: one figure for op 1, one per
-    (H, G) for op 2 (quant group 128). Needs matplotlib."""
+    (H, G) for op 2 (quant group 128, row-major scales). Needs matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -351,7 +351,7 @@ def plot(results: dict, out_dir) -> list[Path]:
     for h, g in hgs:
         series.append((QUANT, f"inverse_rope_group_quant_H{h}_G{g}",
                        lambda r, h=h, g=g: (r["num_heads"], r["num_groups"]) == (h, g)
-                       and r["quant_group_size"] == 128))
+                       and r["quant_group_size"] == 128 and not r.get("transpose_scale")))
     files = []
     for op, name, keep in series:
         ok = [r for r in rows if r.get("op") == op and r.get("status") == "ok" and keep(r)]
