@@ -41,3 +41,12 @@ def available(device: torch.device) -> Optional[str]:
 
 
 inverse_rope_group_quant = CompiledOp(cuda_ext, "fusedrope_cuda")
+
+
+def inverse_rope_group_quant_config(o, positions, cos, sin, x_fp8, x_scale, quant_group_size: int, *,
+                                    chunks_per_thread: int = 0) -> None:
+    """The raw CUDA op with a forced launch shape, for tests and tuning: ``chunks_per_thread`` 16-element chunks
+    per thread, 1 or 2 (0 = the launcher's automatic choice). No validation beyond the binding's checks."""
+    cuda_ext.load()
+    torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, positions, cos, sin, x_fp8, x_scale,
+                                                                 quant_group_size, chunks_per_thread)

@@ -60,6 +60,7 @@ from fusedrope import benchmark as B  # noqa: E402
 from fusedrope import bench_report as report  # noqa: E402
 from fusedrope import bench_timing as timing  # noqa: E402
 from fusedrope import reference as ref  # noqa: E402
+from fusedrope import cuda_inverse_rope_quant  # noqa: E402
 from fusedrope.inverse_rope_quant import empty_quant_outputs  # noqa: E402
 from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, assert_quant_close,  # noqa: E402
                                bytes_written_outside, deepseek_rope_cache, guarded_poison, poison_like,
@@ -114,9 +115,10 @@ def fp8_stats(x, xr):
 
 
 def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m3fn,
-             scale_dtype=torch.float8_e8m0fnu, x_offset=0, scale_pad=0, cpu_reference=False):
+             scale_dtype=torch.float8_e8m0fnu, x_offset=0, scale_pad=0, cpu_reference=False, chunks_per_thread=None):
     """Run ``backend`` into poisoned buffers inside poisoned guard bytes (compute-sanitizer misses a write into
-    the caching allocator's slack) and compare with the reference. Returns a result dict."""
+    the caching allocator's slack) and compare with the reference. Returns a result dict. ``chunks_per_thread``
+    (1 or 2): the raw CUDA op with that launch shape forced, instead of the public function."""
     x0, s0 = empty_quant_outputs(o, G, q, transpose, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
     # x_offset: caller-provided x_fp8 that is contiguous but not 16-byte aligned
     x, x_buf = guarded_poison(x0.shape, fp8_dtype, o.device, lead=64 + x_offset)
@@ -125,7 +127,11 @@ def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m
     strides = (1, ks * (S + scale_pad), S + scale_pad) if scale_pad else s0.stride()
     # 0xA5, not 0xFF: that is a legitimate scale byte (NaN block)
     sc, sc_buf = guarded_poison(s0.shape, scale_dtype, o.device, strides, byte=0xA5)
-    fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, transpose, x, sc, backend=backend)
+    if chunks_per_thread is None:
+        fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, transpose, x, sc, backend=backend)
+    else:
+        cuda_inverse_rope_quant.inverse_rope_group_quant_config(o, p, c, s, x, sc, q,
+                                                                chunks_per_thread=chunks_per_thread)
     xr, sr = poison_like(x0), poison_like(s0, 0xA5)
     if cpu_reference:
         xr_c, sr_c = empty_quant_outputs(o.cpu(), G, q, transpose, fp8_dtype=fp8_dtype,
@@ -252,7 +258,9 @@ def raw_reject_cases() -> dict:
             "head_dim_256": lambda: op(o256, p, c, s, x[..., :dg // 2], sc[..., :dg // 2 // q], q),
             "group_48": lambda: op(o, p, c, s, x, sc, 48),
             "positions_short": lambda: op(o, p[:2], c, s, x, sc, q),
-            "x_scale_shape": lambda: op(o, p, c, s, x, sc[:, :, :1], q)}
+            "x_scale_shape": lambda: op(o, p, c, s, x, sc[:, :, :1], q),
+            "chunks_per_thread_3": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(
+                o, p, c, s, x, sc, q, 3)}
 
 
 def section_correctness(res, device, backend, subset=False, cpu_reference_every=0):
@@ -276,6 +284,20 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
     except Exception as e:  # noqa: BLE001
         res["nan_inf"] = {"error": f"{type(e).__name__}: {e}"}
         fails.append("nan_inf")
+    if backend == "cuda":  # both launch shapes forced, each on both sides of the automatic choice's threshold
+        for S, H, G, q, u in ((3, 16, 2, 128, 2), (3, 16, 2, 32, 1), (300, 16, 2, 64, 1), (300, 8, 1, 256, 2)):
+            name = f"forced_chunks_per_thread{u}-S{S}-H{H}-G{G}-g{q}"
+            try:
+                o, p, c, s = make_inputs(S, H, device=device, seed=S + u)
+                r = run_case(backend, o, p, c, s, G, q, False, chunks_per_thread=u)
+            except Exception as e:  # noqa: BLE001
+                r = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            res.setdefault("cases", {})[name] = r
+            if not r["ok"]:
+                fails.append(name)
+        n_forced = 4
+    else:
+        n_forced = 0
     if backend == "cuda":
         res["empty_direct"] = empty_direct_case(device)
         if not all(v["ok"] for v in res["empty_direct"].values()):
@@ -283,7 +305,7 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
         res["raw_rejects"] = {name: {"ok": ok, "detail": detail} for name, ok, detail in
                               raw_rejects.checks(os.path.abspath(__file__), list(raw_reject_cases()))}
         fails += [f"raw_rejects/{n}" for n, v in res["raw_rejects"].items() if not v["ok"]]
-    n = len(cases) + 1 + (1 + len(res["raw_rejects"]) if backend == "cuda" else 0)  # + nan_inf (+ the raw op's)
+    n = len(cases) + 1 + n_forced + (1 + len(res["raw_rejects"]) if backend == "cuda" else 0)  # + nan_inf, raw op
     res["n_cases"] = n
     res["failed"] = fails
     res["fp8_bytes_differ_total"] = sum(v.get("fp8_bytes_differ", 0) for v in res["cases"].values())
@@ -359,6 +381,44 @@ def section_graph(res, backend="cuda"):
 
 
 
+SWEEP_S = (1, 8, 32, 64, 128, 256, 512)
+
+
+def section_sweep(res, deadline: float, reps: int = 5):
+    """Device time (graph replay) of the CUDA kernel with 1 and 2 chunks per thread forced, and the automatic
+    choice, at small S for both seed (H, G), group 128: data for the launcher's threshold (kSmallGridBlocks).
+    100 rotating input sets per point; the small points fit in the L2 anyway."""
+    rows = []
+    for H, G in HEAD_GROUPS.values():
+        for S in SWEEP_S:
+            if time.time() > deadline:
+                res["skipped"] = f"deadline reached before (H, G) = ({H}, {G}), S = {S}"
+                res["rows"] = rows
+                return
+            o, p, c, s = make_inputs(S, H, device="cuda", seed=S)
+            sets = [(o.clone(), p.clone(), c, s, *empty_quant_outputs(o, G, 128, False)) for _ in range(100)]
+            row = {"S": S, "H": H, "G": G}
+            for u in (0, 1, 2):
+                def call(i, u=u):
+                    o, p, c, s, x, sc = sets[i % len(sets)]
+                    torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, 128, u)
+                row[f"us_cpt{u}"] = round(timing.time_graph_us(call, len(sets), reps), 3)
+            rows.append(row)
+            log(f"  sweep S{S}-H{H}-G{G}: auto {row['us_cpt0']:.2f} us, 1 chunk/thread {row['us_cpt1']:.2f} us, "
+                f"2 chunks/thread {row['us_cpt2']:.2f} us")
+    res["rows"] = rows
+
+
+def sweep_table(rows) -> str:
+    if not rows:
+        return ""
+    out = ["", "## cuda launch shape at small S (device us from graph replay; group 128, row-major scale)", "",
+           "| S | H | G | automatic | 1 chunk / thread | 2 chunks / thread |", "|---|---|---|---|---|---|"]
+    out += [f"| {r['S']} | {r['H']} | {r['G']} | {r['us_cpt0']:.2f} | {r['us_cpt1']:.2f} | {r['us_cpt2']:.2f} |"
+            for r in rows]
+    return "\n".join(out) + "\n"
+
+
 def bench_configs():
     """(axis, (H, G) name, H, G, S, quant group, column-major scale) in priority order (the deadline cuts from
     the end): first the points issue #5's targets name ((16, 2) at S <= 32 and S >= 8192, and the group-size
@@ -419,7 +479,8 @@ def write_reports(results, out: Path) -> str:
     rows = bench.get("rows", [])
     report.write_csv(rows, out / "bench.csv")
     md = report.markdown({"meta": results["meta"], "rows": [], "copy": bench.get("copy", {})})
-    (out / "bench.md").write_text(md + "\n" + bench_tables(rows))
+    (out / "bench.md").write_text(md + "\n" + bench_tables(rows)
+                                  + sweep_table(results["sections"].get("sweep", {}).get("rows", [])))
     short = ["", "section      ok   notes"]
     for name, sec in results["sections"].items():
         note = sec.get("error") or sec.get("skipped") or ""
@@ -454,6 +515,7 @@ def main(argv=None) -> int:
     ap.add_argument("--raw-rejects", action="store_true",
                     help="(internal) bad inputs to the raw op, in a child process (a crash is one failed check)")
     ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--skip-sweep", action="store_true", help="skip the launch-shape sweep at small S")
     ap.add_argument("--budget-s", type=float, default=225.0,
                     help="stop starting new work after this many seconds")
     ap.add_argument("--max-sets", type=int, default=1000,
@@ -525,6 +587,8 @@ def main(argv=None) -> int:
                 max_sets=args.max_sets, reps=args.reps, after_config=lambda: write_reports(results, out))
     if built and not args.skip_sanitize:
         section("sanitize", section_sanitize, min(120.0, deadline - time.time() - TRITON_SUBSET_RESERVE_S))
+    if built and not args.skip_sweep:
+        section("sweep", section_sweep, deadline - TRITON_SUBSET_RESERVE_S)
     # the fused Triton kernel against the reference on the small subset, for the record
     if deadline - time.time() >= TRITON_SUBSET_RESERVE_S / 2:
         section("correctness_triton", section_correctness, "cuda", "triton", subset=True)

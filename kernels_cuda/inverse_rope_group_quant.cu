@@ -5,8 +5,9 @@
 // (1 for Q=32, 3 for Q=128), after which every lane of the block holds the block amax and computes the same
 // scale byte; the block's first lane stores it. So group 32 costs fewer shuffles per byte than group 128, and
 // the same instruction count otherwise (one scale store instruction per warp for any Q). Each lane handles
-// kUnroll chunks, all loads issued before any math: o with the positions, then the cos/sin rows they select
-// (read-only path). No shared memory, no local memory.
+// kUnroll (2) chunks, or 1 on a small problem (the launcher's choice, Params::chunks_per_thread forces it), all
+// loads issued before any math: o with the positions, then the cos/sin rows they select (read-only path). No
+// shared memory, no local memory.
 //
 // fp8: sm_89+ converts pairs with cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2, __NV_SATFINITE; the
 // saturation is the reference's clamp to +-448); sm_80 and the fnuz format use the exact software RNE of the
@@ -86,20 +87,22 @@ __device__ __forceinline__ void quant16(const float (&v)[16], uint32_t byte, uin
   quant16_sw(v, byte, kFnuz, out);
 }
 
-template <int kDtype, int kQ>
+// kU chunks per thread (kThreads apart): 2 (kUnroll) keeps two chunks' loads in flight per thread; 1 spreads a
+// small problem over twice the blocks (the launcher's choice below).
+template <int kDtype, int kQ, int kU>
 __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
   constexpr int kLanes = kQ / kChunk;
-  const unsigned first = blockIdx.x * (unsigned)(kThreads * kUnroll) + threadIdx.x;
+  const unsigned first = blockIdx.x * (unsigned)(kThreads * kU) + threadIdx.x;
   const unsigned char* o = static_cast<const unsigned char*>(a.o);
 
   // Every load of the lane is issued before any math, in two waves: o and the positions of its rope-tail
   // chunks, then (needing the positions) the cos and sin rows of all of them: two waves, not a chain of
   // o -> position -> cos -> sin -> store per chunk.
-  uint32_t raw[kUnroll][8];
-  ChunkPos cps[kUnroll];
-  long long pos[kUnroll];
+  uint32_t raw[kU][8];
+  ChunkPos cps[kU];
+  long long pos[kU];
 #pragma unroll
-  for (int j = 0; j < kUnroll; ++j) {
+  for (int j = 0; j < kU; ++j) {
     const unsigned chunk = first + j * kThreads;
     cps[j] = chunk_pos(a, chunk);
     pos[j] = 0;
@@ -115,9 +118,9 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
       for (int i = 0; i < 8; ++i) raw[j][i] = 0u;
     }
   }
-  uint32_t cw[kUnroll][8], sw[kUnroll][8];  // raw cos / sin words of the rope-tail chunks
+  uint32_t cw[kU][8], sw[kU][8];  // raw cos / sin words of the rope-tail chunks
 #pragma unroll
-  for (int j = 0; j < kUnroll; ++j) {
+  for (int j = 0; j < kU; ++j) {
     if (first + j * kThreads < a.num_chunks && cps[j].tail) {  // 16 rope dims = 8 (e, d) pairs of a head's tail
       const long long p = clamp_position(pos[j], a.max_pos);
       const unsigned j0 = (cps[j].r % kChunksPerHead - kFirstTailChunk) * 8u;
@@ -130,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
   }
 
 #pragma unroll
-  for (int j = 0; j < kUnroll; ++j) {
+  for (int j = 0; j < kU; ++j) {
     const unsigned chunk = first + j * kThreads;
     const bool valid = chunk < a.num_chunks;
     const ChunkPos cp = cps[j];
@@ -170,17 +173,29 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
 
 // cudaLaunchKernel rather than <<<>>>: the same launch, and plain C++, so tests/test_emulated_quant_kernels.py
 // compiles this file with g++ against tests/cuda_emul and runs the whole kernel on the CPU.
-template <int kDtype>
-cudaError_t launch_q(int q, dim3 grid, cudaStream_t stream, const KArgs& a) {
-  KArgs args_copy = a;
-  void* args[] = {&args_copy};
+template <int kDtype, int kU>
+cudaError_t launch_qu(int q, dim3 grid, cudaStream_t stream, void** args) {
   switch (q) {
-    case 32: return cudaLaunchKernel(irgq_kernel<kDtype, 32>, grid, dim3(kThreads), args, 0, stream);
-    case 64: return cudaLaunchKernel(irgq_kernel<kDtype, 64>, grid, dim3(kThreads), args, 0, stream);
-    case 128: return cudaLaunchKernel(irgq_kernel<kDtype, 128>, grid, dim3(kThreads), args, 0, stream);
-    default: return cudaLaunchKernel(irgq_kernel<kDtype, 256>, grid, dim3(kThreads), args, 0, stream);
+    case 32: return cudaLaunchKernel(irgq_kernel<kDtype, 32, kU>, grid, dim3(kThreads), args, 0, stream);
+    case 64: return cudaLaunchKernel(irgq_kernel<kDtype, 64, kU>, grid, dim3(kThreads), args, 0, stream);
+    case 128: return cudaLaunchKernel(irgq_kernel<kDtype, 128, kU>, grid, dim3(kThreads), args, 0, stream);
+    default: return cudaLaunchKernel(irgq_kernel<kDtype, 256, kU>, grid, dim3(kThreads), args, 0, stream);
   }
 }
+
+template <int kDtype>
+cudaError_t launch_q(int q, int chunks_per_thread, dim3 grid, cudaStream_t stream, const KArgs& a) {
+  KArgs args_copy = a;
+  void* args[] = {&args_copy};
+  return chunks_per_thread == 1 ? launch_qu<kDtype, 1>(q, grid, stream, args)
+                                : launch_qu<kDtype, kUnroll>(q, grid, stream, args);
+}
+
+// Below this many blocks of kThreads * kUnroll chunks, a thread takes one chunk instead (twice the blocks). On
+// the H200 (commit 63f6bd6) the (16, 2) S = 1 case, two chunks per thread in one block, took 2.44 us of device
+// time against 1.98 us for (8, 1), one chunk per thread: the per-thread math is serial. The threshold (a grid
+// smaller than an H200's 132 SMs) is a first guess; gpu/check_inverse_rope_group_quant.py's sweep times both.
+constexpr long long kSmallGridBlocks = 128;
 
 }  // namespace
 
@@ -192,6 +207,7 @@ const char* status_string(int status) {
     case kBadDtype: return "unsupported dtype code";
     case kTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
     case kLaunchFailed: return "kernel launch failed";
+    case kBadConfig: return "chunks_per_thread must be 0 (automatic), 1 or 2";
     default: return "unknown status";
   }
 }
@@ -201,10 +217,13 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
   long long num_chunks = 0;
   const int st = make_kargs(p, &a, &num_chunks);
   if (st != kOk || num_chunks == 0) return st;
-  const long long per_block = (long long)kThreads * kUnroll;
+  int u = p.chunks_per_thread;
+  if (u == 0) u = num_chunks < (long long)kThreads * kUnroll * kSmallGridBlocks ? 1 : kUnroll;
+  if (u != 1 && u != kUnroll) return kBadConfig;
+  const long long per_block = (long long)kThreads * u;
   const dim3 grid((unsigned)((num_chunks + per_block - 1) / per_block));
-  const cudaError_t err = p.o_dtype == kBF16 ? launch_q<kBF16>(p.quant_group_size, grid, stream, a)
-                                             : launch_q<kF16>(p.quant_group_size, grid, stream, a);
+  const cudaError_t err = p.o_dtype == kBF16 ? launch_q<kBF16>(p.quant_group_size, u, grid, stream, a)
+                                             : launch_q<kF16>(p.quant_group_size, u, grid, stream, a);
   if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave the error for the next launch check
   if (cuda_error) *cuda_error = (int)err;
   return err == cudaSuccess ? kOk : kLaunchFailed;

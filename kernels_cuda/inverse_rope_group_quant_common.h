@@ -42,6 +42,7 @@ enum Status : int {
   kBadDtype = 3,
   kTooLarge = 4,          // S * H * 512 / 16 >= 2^31
   kLaunchFailed = 5,      // the runtime's kernel launch failed (the launcher also returns its error code)
+  kBadConfig = 6,         // chunks_per_thread not 0, 1 or 2 (the CUDA launcher's forced launch shape)
 };
 
 enum Dtype : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
@@ -77,6 +78,8 @@ struct Params {
   int32_t scale_is_f32 = 0;
   int64_t scale_stride_s = 0;  // elements of the scale type
   int64_t scale_stride_b = 0;
+  // CUDA launcher only (the HIP one ignores it): 16-element chunks per thread, 1 or 2; 0 = the launcher picks.
+  int32_t chunks_per_thread = 0;
 };
 
 // ------------------------------------------------------------------------------------------------------------

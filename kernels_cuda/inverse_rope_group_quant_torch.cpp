@@ -2,6 +2,8 @@
 //
 //   torch.ops.fusedrope_cuda.inverse_rope_group_quant_out(o, positions, cos, sin, x_fp8, x_scale,
 //                                                         quant_group_size) -> ()
+//   torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(..., quant_group_size, chunks_per_thread) -> ()
+//     the same with a forced launch shape (chunks_per_thread 1 or 2; 0 = automatic), for tests and tuning
 //
 // Writes x_fp8 [S, G, Dg] and x_scale [S, G, Dg/Q] in place (the layout of x_scale, row-major or the column-major
 // view with strides (1, Ks*L, L), L >= S, is read from its strides; its dtype picks the format: float8_e8m0fnu or uint8
@@ -20,6 +22,7 @@
 #include <cstdint>
 
 #include "inverse_rope_group_quant.cuh"
+#include "check_message.h"
 #include "inverse_rope_group_quant_binding.h"
 
 namespace {
@@ -27,29 +30,52 @@ namespace {
 constexpr fusedrope::irgq::BindingNames kNames{"fusedrope_cuda::inverse_rope_group_quant_out", "CUDA",
                                                "float8_e4m3fn or float8_e4m3fnuz"};
 
-void inverse_rope_group_quant_out(const at::Tensor& o, const at::Tensor& positions, const at::Tensor& cos,
-                                  const at::Tensor& sin, at::Tensor& x_fp8, at::Tensor& x_scale,
-                                  int64_t quant_group_size) {
+constexpr fusedrope::irgq::BindingNames kNamesConfig{"fusedrope_cuda::inverse_rope_group_quant_out_config",
+                                                     "CUDA", "float8_e4m3fn or float8_e4m3fnuz"};
+
+void run(const fusedrope::irgq::BindingNames& names, const at::Tensor& o, const at::Tensor& positions,
+         const at::Tensor& cos, const at::Tensor& sin, at::Tensor& x_fp8, at::Tensor& x_scale,
+         int64_t quant_group_size, int64_t chunks_per_thread) {
+  TORCH_CHECK(chunks_per_thread >= 0 && chunks_per_thread <= 2, names.op,
+              ": argument 'chunks_per_thread' expected 0 (automatic), 1 or 2, got ",
+              fusedrope::msg::num(chunks_per_thread));
   fusedrope::irgq::Params p;
-  if (!fusedrope::irgq::params_from_tensors(kNames, o, positions, cos, sin, x_fp8, x_scale, quant_group_size, &p)) {
+  if (!fusedrope::irgq::params_from_tensors(names, o, positions, cos, sin, x_fp8, x_scale, quant_group_size, &p)) {
     return;  // S == 0 or H == 0: nothing to write
   }
+  p.chunks_per_thread = static_cast<int32_t>(chunks_per_thread);
   const c10::cuda::CUDAGuard guard(o.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(o.device().index()).stream();
   int cuda_error = 0;
   const int status = fusedrope::irgq::launch(p, stream, &cuda_error);
-  TORCH_CHECK(status == fusedrope::irgq::kOk, kNames.op, ": ", fusedrope::irgq::status_string(status),
+  TORCH_CHECK(status == fusedrope::irgq::kOk, names.op, ": ", fusedrope::irgq::status_string(status),
               status == fusedrope::irgq::kLaunchFailed ? ": " : "",
               status == fusedrope::irgq::kLaunchFailed ? cudaGetErrorString(static_cast<cudaError_t>(cuda_error))
                                                       : "");
+}
+
+void inverse_rope_group_quant_out(const at::Tensor& o, const at::Tensor& positions, const at::Tensor& cos,
+                                  const at::Tensor& sin, at::Tensor& x_fp8, at::Tensor& x_scale,
+                                  int64_t quant_group_size) {
+  run(kNames, o, positions, cos, sin, x_fp8, x_scale, quant_group_size, 0);
+}
+
+// The same with a forced launch shape (for tests and tuning on a GPU): chunks_per_thread 1 or 2, 0 = automatic.
+void inverse_rope_group_quant_out_config(const at::Tensor& o, const at::Tensor& positions, const at::Tensor& cos,
+                                         const at::Tensor& sin, at::Tensor& x_fp8, at::Tensor& x_scale,
+                                         int64_t quant_group_size, int64_t chunks_per_thread) {
+  run(kNamesConfig, o, positions, cos, sin, x_fp8, x_scale, quant_group_size, chunks_per_thread);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fusedrope_cuda, m) {
   m.def(fusedrope::irgq::kOpSchema);
+  m.def("inverse_rope_group_quant_out_config(Tensor o, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) x_fp8, "
+        "Tensor(b!) x_scale, int quant_group_size, int chunks_per_thread=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fusedrope_cuda, CUDA, m) {
   m.impl("inverse_rope_group_quant_out", &inverse_rope_group_quant_out);
+  m.impl("inverse_rope_group_quant_out_config", &inverse_rope_group_quant_out_config);
 }

@@ -22,7 +22,8 @@ SCRIPT = r"""
 import json, torch
 from fusedrope import cuda_ext
 path = cuda_ext.build(verbose=False)
-names = ("qwen3_tts_rope", "qwen3_tts_rope_out", "qwen3_tts_rope_out_config", "inverse_rope_group_quant_out")
+names = ("qwen3_tts_rope", "qwen3_tts_rope_out", "qwen3_tts_rope_out_config", "inverse_rope_group_quant_out",
+         "inverse_rope_group_quant_out_config")
 ops = {n: str(getattr(torch.ops.fusedrope_cuda, n).default._schema) for n in names}
 print(json.dumps({"path": path, "torch": torch.__version__, "cuda": torch.version.cuda, "ops": ops}))
 """
@@ -45,3 +46,4 @@ def test_cuda_extension_builds_links_and_registers_its_ops(tmp_path):
     assert ops["qwen3_tts_rope"].endswith("(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)")
     assert "Tensor(a!) q_out, Tensor(b!) k_out) -> ()" in ops["qwen3_tts_rope_out"]
     assert "int quant_group_size) -> ()" in ops["inverse_rope_group_quant_out"]
+    assert "int quant_group_size, int chunks_per_thread=0) -> ()" in ops["inverse_rope_group_quant_out_config"]

@@ -37,10 +37,11 @@ def _kernels(text: str) -> dict[str, str]:
     return funcs
 
 
-def _group_of(name: str) -> int:
-    m = re.search(r"irgq_kernelILi(\d+)ELi(\d+)E", name)
+def _group_and_chunks_of(name: str) -> tuple[int, int]:
+    """(quant group, chunks per thread) of an irgq_kernel<dtype, Q, U> instantiation's mangled name."""
+    m = re.search(r"irgq_kernelILi(\d+)ELi(\d+)ELi(\d+)E", name)
     assert m, name
-    return int(m.group(2))
+    return int(m.group(2)), int(m.group(3))
 
 
 # ------------------------------------------------------------------------------------------------ SASS checks
@@ -48,39 +49,38 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
     cubin = nvcc_cubin(KERNEL, "sm_90")
     funcs = _kernels(sass(cubin))
     usage = resource_usage(cubin)
-    assert len(funcs) == 8, sorted(funcs)  # {bf16, fp16} x {32, 64, 128, 256}
+    assert len(funcs) == 16, sorted(funcs)  # {bf16, fp16} x {32, 64, 128, 256} x {1, 2} chunks per thread
     shuffles = {}
     for name, text in funcs.items():
         ops = opcodes(text)
-        q = _group_of(name)
+        q, u = _group_and_chunks_of(name)  # every count below is per chunk, times u
         ldg128 = sum(bool(re.fullmatch(r"LDG\.E(\.\w+)*\.128(\.CONSTANT)?", o)) for o in ops)
         stg128 = sum(bool(re.fullmatch(r"STG\.E(\.\w+)*\.128", o)) for o in ops)
-        # o: 2 per chunk x 2 chunks per lane = 4; aligned cos/sin rows: 2 x (1 bf16/fp16 or 2 fp32) x 2 chunks
-        # = 12
+        # o: 2 per chunk; aligned cos/sin rows: 2 x (1 bf16/fp16 or 2 fp32) = 6 per chunk
         first_ldg = next(o for o in ops if o.startswith("LDG"))
         assert re.fullmatch(r"LDG\.E(\.\w+)*\.128", first_ldg), f"{name}: o's first load is {first_ldg}"
-        assert ldg128 >= 16, f"{name}: {ldg128} LDG.E.128 (expected 4 for o + 12 for the cos/sin rows)"
+        assert ldg128 >= 8 * u, f"{name}: {ldg128} LDG.E.128 (expected {2 * u} for o + {6 * u} for cos/sin rows)"
         # cos/sin rows through the read-only path, and every load issued before the first store: no chain of
         # o -> position -> cos -> sin -> store -> next chunk's loads (two waves of loads instead)
-        assert sum(o == "LDG.E.128.CONSTANT" for o in ops) >= 12, f"{name}: cos/sin rows not read-only loads"
+        assert sum(o == "LDG.E.128.CONSTANT" for o in ops) >= 6 * u, f"{name}: cos/sin rows not read-only loads"
         first_store = next(i for i, o in enumerate(ops) if o.startswith("STG"))
         late = [o for o in ops[first_store:] if o.startswith("LDG")]
         assert not late, f"{name}: {len(late)} loads after the first store ({late[:3]})"
-        assert stg128 >= 2, f"{name}: {stg128} STG.E.128 (one 16-byte fp8 store per chunk, 2 chunks per lane)"
+        assert stg128 >= u, f"{name}: {stg128} STG.E.128 (one 16-byte fp8 store per chunk, {u} per lane)"
         f2fp = [o for o in ops if o.startswith("F2FP") and "E4M3" in o]
         assert f2fp, f"{name}: no packed hardware E4M3 conversion (F2FP...E4M3)"
         assert all("SATFINITE" in o and "PACK" in o for o in f2fp), f2fp
-        # 16 values per chunk -> 8 packed conversions per chunk, 2 chunks per lane
-        assert len(f2fp) >= 16, f"{name}: {len(f2fp)} F2FP E4M3"
+        # 16 values per chunk -> 8 packed conversions per chunk
+        assert len(f2fp) >= 8 * u, f"{name}: {len(f2fp)} F2FP E4M3"
         assert not [o for o in ops if o.startswith(("LDL", "STL"))], f"{name}: local memory in SASS"
-        u = usage[name]
-        assert u["local"] == 0 and u["stack"] == 0, f"{name}: {u}"
-        shuffles.setdefault(q, set()).add(sum(o.startswith("SHFL.BFLY") for o in ops))
-        print(f"sm_90 {name}: {u['registers']} registers, stack {u['stack']}, local {u['local']}, "
+        res = usage[name]
+        assert res["local"] == 0 and res["stack"] == 0, f"{name}: {res}"
+        shuffles.setdefault(q, set()).add(sum(o.startswith("SHFL.BFLY") for o in ops) // u)
+        print(f"sm_90 {name}: {res['registers']} registers, stack {res['stack']}, local {res['local']}, "
               f"{len(f2fp)} F2FP E4M3, {sum(o.startswith('SHFL') for o in ops)} SHFL")
-    # log2(Q/16) butterfly steps per chunk, 2 chunks per lane: 2, 4, 6, 8 shuffles
+    # log2(Q/16) butterfly steps per chunk: 1, 2, 3, 4 shuffles per chunk
     for q, counts in shuffles.items():
-        assert counts == {2 * int(math.log2(q // 16))}, f"group {q}: shuffle counts {counts}"
+        assert counts == {int(math.log2(q // 16))}, f"group {q}: shuffle counts per chunk {counts}"
 
 
 def test_sm80_sass_software_fp8_no_local_memory():
@@ -138,3 +138,39 @@ def test_gpu_check_script_cpu_selftest(tmp_path):
     assert "correctness  yes" in proc.stdout
     for f in ("results.json", "bench.csv", "bench.md"):
         assert (tmp_path / f).exists(), f
+
+
+def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
+    """The op-2 script's sweep section (1 vs 2 chunks per thread vs automatic, at small S) with CPU inputs and a
+    stand-in graph timer that calls each contender once: every (H, G, S) point gets its three times, each call
+    reaches the config op with its forced shape, and the table shows them; a spent deadline records a skip."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(ROOT / "gpu"))
+    script = importlib.import_module("check_inverse_rope_group_quant")
+    make = script.make_inputs
+    monkeypatch.setattr(script, "make_inputs", lambda S, H, **kw: make(S, H, **{**kw, "device": "cpu"}))
+    seen = []
+
+    def fake_op(o, p, c, s, x, sc, q, u):
+        seen.append((o.shape[0], o.shape[1], q, u))
+
+    monkeypatch.setattr(script.torch.ops.fusedrope_cuda, "inverse_rope_group_quant_out_config", fake_op,
+                        raising=False)
+
+    def fake_graph_us(call, n, reps):
+        call(0)
+        return 1.0 + seen[-1][3]  # 1, 2 or 3 us for automatic, 1 and 2 chunks per thread
+
+    monkeypatch.setattr(script.timing, "time_graph_us", fake_graph_us)
+    monkeypatch.setattr(script, "SWEEP_S", (1, 8))
+    res = {}
+    script.section_sweep(res, deadline=float("inf"))
+    assert [(r["H"], r["G"], r["S"]) for r in res["rows"]] == [(16, 2, 1), (16, 2, 8), (8, 1, 1), (8, 1, 8)]
+    assert all((r["us_cpt0"], r["us_cpt1"], r["us_cpt2"]) == (1.0, 2.0, 3.0) for r in res["rows"])
+    assert seen[:3] == [(1, 16, 128, 0), (1, 16, 128, 1), (1, 16, 128, 2)]
+    assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 |" in script.sweep_table(res["rows"])
+    res = {}
+    script.section_sweep(res, deadline=0.0)
+    assert res["rows"] == [] and "deadline" in res["skipped"]

@@ -39,7 +39,15 @@ VENDORS = ("cuda", "cuda-sm90", "hip", "hip-gfx942", "hip-gfx950")
 
 @pytest.fixture(scope="module", params=VENDORS)
 def lib(request):
-    return emulated_kernel(request.param)
+    lib = emulated_kernel(request.param)
+    lib.vendor = request.param
+    return lib
+
+
+def chunks_per_thread(lib, chunks: int) -> int:
+    """What the launcher picks: the CUDA one takes 1 chunk per thread below 128 blocks of 512 chunks, else 2;
+    the HIP one always 2."""
+    return 1 if lib.vendor.startswith("cuda") and chunks < 128 * 512 else 2
 
 
 def _run_checked(lib, *args, **kw):
@@ -56,11 +64,12 @@ def test_seed_shapes_all_groups_both_layouts(lib, q):
         for transpose in (False, True):
             o, p, c, s = quant_inputs(5, H, seed=q + H + transpose)
             st = _run_checked(lib, o, p, c, s, G, q, transpose)
-            chunks = 5 * H * 32  # 16 elements per lane, 2 chunks per lane, 256 lanes per block
-            assert st["launches"] == 1 and st["block"] == 256 and st["grid"] == -(-chunks // 512), st
-            # every work-item does log2(q/16) cross-lane steps for each of its 2 chunks, valid or not
+            chunks = 5 * H * 32  # 16 elements per lane, u chunks per lane, 256 lanes per block
+            u = chunks_per_thread(lib, chunks)
+            assert st["launches"] == 1 and st["block"] == 256 and st["grid"] == -(-chunks // (256 * u)), st
+            # every work-item does log2(q/16) cross-lane steps for each of its u chunks, valid or not
             steps = (q // 16).bit_length() - 1
-            assert st["exchanges"] == st["grid"] * 256 * 2 * steps, st
+            assert st["exchanges"] == st["grid"] * 256 * u * steps, st
 
 
 @pytest.mark.parametrize("case", [
@@ -146,7 +155,35 @@ def test_token_count_not_a_multiple_of_the_block(lib):
     for S, H in ((1, 1), (1, 3), (3, 5)):
         o, p, c, s = quant_inputs(S, H, seed=S * 10 + H)
         st = _run_checked(lib, o, p, c, s, 1, 64, False)
-        assert st["grid"] == -(-(S * H * 32) // 512)
+        assert st["grid"] == -(-(S * H * 32) // (256 * chunks_per_thread(lib, S * H * 32)))
+
+
+@pytest.mark.parametrize("forced", [1, 2])
+def test_cuda_forced_chunks_per_thread(forced):
+    """The CUDA launcher's forced launch shape (the config op's chunks_per_thread): bit-exact either way, the grid
+    it implies, and both sides of the automatic threshold (128 blocks of 512 chunks)."""
+    lib = emulated_kernel("cuda")
+    for S, H, G, q in ((3, 16, 2, 128), (2, 8, 1, 32)):
+        o, p, c, s = quant_inputs(S, H, seed=S + H + forced)
+        lib.emul_reset()
+        check_emulated(lib, o, p, c, s, G, q, False, chunks_per_thread=forced)
+        st = emul_stats(lib)
+        assert st["errors"] == 0 and st["grid"] == -(-(S * H * 32) // (256 * forced)), st
+    o, p, c, s = quant_inputs(2, 4)
+    x, sc = quant_outputs(o, 1, 128, False)
+    assert emulate(lib, o, p, c, s, x, sc, 128, chunks_per_thread=3) == 6  # kBadConfig
+
+
+def test_cuda_automatic_chunks_per_thread_switches_at_128_blocks():
+    """At 128 blocks of 512 chunks (S = 128 for H = 16) the launcher keeps 2 chunks per thread; one token less
+    and it takes 1 (twice the blocks). Outputs are checked against the reference both times."""
+    lib = emulated_kernel("cuda")
+    for S, u in ((128, 2), (127, 1)):
+        o, p, c, s = quant_inputs(S, 16, seed=S)
+        lib.emul_reset()
+        check_emulated(lib, o, p, c, s, 2, 128, False)
+        st = emul_stats(lib)
+        assert st["errors"] == 0 and st["grid"] == -(-(S * 16 * 32) // (256 * u)), (S, st)
 
 
 def test_empty_and_status_codes(lib):
