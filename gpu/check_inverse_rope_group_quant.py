@@ -284,6 +284,7 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
     except Exception as e:  # noqa: BLE001
         res["nan_inf"] = {"error": f"{type(e).__name__}: {e}"}
         fails.append("nan_inf")
+    extra = 0  # checks beyond the case list and nan_inf
     if backend == "cuda":  # both launch shapes forced, each on both sides of the automatic choice's threshold
         for S, H, G, q, u in ((3, 16, 2, 128, 2), (3, 16, 2, 32, 1), (300, 16, 2, 64, 1), (300, 8, 1, 256, 2)):
             name = f"forced_chunks_per_thread{u}-S{S}-H{H}-G{G}-g{q}"
@@ -295,17 +296,15 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
             res.setdefault("cases", {})[name] = r
             if not r["ok"]:
                 fails.append(name)
-        n_forced = 4
-    else:
-        n_forced = 0
-    if backend == "cuda":
+            extra += 1
         res["empty_direct"] = empty_direct_case(device)
         if not all(v["ok"] for v in res["empty_direct"].values()):
             fails.append("empty_direct")
         res["raw_rejects"] = {name: {"ok": ok, "detail": detail} for name, ok, detail in
                               raw_rejects.checks(os.path.abspath(__file__), list(raw_reject_cases()))}
         fails += [f"raw_rejects/{n}" for n, v in res["raw_rejects"].items() if not v["ok"]]
-    n = len(cases) + 1 + n_forced + (1 + len(res["raw_rejects"]) if backend == "cuda" else 0)  # + nan_inf, raw op
+        extra += 1 + len(res["raw_rejects"])
+    n = len(cases) + 1 + extra
     res["n_cases"] = n
     res["failed"] = fails
     res["fp8_bytes_differ_total"] = sum(v.get("fp8_bytes_differ", 0) for v in res["cases"].values())
