@@ -1,6 +1,7 @@
 """GPU and CPU timers for the benchmarks: per-call time of back-to-back calls (CUDA events around them, host
-overhead included: the seeds' method), device time from CUDA-graph replay, and a pytest-benchmark timer that ends
-a round when the GPU has drained. On a CPU the wall clock stands in for CUDA events.
+overhead included: the seeds' method), device time from CUDA-graph replay, the summed durations of the kernels a
+call launches from the profiler (how the op-2 seed's ``run_perftest`` counts), and a pytest-benchmark timer that
+ends a round when the GPU has drained. On a CPU the wall clock stands in for CUDA events.
 
 Examples
 --------
@@ -159,3 +160,42 @@ def time_graph_us(call: Callable[[int], object], n: int, reps: int = 5) -> float
         samples.append(start.elapsed_time(end) * 1e3 / n)
     del graph
     return statistics.median(samples)
+
+
+def kernel_us_per_call(events, n: int) -> tuple[float, float]:
+    """(Microseconds of device activity per call, device events per call) from profiler ``events`` of ``n``
+    calls: the summed durations of the events that ran on the GPU (kernels, memsets, copies), gaps between them
+    not counted. ``torch.profiler``'s "Context Sync" marker is not an activity and is left out.
+
+    >>> from types import SimpleNamespace as E
+    >>> from torch.autograd import DeviceType
+    >>> ev = [E(device_type=DeviceType.CUDA, name="k", time_range=E(elapsed_us=lambda: 2.0)),
+    ...       E(device_type=DeviceType.CPU, name="aten::add", time_range=E(elapsed_us=lambda: 9.0))]
+    >>> kernel_us_per_call(ev * 4, 2)
+    (4.0, 2.0)
+    """
+    from torch.autograd import DeviceType
+
+    dev = [e for e in events if e.device_type == DeviceType.CUDA and e.name != "Context Sync"]
+    return sum(e.time_range.elapsed_us() for e in dev) / n, len(dev) / n
+
+
+def time_kernels_us(call: Callable[[int], object], n: int) -> tuple[float, float]:
+    """(c) The summed device durations of the kernels a call launches, from ``torch.profiler`` (CUPTI) over
+    ``n`` calls after warm-up: :func:`kernel_us_per_call`. GPU only. Launch gaps and the time between a
+    graph's kernels are not counted, so a call of two kernels costs the sum of their run times: how the op-2 seed
+    measured (aiter's ``run_perftest``), which CUDA-graph replay (:func:`time_graph_us`) does not reproduce.
+
+    Returns
+    -------
+    (float, float)
+        Microseconds of kernel time per call, and device events (kernels) per call.
+    """
+    for i in range(min(n, 3)):
+        call(i)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for i in range(n):
+            call(i)
+        torch.cuda.synchronize()
+    return kernel_us_per_call(prof.events(), n)

@@ -381,40 +381,114 @@ def section_graph(res, backend="cuda"):
 
 
 SWEEP_S = (1, 8, 32, 64, 128, 256, 512)
+SWEEP_SETS = 100  # input sets per sweep point (the small points fit in the L2 anyway)
+
+
+def us(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def ratio(a, b) -> str:
+    return "-" if a is None or b is None else f"{a / b:.2f}x"
+
+
+def kernel_time(res, call, n):
+    """``timing.time_kernels_us`` rounded, or (None, None) with the profiler's error recorded once in ``res``:
+    the graph-replay numbers of the sweep do not depend on the profiler working on this machine."""
+    if res.get("kernel_time_error"):
+        return None, None
+    try:
+        return tuple(round(v, 3) for v in timing.time_kernels_us(call, n))
+    except Exception as e:  # noqa: BLE001
+        res["kernel_time_error"] = f"{type(e).__name__}: {e}"[:300]
+        log(f"  profiler kernel time unavailable: {res['kernel_time_error']}")
+        return None, None
+
+
+def launch_floor(res, reps: int = 5) -> dict:
+    """What one and two trivial kernels (a 1-element fill) cost per call, by graph replay and by the profiler's
+    kernel time: the floor under any fused kernel, and under the two-kernel unfused baseline, on this GPU."""
+    t = torch.zeros(2, device="cuda")
+    one = lambda i: t[:1].fill_(1.0)  # noqa: E731
+    two = lambda i: (t[:1].fill_(1.0), t[1:].fill_(2.0))  # noqa: E731
+    out = {}
+    for name, call in (("one", one), ("two", two)):
+        out[f"{name}_graph_us"] = round(timing.time_graph_us(call, SWEEP_SETS, reps), 3)
+        out[f"{name}_kernel_us"] = kernel_time(res, call, SWEEP_SETS)[0]
+    return out
 
 
 def section_sweep(res, deadline: float, reps: int = 5):
-    """Device time (graph replay) of the CUDA kernel with 1 and 2 chunks per thread forced, and the automatic
-    choice, at small S for both seed (H, G), group 128: data for the launcher's threshold (kSmallGridBlocks).
-    100 rotating input sets per point; the small points fit in the L2 anyway."""
-    rows = []
+    """At small S for both seed (H, G), group 128, row-major scales: device time (graph replay) of the CUDA
+    kernel with 1 and 2 chunks per thread forced and the automatic choice (data for the launcher's threshold,
+    kSmallGridBlocks), of the fused Triton kernel and of the unfused baseline; and each of the last three's
+    kernel time from the profiler (the op-2 seed's method: kernel durations summed, launch gaps not counted).
+    First the launch floors (:func:`launch_floor`): how close to one kernel's floor the fused kernels are, and
+    what speedup over two kernels a fused one could reach at all."""
+    from fusedrope.baseline import unfused_inverse_rope_group_quant
+
+    res["floor"] = launch_floor(res, reps)
+    f = res["floor"]
+    log(f"  launch floor: one kernel {us(f['one_graph_us'])} us graph / {us(f['one_kernel_us'])} us kernel time; "
+        f"two kernels {us(f['two_graph_us'])} / {us(f['two_kernel_us'])}")
+    rows = res["rows"] = []
     for H, G in HEAD_GROUPS.values():
         for S in SWEEP_S:
             if time.time() > deadline:
                 res["skipped"] = f"deadline reached before (H, G) = ({H}, {G}), S = {S}"
-                res["rows"] = rows
                 return
             o, p, c, s = make_inputs(S, H, device="cuda", seed=S)
-            sets = [(o.clone(), p.clone(), c, s, *empty_quant_outputs(o, G, 128, False)) for _ in range(100)]
+            sets = [(o.clone(), p.clone(), c, s, *empty_quant_outputs(o, G, 128, False))
+                    for _ in range(SWEEP_SETS)]
             row = {"S": S, "H": H, "G": G}
-            for u in (0, 1, 2):
-                def call(i, u=u):
+
+            def config_call(u):
+                def call(i):
                     o, p, c, s, x, sc = sets[i % len(sets)]
                     torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, 128, u)
-                row[f"us_cpt{u}"] = round(timing.time_graph_us(call, len(sets), reps), 3)
+                return call
+
+            def api_call(fn, **kw):
+                def call(i):
+                    o, p, c, s, x, sc = sets[i % len(sets)]
+                    fn(o, p, c, s, G, 128, x_fp8=x, x_scale=sc, **kw)
+                return call
+
+            calls = {"cpt0": config_call(0), "cpt1": config_call(1), "cpt2": config_call(2),
+                     "triton": api_call(fusedrope.inverse_rope_group_quant, backend="triton"),
+                     "unfused": api_call(unfused_inverse_rope_group_quant)}
+            for name, call in calls.items():
+                row[f"us_{name}"] = round(timing.time_graph_us(call, len(sets), reps), 3)
+            for name in ("cpt0", "triton", "unfused"):
+                row[f"kernel_us_{name}"], row[f"kernels_{name}"] = kernel_time(res, calls[name], len(sets))
             rows.append(row)
-            log(f"  sweep S{S}-H{H}-G{G}: auto {row['us_cpt0']:.2f} us, 1 chunk/thread {row['us_cpt1']:.2f} us, "
-                f"2 chunks/thread {row['us_cpt2']:.2f} us")
-    res["rows"] = rows
+            log(f"  sweep S{S}-H{H}-G{G}: cuda auto {us(row['us_cpt0'])} us (1 chunk/thread {us(row['us_cpt1'])}, "
+                f"2 {us(row['us_cpt2'])}), triton {us(row['us_triton'])}, unfused {us(row['us_unfused'])}; kernel "
+                f"time cuda {us(row['kernel_us_cpt0'])}, triton {us(row['kernel_us_triton'])}, unfused "
+                f"{us(row['kernel_us_unfused'])}")
 
 
-def sweep_table(rows) -> str:
+def sweep_table(res) -> str:
+    rows = res.get("rows") or []
     if not rows:
         return ""
-    out = ["", "## cuda launch shape at small S (device us from graph replay; group 128, row-major scale)", "",
-           "| S | H | G | automatic | 1 chunk / thread | 2 chunks / thread |", "|---|---|---|---|---|---|"]
-    out += [f"| {r['S']} | {r['H']} | {r['G']} | {r['us_cpt0']:.2f} | {r['us_cpt1']:.2f} | {r['us_cpt2']:.2f} |"
-            for r in rows]
+    out = ["", "## At small S: cuda launch shapes, triton, unfused (group 128, row-major scale)", "",
+           "Device us from graph replay, and kernel us (the profiler's summed kernel durations, the op-2 seed's "
+           "method); speedup = unfused / cuda automatic.", ""]
+    f = res.get("floor")
+    if f:
+        out += [f"Launch floor: one trivial kernel {us(f['one_graph_us'])} us by graph replay, "
+                f"{us(f['one_kernel_us'])} us kernel time; two {us(f['two_graph_us'])} / {us(f['two_kernel_us'])} us.",
+                ""]
+    out += ["| S | H | G | cuda automatic | 1 chunk / thread | 2 chunks / thread | triton | unfused | speedup "
+            "| cuda kernel us | triton kernel us | unfused kernel us | kernel-time speedup |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [r["S"], r["H"], r["G"]] + [us(r[f"us_{k}"]) for k in ("cpt0", "cpt1", "cpt2", "triton", "unfused")]
+        cells += [ratio(r["us_unfused"], r["us_cpt0"])]
+        cells += [us(r[f"kernel_us_{k}"]) for k in ("cpt0", "triton", "unfused")]
+        cells += [ratio(r["kernel_us_unfused"], r["kernel_us_cpt0"])]
+        out.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -479,7 +553,7 @@ def write_reports(results, out: Path) -> str:
     report.write_csv(rows, out / "bench.csv")
     md = report.markdown({"meta": results["meta"], "rows": [], "copy": bench.get("copy", {})})
     (out / "bench.md").write_text(md + "\n" + bench_tables(rows)
-                                  + sweep_table(results["sections"].get("sweep", {}).get("rows", [])))
+                                  + sweep_table(results["sections"].get("sweep", {})))
     short = ["", "section      ok   notes"]
     for name, sec in results["sections"].items():
         note = sec.get("error") or sec.get("skipped") or ""

@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
 from fusedrope import benchmark as B  # noqa: E402
 from fusedrope import bench_report as report  # noqa: E402
 import targets  # noqa: E402  (gpu/targets.py, beside this script)
-from check_inverse_rope_group_quant import bench_configs  # noqa: E402  (the op-2 bench's planned points)
+from check_inverse_rope_group_quant import HEAD_GROUPS, SWEEP_S, bench_configs  # noqa: E402  (the op-2 plan)
 from fusedrope.testing import QuantCase  # noqa: E402
 
 MAX_FILES = 8  # what the device tool brings back from $OUT
@@ -97,8 +97,11 @@ def main(argv=None) -> int:
     print(report.quant_seed_tables([r for r in quant_rows if not r.get("transpose_scale")]))
     print("## the speed targets of issues #4 and #5\n")
     points = [(QuantCase(S, H, G, quant_group_size=q), col) for _, _, H, G, S, q, col in bench_configs()]
+    sweep_rows = quant.get("sections", {}).get("sweep", {}).get("rows", [])
+    n_small = sum(S <= targets.QUANT_SMALL_S for S in SWEEP_S) * len(HEAD_GROUPS)
     print(targets.markdown(targets.tts_targets(tts.get("rows", []), tts.get("copy", {}).get("tbps"))
-                           + targets.quant_targets(quant_rows, points)))
+                           + targets.quant_targets(quant_rows, points)
+                           + [targets.quant_small_s_kernel_time(sweep_rows, n_small)]))
     return 0 if len(files) <= MAX_FILES else 1
 
 

@@ -113,6 +113,16 @@ def quant_targets(rows: list[dict], points: list[tuple[QuantCase, bool]]) -> lis
                    1.0, True, "x")]
 
 
+def quant_small_s_kernel_time(sweep_rows: list[dict], expected: int) -> Target:
+    """Issue #5's S <= 32 target again, by the profiler's kernel time (the op-2 seed's method: each call's kernel
+    durations summed, launch gaps not counted) from the op-2 script's sweep rows, ``expected`` of which have
+    S <= QUANT_SMALL_S. The bench's verdict above is by CUDA-graph replay."""
+    values = [(f"S{r['S']}-H{r['H']}-G{r['G']}", r["kernel_us_unfused"] / r["kernel_us_cpt0"]) for r in sweep_rows
+              if r["S"] <= QUANT_SMALL_S and r.get("kernel_us_unfused") and r.get("kernel_us_cpt0")]
+    return _judge(f"#5 cuda >= {QUANT_SMALL_SPEEDUP:g}x the unfused baseline for S <= {QUANT_SMALL_S}, by kernel "
+                  "time (profiler; the seed's method)", values, expected, QUANT_SMALL_SPEEDUP, True, "x")
+
+
 def markdown(targets: list[Target]) -> str:
     mark = {True: "met", False: "MISSED", None: "not measured"}
     return "| target | verdict | measured |\n|---|---|---|\n" + "".join(

@@ -141,36 +141,73 @@ def test_gpu_check_script_cpu_selftest(tmp_path):
 
 
 def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
-    """The op-2 script's sweep section (1 vs 2 chunks per thread vs automatic, at small S) with CPU inputs and a
-    stand-in graph timer that calls each contender once: every (H, G, S) point gets its three times, each call
-    reaches the config op with its forced shape, and the table shows them; a spent deadline records a skip."""
+    """The op-2 script's sweep section at small S with CPU inputs and stand-in timers that call each contender
+    once: every (H, G, S) point gets the graph times of the three CUDA launch shapes (each call reaches the
+    config op with its forced shape), triton (the public function with backend="triton" into the set's
+    buffers) and unfused, and the profiler times of three; the table shows them with both speedups; a profiler
+    that fails leaves its cells "-" and records why once; a spent deadline records a skip."""
     import importlib
     import sys
+
+    import fusedrope.baseline
 
     sys.path.insert(0, str(ROOT / "gpu"))
     script = importlib.import_module("check_inverse_rope_group_quant")
     make = script.make_inputs
     monkeypatch.setattr(script, "make_inputs", lambda S, H, **kw: make(S, H, **{**kw, "device": "cpu"}))
     seen = []
+    time_of = {"cpt0": 1.0, "cpt1": 2.0, "cpt2": 3.0, "triton": 4.0, "unfused": 5.0}
 
     def fake_op(o, p, c, s, x, sc, q, u):
-        seen.append((o.shape[0], o.shape[1], q, u))
+        seen.append((f"cpt{u}", o.shape[0], o.shape[1], q))
+
+    def fake_api(name):
+        def fn(o, p, c, s, G, q, x_fp8=None, x_scale=None, backend=None):
+            assert x_fp8 is not None and x_scale is not None and x_fp8.shape[1] == G
+            assert backend == ("triton" if name == "triton" else None)
+            seen.append((name, o.shape[0], o.shape[1], q))
+        return fn
 
     monkeypatch.setattr(script.torch.ops.fusedrope_cuda, "inverse_rope_group_quant_out_config", fake_op,
                         raising=False)
+    monkeypatch.setattr(script.fusedrope, "inverse_rope_group_quant", fake_api("triton"))
+    monkeypatch.setattr(fusedrope.baseline, "unfused_inverse_rope_group_quant", fake_api("unfused"))
+    monkeypatch.setattr(script, "launch_floor", lambda res, reps: {"one_graph_us": 0.5, "one_kernel_us": 0.25,
+                                                                   "two_graph_us": 1.0, "two_kernel_us": 0.5})
 
     def fake_graph_us(call, n, reps):
         call(0)
-        return 1.0 + seen[-1][3]  # 1, 2 or 3 us for automatic, 1 and 2 chunks per thread
+        return time_of[seen[-1][0]]
+
+    def fake_kernels_us(call, n):
+        call(0)
+        return time_of[seen[-1][0]] / 2, 1.0 + (seen[-1][0] == "unfused")
 
     monkeypatch.setattr(script.timing, "time_graph_us", fake_graph_us)
+    monkeypatch.setattr(script.timing, "time_kernels_us", fake_kernels_us)
     monkeypatch.setattr(script, "SWEEP_S", (1, 8))
     res = {}
     script.section_sweep(res, deadline=float("inf"))
     assert [(r["H"], r["G"], r["S"]) for r in res["rows"]] == [(16, 2, 1), (16, 2, 8), (8, 1, 1), (8, 1, 8)]
-    assert all((r["us_cpt0"], r["us_cpt1"], r["us_cpt2"]) == (1.0, 2.0, 3.0) for r in res["rows"])
-    assert seen[:3] == [(1, 16, 128, 0), (1, 16, 128, 1), (1, 16, 128, 2)]
-    assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 |" in script.sweep_table(res["rows"])
+    for r in res["rows"]:
+        assert {k: r[f"us_{k}"] for k in time_of} == time_of
+        assert (r["kernel_us_cpt0"], r["kernel_us_triton"], r["kernel_us_unfused"]) == (0.5, 2.0, 2.5)
+        assert (r["kernels_cpt0"], r["kernels_unfused"]) == (1.0, 2.0)
+    assert seen[:5] == [("cpt0", 1, 16, 128), ("cpt1", 1, 16, 128), ("cpt2", 1, 16, 128), ("triton", 1, 16, 128),
+                        ("unfused", 1, 16, 128)]
+    table = script.sweep_table(res)
+    assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 5.00x | 0.50 | 2.00 | 2.50 | 5.00x |" in table
+    assert "one trivial kernel 0.50 us by graph replay, 0.25 us kernel time; two 1.00 / 0.50 us" in table
+
+    def broken_profiler(call, n):
+        raise RuntimeError("CUPTI unavailable")
+
+    monkeypatch.setattr(script.timing, "time_kernels_us", broken_profiler)
+    res = {}
+    script.section_sweep(res, deadline=float("inf"))
+    assert res["kernel_time_error"] == "RuntimeError: CUPTI unavailable"
+    assert all(r["us_cpt0"] == 1.0 and r["kernel_us_cpt0"] is None for r in res["rows"])
+    assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 5.00x | - | - | - | - |" in script.sweep_table(res)
     res = {}
     script.section_sweep(res, deadline=0.0)
     assert res["rows"] == [] and "deadline" in res["skipped"]

@@ -209,6 +209,21 @@ def test_small_s_target_counts_s32_and_needs_both_device_times():
     assert small.ok is None and "1/2 points measured" in small.detail
 
 
+def test_small_s_target_by_kernel_time_from_the_sweep_rows():
+    """The seed's method (profiler kernel time) judges the op-2 sweep's rows up to S = 32 only; a row whose
+    profiler failed (None) is not measured; a miss at S = 32 is a miss."""
+    def row(S, cuda, unfused):
+        return {"S": S, "H": 16, "G": 2, "kernel_us_cpt0": cuda, "kernel_us_unfused": unfused}
+
+    rows = [row(1, 1.0, 2.0), row(32, 1.0, 1.9), row(64, 1.0, 1.0)]
+    got = T.quant_small_s_kernel_time(rows, expected=2)
+    assert got.ok is True and "2/2 points measured" in got.detail and "seed's method" in got.name
+    got = T.quant_small_s_kernel_time(rows + [row(8, 1.0, 1.8)], expected=3)
+    assert got.ok is False and "missed: S8-H16-G2" in got.detail
+    got = T.quant_small_s_kernel_time([row(1, 1.0, 2.0), row(8, None, None)], expected=2)
+    assert got.ok is None and "1/2 points measured" in got.detail
+
+
 def test_bandwidth_target_needs_device_time_and_margins_read_as_met_above_1():
     """Issue #4's bandwidth target is about device time: a fraction of the copy from the per-call time (no
     graph replay) is no measurement of it. A margin above 1x is met for "<=" targets as for ">=" ones."""
