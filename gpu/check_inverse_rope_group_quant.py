@@ -382,6 +382,9 @@ def section_graph(res, backend="cuda"):
 
 SWEEP_S = (1, 8, 32, 64, 128, 256, 512)
 SWEEP_SETS = 100  # input sets per sweep point (the small points fit in the L2 anyway)
+# the larger points: 1 against 2 chunks per thread only, inputs rotating beyond the L2 as in the bench
+SWEEP_LARGE = tuple((S, H, G, 128) for H, G in HEAD_GROUPS.values() for S in (1024, 2048, 4096, 8192, 16384)) + (
+    (8192, 16, 2, 32),)
 
 
 def us(v) -> str:
@@ -418,13 +421,13 @@ def launch_floor(res, reps: int = 5) -> dict:
     return out
 
 
-def section_sweep(res, deadline: float, reps: int = 5):
-    """At small S for both seed (H, G), group 128, row-major scales: device time (graph replay) of the CUDA
-    kernel with 1 and 2 chunks per thread forced and the automatic choice (data for the launcher's threshold,
-    kSmallGridBlocks), of the fused Triton kernel and of the unfused baseline; and each of the last three's
-    kernel time from the profiler (the op-2 seed's method: kernel durations summed, launch gaps not counted).
-    First the launch floors (:func:`launch_floor`): how close to one kernel's floor the fused kernels are, and
-    what speedup over two kernels a fused one could reach at all."""
+def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
+    """At small S (SWEEP_S) for both seed (H, G), group 128, row-major scales: device time (graph replay) of the
+    CUDA kernel with 1 and 2 chunks per thread forced and the automatic choice (data for the launcher's
+    threshold, kOneChunkMaxBlocks), of the fused Triton kernel and of the unfused baseline; and each of the last
+    three's kernel time from the profiler (the op-2 seed's method: kernel durations summed, launch gaps not
+    counted). First the launch floors (:func:`launch_floor`): how close to one kernel's floor the fused kernels
+    are. Then the larger points (SWEEP_LARGE): 1 against 2 chunks per thread only, on the bench's input sets."""
     from fusedrope.baseline import unfused_inverse_rope_group_quant
 
     res["floor"] = launch_floor(res, reps)
@@ -437,7 +440,7 @@ def section_sweep(res, deadline: float, reps: int = 5):
             if time.time() > deadline:
                 res["skipped"] = f"deadline reached before (H, G) = ({H}, {G}), S = {S}"
                 return
-            o, p, c, s = make_inputs(S, H, device="cuda", seed=S)
+            o, p, c, s = make_inputs(S, H, device=device, seed=S)
             sets = [(o.clone(), p.clone(), c, s, *empty_quant_outputs(o, G, 128, False))
                     for _ in range(SWEEP_SETS)]
             row = {"S": S, "H": H, "G": G}
@@ -466,6 +469,23 @@ def section_sweep(res, deadline: float, reps: int = 5):
                 f"2 {us(row['us_cpt2'])}), triton {us(row['us_triton'])}, unfused {us(row['us_unfused'])}; kernel "
                 f"time cuda {us(row['kernel_us_cpt0'])}, triton {us(row['kernel_us_triton'])}, unfused "
                 f"{us(row['kernel_us_unfused'])}")
+    large = res["large_rows"] = []
+    for S, H, G, q in SWEEP_LARGE:
+        if time.time() > deadline:
+            res["skipped"] = f"deadline reached before the large S point S = {S}, (H, G) = ({H}, {G}), group {q}"
+            return
+        case = QuantCase(S, H, G, quant_group_size=q)
+        dev = torch.device(device)
+        big = B.quant_sets(case, B.num_sets(B.input_bytes(B.QUANT, case), dev, 200), dev)
+        row = {"S": S, "H": H, "G": G, "q": q, "n_sets": len(big)}
+        for u in (1, 2):
+            def call(i, u=u, big=big, q=q):
+                o, p, c, s, x, sc, _ = big[i % len(big)]
+                torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, q, u)
+            row[f"us_cpt{u}"] = round(timing.time_graph_us(call, len(big), reps), 3)
+        large.append(row)
+        big = None  # freed before the next point's inputs are made
+        log(f"  sweep S{S}-H{H}-G{G}-g{q}: 1 chunk/thread {us(row['us_cpt1'])} us, 2 {us(row['us_cpt2'])}")
 
 
 def sweep_table(res) -> str:
@@ -489,6 +509,13 @@ def sweep_table(res) -> str:
         cells += [us(r[f"kernel_us_{k}"]) for k in ("cpt0", "triton", "unfused")]
         cells += [ratio(r["kernel_us_unfused"], r["kernel_us_cpt0"])]
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
+    large = res.get("large_rows") or []
+    if large:
+        out += ["", "Larger S (inputs rotating beyond the L2): device us by graph replay", "",
+                "| S | H | G | group | sets | 1 chunk / thread | 2 chunks / thread | 2 over 1 |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['S']} | {r['H']} | {r['G']} | {r['q']} | {r['n_sets']} | {us(r['us_cpt1'])} "
+                f"| {us(r['us_cpt2'])} | {ratio(r['us_cpt2'], r['us_cpt1'])} |" for r in large]
     return "\n".join(out) + "\n"
 
 

@@ -5,9 +5,9 @@
 // (1 for Q=32, 3 for Q=128), after which every lane of the block holds the block amax and computes the same
 // scale byte; the block's first lane stores it. So group 32 costs fewer shuffles per byte than group 128, and
 // the same instruction count otherwise (one scale store instruction per warp for any Q). Each lane handles
-// kUnroll (2) chunks, or 1 on a small problem (the launcher's choice, Params::chunks_per_thread forces it), all
-// loads issued before any math: o with the positions, then the cos/sin rows they select (read-only path). No
-// shared memory, no local memory.
+// kUnroll (2) chunks, or 1 on grids of up to 1024 blocks (the launcher's choice; Params::chunks_per_thread
+// forces it), all loads issued before any math: o with the positions, then the cos/sin rows they select
+// (read-only path). No shared memory, no local memory.
 //
 // fp8: sm_89+ converts pairs with cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2, __NV_SATFINITE; the
 // saturation is the reference's clamp to +-448); sm_80 and the fnuz format use the exact software RNE of the
@@ -191,11 +191,12 @@ cudaError_t launch_q(int q, int chunks_per_thread, dim3 grid, cudaStream_t strea
                                 : launch_qu<kDtype, kUnroll>(q, grid, stream, args);
 }
 
-// Below this many blocks of kThreads * kUnroll chunks, a thread takes one chunk instead (twice the blocks). On
-// the H200 (commit 63f6bd6) the (16, 2) S = 1 case, two chunks per thread in one block, took 2.44 us of device
-// time against 1.98 us for (8, 1), one chunk per thread: the per-thread math is serial. The threshold (a grid
-// smaller than an H200's 132 SMs) is a first guess; gpu/check_inverse_rope_group_quant.py's sweep times both.
-constexpr long long kSmallGridBlocks = 128;
+// A thread takes one chunk while that grid has at most this many blocks (every block resident at once on an H200:
+// 132 SMs x 8 blocks of 256 threads at 42 registers), else two. On the H200 (commit 9147894, the op-2 GPU script's
+// sweep) one chunk per thread was as fast as two or faster at every point measured, S = 1 ... 512 for (H, G) =
+// (16, 2) and (8, 1), up to 1024 blocks: 1.90 against 2.49 us at S = 1, 6.53 against 7.74 us at S = 512 (16, 2).
+// Larger grids keep two chunks per thread: not yet measured with one.
+constexpr long long kOneChunkMaxBlocks = 1024;
 
 }  // namespace
 
@@ -218,7 +219,7 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
   const int st = make_kargs(p, &a, &num_chunks);
   if (st != kOk || num_chunks == 0) return st;
   int u = p.chunks_per_thread;
-  if (u == 0) u = num_chunks < (long long)kThreads * kUnroll * kSmallGridBlocks ? 1 : kUnroll;
+  if (u == 0) u = num_chunks <= (long long)kThreads * kOneChunkMaxBlocks ? 1 : kUnroll;
   if (u != 1 && u != kUnroll) return kBadConfig;
   const long long per_block = (long long)kThreads * u;
   const dim3 grid((unsigned)((num_chunks + per_block - 1) / per_block));

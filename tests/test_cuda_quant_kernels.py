@@ -144,7 +144,8 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     """The op-2 script's sweep section at small S with CPU inputs and stand-in timers that call each contender
     once: every (H, G, S) point gets the graph times of the three CUDA launch shapes (each call reaches the
     config op with its forced shape), triton (the public function with backend="triton" into the set's
-    buffers) and unfused, and the profiler times of three; the table shows them with both speedups; a profiler
+    buffers) and unfused, and the profiler times of three; the larger points time 1 and 2 chunks per thread on
+    the bench's input sets, with their own group size; the table shows them all with the speedups; a profiler
     that fails leaves its cells "-" and records why once; a spent deadline records a skip."""
     import importlib
     import sys
@@ -153,8 +154,6 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
 
     sys.path.insert(0, str(ROOT / "gpu"))
     script = importlib.import_module("check_inverse_rope_group_quant")
-    make = script.make_inputs
-    monkeypatch.setattr(script, "make_inputs", lambda S, H, **kw: make(S, H, **{**kw, "device": "cpu"}))
     seen = []
     time_of = {"cpt0": 1.0, "cpt1": 2.0, "cpt2": 3.0, "triton": 4.0, "unfused": 5.0}
 
@@ -186,9 +185,12 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     monkeypatch.setattr(script.timing, "time_graph_us", fake_graph_us)
     monkeypatch.setattr(script.timing, "time_kernels_us", fake_kernels_us)
     monkeypatch.setattr(script, "SWEEP_S", (1, 8))
+    monkeypatch.setattr(script, "SWEEP_LARGE", ((4, 8, 1, 32),))
     res = {}
-    script.section_sweep(res, deadline=float("inf"))
+    script.section_sweep(res, deadline=float("inf"), device="cpu")
     assert [(r["H"], r["G"], r["S"]) for r in res["rows"]] == [(16, 2, 1), (16, 2, 8), (8, 1, 1), (8, 1, 8)]
+    assert res["large_rows"] == [{"S": 4, "H": 8, "G": 1, "q": 32, "n_sets": 2, "us_cpt1": 2.0, "us_cpt2": 3.0}]
+    assert seen[-2:] == [("cpt1", 4, 8, 32), ("cpt2", 4, 8, 32)]
     for r in res["rows"]:
         assert {k: r[f"us_{k}"] for k in time_of} == time_of
         assert (r["kernel_us_cpt0"], r["kernel_us_triton"], r["kernel_us_unfused"]) == (0.5, 2.0, 2.5)
@@ -198,16 +200,17 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     table = script.sweep_table(res)
     assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 5.00x | 0.50 | 2.00 | 2.50 | 5.00x |" in table
     assert "one trivial kernel 0.50 us by graph replay, 0.25 us kernel time; two 1.00 / 0.50 us" in table
+    assert "| 4 | 8 | 1 | 32 | 2 | 2.00 | 3.00 | 1.50x |" in table
 
     def broken_profiler(call, n):
         raise RuntimeError("CUPTI unavailable")
 
     monkeypatch.setattr(script.timing, "time_kernels_us", broken_profiler)
     res = {}
-    script.section_sweep(res, deadline=float("inf"))
+    script.section_sweep(res, deadline=float("inf"), device="cpu")
     assert res["kernel_time_error"] == "RuntimeError: CUPTI unavailable"
     assert all(r["us_cpt0"] == 1.0 and r["kernel_us_cpt0"] is None for r in res["rows"])
     assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 5.00x | - | - | - | - |" in script.sweep_table(res)
     res = {}
-    script.section_sweep(res, deadline=0.0)
+    script.section_sweep(res, deadline=0.0, device="cpu")
     assert res["rows"] == [] and "deadline" in res["skipped"]

@@ -45,9 +45,9 @@ def lib(request):
 
 
 def chunks_per_thread(lib, chunks: int) -> int:
-    """What the launcher picks: the CUDA one takes 1 chunk per thread below 128 blocks of 512 chunks, else 2;
+    """What the launcher picks: the CUDA one takes 1 chunk per thread up to 1024 blocks of 256 chunks, else 2;
     the HIP one always 2."""
-    return 1 if lib.vendor.startswith("cuda") and chunks < 128 * 512 else 2
+    return 1 if lib.vendor.startswith("cuda") and chunks <= 1024 * 256 else 2
 
 
 def _run_checked(lib, *args, **kw):
@@ -161,7 +161,7 @@ def test_token_count_not_a_multiple_of_the_block(lib):
 @pytest.mark.parametrize("forced", [1, 2])
 def test_cuda_forced_chunks_per_thread(forced):
     """The CUDA launcher's forced launch shape (the config op's chunks_per_thread): bit-exact either way, the grid
-    it implies, and both sides of the automatic threshold (128 blocks of 512 chunks)."""
+    it implies."""
     lib = emulated_kernel("cuda")
     for S, H, G, q in ((3, 16, 2, 128), (2, 8, 1, 32)):
         o, p, c, s = quant_inputs(S, H, seed=S + H + forced)
@@ -174,11 +174,11 @@ def test_cuda_forced_chunks_per_thread(forced):
     assert emulate(lib, o, p, c, s, x, sc, 128, chunks_per_thread=3) == 6  # kBadConfig
 
 
-def test_cuda_automatic_chunks_per_thread_switches_at_128_blocks():
-    """At 128 blocks of 512 chunks (S = 128 for H = 16) the launcher keeps 2 chunks per thread; one token less
-    and it takes 1 (twice the blocks). Outputs are checked against the reference both times."""
+def test_cuda_automatic_chunks_per_thread_switches_above_1024_blocks():
+    """Up to 1024 blocks of 256 chunks (S = 512 for H = 16) the launcher takes 1 chunk per thread; one token more
+    and it takes 2 (the grid of 2 per thread). Outputs are checked against the reference both times."""
     lib = emulated_kernel("cuda")
-    for S, u in ((128, 2), (127, 1)):
+    for S, u in ((512, 1), (513, 2)):
         o, p, c, s = quant_inputs(S, 16, seed=S)
         lib.emul_reset()
         check_emulated(lib, o, p, c, s, 2, 128, False)
