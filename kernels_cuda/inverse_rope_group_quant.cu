@@ -4,10 +4,9 @@
 // (STG.E.128). A quant block of Q elements is Q/16 adjacent lanes, reduced with log2(Q/16) xor shuffles
 // (1 for Q=32, 3 for Q=128), after which every lane of the block holds the block amax and computes the same
 // scale byte; the block's first lane stores it. So group 32 costs fewer shuffles per byte than group 128, and
-// the same instruction count otherwise (one scale store instruction per warp for any Q). Each lane handles
-// kUnroll (2) chunks, or 1 on grids of up to 1024 blocks (the launcher's choice; Params::chunks_per_thread
-// forces it), all loads issued before any math: o with the positions, then the cos/sin rows they select
-// (read-only path). No shared memory, no local memory.
+// the same instruction count otherwise (one scale store instruction per warp for any Q). Each lane handles one
+// chunk (the launcher's choice; Params::chunks_per_thread can force 2), all loads issued before any math: o with
+// the positions, then the cos/sin rows they select (read-only path). No shared memory, no local memory.
 //
 // fp8: sm_89+ converts pairs with cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2, __NV_SATFINITE; the
 // saturation is the reference's clamp to +-448); sm_80 and the fnuz format use the exact software RNE of the
@@ -87,8 +86,8 @@ __device__ __forceinline__ void quant16(const float (&v)[16], uint32_t byte, uin
   quant16_sw(v, byte, kFnuz, out);
 }
 
-// kU chunks per thread (kThreads apart): 2 (kUnroll) keeps two chunks' loads in flight per thread; 1 spreads a
-// small problem over twice the blocks (the launcher's choice below).
+// kU chunks per thread (kThreads apart): 1 is the launcher's choice (see launch()); 2 (kUnroll) keeps two
+// chunks' loads in flight per thread but needs 77 registers against 42, and so ran slower on the H200.
 template <int kDtype, int kQ, int kU>
 __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
   constexpr int kLanes = kQ / kChunk;
@@ -191,12 +190,12 @@ cudaError_t launch_q(int q, int chunks_per_thread, dim3 grid, cudaStream_t strea
                                 : launch_qu<kDtype, kUnroll>(q, grid, stream, args);
 }
 
-// A thread takes one chunk while that grid has at most this many blocks (every block resident at once on an H200:
-// 132 SMs x 8 blocks of 256 threads at 42 registers), else two. On the H200 (commit 9147894, the op-2 GPU script's
-// sweep) one chunk per thread was as fast as two or faster at every point measured, S = 1 ... 512 for (H, G) =
-// (16, 2) and (8, 1), up to 1024 blocks: 1.90 against 2.49 us at S = 1, 6.53 against 7.74 us at S = 512 (16, 2).
-// Larger grids keep two chunks per thread: not yet measured with one.
-constexpr long long kOneChunkMaxBlocks = 1024;
+// The launcher gives each thread one chunk: on the H200 (the op-2 GPU script's sweep, commits 9147894 and
+// c5d5262) one chunk per thread was as fast as two or faster at every point measured, S = 1 ... 16384 for
+// (H, G) = (16, 2) and (8, 1), group 128, and group 32 at S = 8192: 1.90 against 2.49 us at S = 1, 67.5 against
+// 72.1 us at S = 8192 (16, 2), 66.7 against 76.4 us at S = 16384 (8, 1). Nsight Compute at S = 8192 (16, 2):
+// 42 registers (62.5% theoretical occupancy) against 77 (37.5%), 3.00 against 2.70 TB/s of DRAM traffic.
+// Two per thread stays reachable through Params::chunks_per_thread, for such measurements.
 
 }  // namespace
 
@@ -219,7 +218,7 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
   const int st = make_kargs(p, &a, &num_chunks);
   if (st != kOk || num_chunks == 0) return st;
   int u = p.chunks_per_thread;
-  if (u == 0) u = num_chunks <= (long long)kThreads * kOneChunkMaxBlocks ? 1 : kUnroll;
+  if (u == 0) u = 1;
   if (u != 1 && u != kUnroll) return kBadConfig;
   const long long per_block = (long long)kThreads * u;
   const dim3 grid((unsigned)((num_chunks + per_block - 1) / per_block));
