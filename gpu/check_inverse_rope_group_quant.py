@@ -26,6 +26,9 @@ Sections
                PYTORCH_NO_CUDA_MEMORY_CACHING=1 (so each tensor is its own allocation and an overrun is seen);
                the bench starts no config within SANITIZE_RESERVE_S + TRITON_SUBSET_RESERVE_S of the deadline
                to leave it the time (when compute-sanitizer is there)
+  sweep        the launch floor, then cuda with 1 / 2 chunks per thread forced and automatic, triton and unfused
+               at small S (graph replay and the profiler's kernel time), then 1 / 2 chunks per thread at larger S
+               (section_sweep); --skip-sweep skips it
   correctness_triton  the Triton backend on the small subset, for the record (skipped when time is spent)
 
 Outputs under --out, rewritten after every section: results.json (everything: machine_info, per-case results,
