@@ -118,10 +118,12 @@ def fp8_stats(x, xr):
 
 
 def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m3fn,
-             scale_dtype=torch.float8_e8m0fnu, x_offset=0, scale_pad=0, cpu_reference=False, chunks_per_thread=None):
+             scale_dtype=torch.float8_e8m0fnu, x_offset=0, scale_pad=0, cpu_reference=False, chunks_per_thread=None,
+             tail_warps=0):
     """Run ``backend`` into poisoned buffers inside poisoned guard bytes (compute-sanitizer misses a write into
     the caching allocator's slack) and compare with the reference. Returns a result dict. ``chunks_per_thread``
-    (1 or 2): the raw CUDA op with that launch shape forced, instead of the public function."""
+    (1 or 2) and ``tail_warps`` (0 or 1): the raw CUDA op with that launch shape forced, instead of the public
+    function."""
     x0, s0 = empty_quant_outputs(o, G, q, transpose, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
     # x_offset: caller-provided x_fp8 that is contiguous but not 16-byte aligned
     x, x_buf = guarded_poison(x0.shape, fp8_dtype, o.device, lead=64 + x_offset)
@@ -134,7 +136,8 @@ def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m
         fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, transpose, x, sc, backend=backend)
     else:
         cuda_inverse_rope_quant.inverse_rope_group_quant_config(o, p, c, s, x, sc, q,
-                                                                chunks_per_thread=chunks_per_thread)
+                                                                chunks_per_thread=chunks_per_thread,
+                                                                tail_warps=tail_warps)
     xr, sr = poison_like(x0), poison_like(s0, 0xA5)
     if cpu_reference:
         xr_c, sr_c = empty_quant_outputs(o.cpu(), G, q, transpose, fp8_dtype=fp8_dtype,
@@ -263,7 +266,9 @@ def raw_reject_cases() -> dict:
             "positions_short": lambda: op(o, p[:2], c, s, x, sc, q),
             "x_scale_shape": lambda: op(o, p, c, s, x, sc[:, :, :1], q),
             "chunks_per_thread_3": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(
-                o, p, c, s, x, sc, q, 3)}
+                o, p, c, s, x, sc, q, 3),
+            "tail_warps_with_2_chunks": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(
+                o, p, c, s, x, sc, q, 2, 1)}
 
 
 def section_correctness(res, device, backend, subset=False, cpu_reference_every=0):
@@ -288,12 +293,14 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
         res["nan_inf"] = {"error": f"{type(e).__name__}: {e}"}
         fails.append("nan_inf")
     extra = 0  # checks beyond the case list and nan_inf
-    if backend == "cuda":  # both launch shapes forced, each on both sides of the automatic choice's threshold
-        for S, H, G, q, u in ((3, 16, 2, 128, 2), (3, 16, 2, 32, 1), (300, 16, 2, 64, 1), (300, 8, 1, 256, 2)):
-            name = f"forced_chunks_per_thread{u}-S{S}-H{H}-G{G}-g{q}"
+    if backend == "cuda":  # each forced launch shape: 1 or 2 chunks per thread, and the tail warps (tw)
+        for S, H, G, q, u, tw in ((3, 16, 2, 128, 2, 0), (3, 16, 2, 32, 1, 0), (300, 16, 2, 64, 1, 0),
+                                  (300, 8, 1, 256, 2, 0), (3, 16, 2, 128, 1, 1), (5, 8, 1, 32, 1, 1),
+                                  (300, 16, 2, 64, 1, 1), (301, 8, 1, 256, 1, 1)):
+            name = f"forced_chunks_per_thread{u}{'_tail_warps' if tw else ''}-S{S}-H{H}-G{G}-g{q}"
             try:
-                o, p, c, s = make_inputs(S, H, device=device, seed=S + u)
-                r = run_case(backend, o, p, c, s, G, q, False, chunks_per_thread=u)
+                o, p, c, s = make_inputs(S, H, device=device, seed=S + u + tw)
+                r = run_case(backend, o, p, c, s, G, q, False, chunks_per_thread=u, tail_warps=tw)
             except Exception as e:  # noqa: BLE001
                 r = {"ok": False, "error": f"{type(e).__name__}: {e}"}
             res.setdefault("cases", {})[name] = r
@@ -448,10 +455,10 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
                     for _ in range(SWEEP_SETS)]
             row = {"S": S, "H": H, "G": G}
 
-            def config_call(u):
+            def config_call(u, tw=0):
                 def call(i):
                     o, p, c, s, x, sc = sets[i % len(sets)]
-                    torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, 128, u)
+                    torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, 128, u, tw)
                 return call
 
             def api_call(fn, **kw):
@@ -460,7 +467,7 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
                     fn(o, p, c, s, G, 128, x_fp8=x, x_scale=sc, **kw)
                 return call
 
-            calls = {"cpt0": config_call(0), "cpt1": config_call(1), "cpt2": config_call(2),
+            calls = {"cpt0": config_call(0), "cpt1": config_call(1), "cpt2": config_call(2), "tw": config_call(1, 1),
                      "triton": api_call(fusedrope.inverse_rope_group_quant, backend="triton"),
                      "unfused": api_call(unfused_inverse_rope_group_quant)}
             for name, call in calls.items():
@@ -469,9 +476,9 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
                 row[f"kernel_us_{name}"], row[f"kernels_{name}"] = kernel_time(res, calls[name], len(sets))
             rows.append(row)
             log(f"  sweep S{S}-H{H}-G{G}: cuda auto {us(row['us_cpt0'])} us (1 chunk/thread {us(row['us_cpt1'])}, "
-                f"2 {us(row['us_cpt2'])}), triton {us(row['us_triton'])}, unfused {us(row['us_unfused'])}; kernel "
-                f"time cuda {us(row['kernel_us_cpt0'])}, triton {us(row['kernel_us_triton'])}, unfused "
-                f"{us(row['kernel_us_unfused'])}")
+                f"2 {us(row['us_cpt2'])}, tail warps {us(row['us_tw'])}), triton {us(row['us_triton'])}, "
+                f"unfused {us(row['us_unfused'])}; kernel time cuda {us(row['kernel_us_cpt0'])}, "
+                f"triton {us(row['kernel_us_triton'])}, unfused {us(row['kernel_us_unfused'])}")
     large = res["large_rows"] = []
     for S, H, G, q in SWEEP_LARGE:
         if time.time() > deadline:
@@ -481,14 +488,15 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
         dev = torch.device(device)
         big = B.quant_sets(case, B.num_sets(B.input_bytes(B.QUANT, case), dev, 200), dev)
         row = {"S": S, "H": H, "G": G, "q": q, "n_sets": len(big)}
-        for u in (1, 2):
-            def call(i, u=u, big=big, q=q):
+        for name, u, tw in (("cpt1", 1, 0), ("cpt2", 2, 0), ("tw", 1, 1)):
+            def call(i, u=u, tw=tw, big=big, q=q):
                 o, p, c, s, x, sc, _ = big[i % len(big)]
-                torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, q, u)
-            row[f"us_cpt{u}"] = round(timing.time_graph_us(call, len(big), reps), 3)
+                torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, q, u, tw)
+            row[f"us_{name}"] = round(timing.time_graph_us(call, len(big), reps), 3)
         large.append(row)
         big = None  # freed before the next point's inputs are made
-        log(f"  sweep S{S}-H{H}-G{G}-g{q}: 1 chunk/thread {us(row['us_cpt1'])} us, 2 {us(row['us_cpt2'])}")
+        log(f"  sweep S{S}-H{H}-G{G}-g{q}: 1 chunk/thread {us(row['us_cpt1'])} us, 2 {us(row['us_cpt2'])}, "
+            f"tail warps {us(row['us_tw'])}")
 
 
 def sweep_table(res) -> str:
@@ -503,11 +511,12 @@ def sweep_table(res) -> str:
         out += [f"Launch floor: one trivial kernel {us(f['one_graph_us'])} us by graph replay, "
                 f"{us(f['one_kernel_us'])} us kernel time; two {us(f['two_graph_us'])} / {us(f['two_kernel_us'])} us.",
                 ""]
-    out += ["| S | H | G | cuda automatic | 1 chunk / thread | 2 chunks / thread | triton | unfused | speedup "
-            "| cuda kernel us | triton kernel us | unfused kernel us | kernel-time speedup |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["| S | H | G | cuda automatic | 1 chunk / thread | 2 chunks / thread | tail warps | triton | unfused "
+            "| speedup | cuda kernel us | triton kernel us | unfused kernel us | kernel-time speedup |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        cells = [r["S"], r["H"], r["G"]] + [us(r[f"us_{k}"]) for k in ("cpt0", "cpt1", "cpt2", "triton", "unfused")]
+        cells = [r["S"], r["H"], r["G"]] + [us(r.get(f"us_{k}"))
+                                            for k in ("cpt0", "cpt1", "cpt2", "tw", "triton", "unfused")]
         cells += [ratio(r["us_unfused"], r["us_cpt0"])]
         cells += [us(r[f"kernel_us_{k}"]) for k in ("cpt0", "triton", "unfused")]
         cells += [ratio(r["kernel_us_unfused"], r["kernel_us_cpt0"])]
@@ -515,10 +524,11 @@ def sweep_table(res) -> str:
     large = res.get("large_rows") or []
     if large:
         out += ["", "Larger S (inputs rotating beyond the L2): device us by graph replay", "",
-                "| S | H | G | group | sets | 1 chunk / thread | 2 chunks / thread | 2 over 1 |",
-                "|---|---|---|---|---|---|---|---|"]
+                "| S | H | G | group | sets | 1 chunk / thread | 2 chunks / thread | 2 over 1 | tail warps "
+                "| 1 over tail warps |", "|---|---|---|---|---|---|---|---|---|---|"]
         out += [f"| {r['S']} | {r['H']} | {r['G']} | {r['q']} | {r['n_sets']} | {us(r['us_cpt1'])} "
-                f"| {us(r['us_cpt2'])} | {ratio(r['us_cpt2'], r['us_cpt1'])} |" for r in large]
+                f"| {us(r['us_cpt2'])} | {ratio(r['us_cpt2'], r['us_cpt1'])} | {us(r.get('us_tw'))} "
+                f"| {ratio(r['us_cpt1'], r.get('us_tw'))} |" for r in large]
     return "\n".join(out) + "\n"
 
 

@@ -86,13 +86,47 @@ __device__ __forceinline__ void quant16(const float (&v)[16], uint32_t byte, uin
   quant16_sw(v, byte, kFnuz, out);
 }
 
+// Tail warps (Params::tail_warps): every head's last kTailSpan chunks (its rope tail, widened to whole quant
+// blocks) go to warps of their own, after the warps that take the other kBodySpan chunks of every head, so that
+// most warps neither branch into the rotation nor wait for the position -> cos/sin loads. Nsight Compute on
+// the H200 (c5d5262) found warps of the plain layout running 17.8 of 32 threads on average: each warp is one
+// head, whose 4 rope-tail lanes rotate while the other 28 wait. Opt-in until measured on a GPU.
+template <int kQ>
+struct TailSplit {
+  static constexpr unsigned kTailSpan = kQ / kChunk > 4 ? kQ / kChunk : 4;     // 4, 4, 8, 16 chunks per head
+  static constexpr unsigned kBodySpan = kChunksPerHead - kTailSpan;           // 28, 28, 24, 16
+  // threads of the body warps (whole warps): thread indices below this take body chunks
+  static IRGQ_HD unsigned body_threads(unsigned num_chunks) {
+    return (num_chunks / kChunksPerHead * kBodySpan + 31u) / 32u * 32u;
+  }
+  static IRGQ_HD unsigned long long threads(unsigned num_chunks) {
+    return body_threads(num_chunks) + (num_chunks / kChunksPerHead * kTailSpan + 31u) / 32u * 32u;
+  }
+  // the chunk thread `idx` takes, or num_chunks (no chunk) past the end of its part
+  static IRGQ_HD unsigned chunk(unsigned idx, unsigned num_chunks) {
+    const unsigned heads = num_chunks / kChunksPerHead, body = body_threads(num_chunks);
+    if (idx < body) {
+      return idx < heads * kBodySpan ? idx / kBodySpan * kChunksPerHead + idx % kBodySpan : num_chunks;
+    }
+    const unsigned t = idx - body;
+    return t < heads * kTailSpan ? t / kTailSpan * kChunksPerHead + kBodySpan + t % kTailSpan : num_chunks;
+  }
+};
+
 // kU chunks per thread (kThreads apart): 1 is the launcher's choice (see launch()); 2 (kUnroll) keeps two
 // chunks' loads in flight per thread but needs 77 registers against 42, and so ran slower on the H200.
-template <int kDtype, int kQ, int kU>
+// kTailWarps (with kU = 1 only): the TailSplit layout above.
+template <int kDtype, int kQ, int kU, bool kTailWarps>
 __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
+  static_assert(kU == 1 || !kTailWarps, "tail warps take one chunk per thread");
   constexpr int kLanes = kQ / kChunk;
   const unsigned first = blockIdx.x * (unsigned)(kThreads * kU) + threadIdx.x;
   const unsigned char* o = static_cast<const unsigned char*>(a.o);
+  unsigned chunks[kU];
+#pragma unroll
+  for (int j = 0; j < kU; ++j) {
+    chunks[j] = kTailWarps ? TailSplit<kQ>::chunk(first, a.num_chunks) : first + j * kThreads;
+  }
 
   // Every load of the lane is issued before any math, in two waves: o and the positions of its rope-tail
   // chunks, then (needing the positions) the cos and sin rows of all of them: two waves, not a chain of
@@ -102,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
   long long pos[kU];
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
-    const unsigned chunk = first + j * kThreads;
+    const unsigned chunk = chunks[j];
     cps[j] = chunk_pos(a, chunk);
     pos[j] = 0;
     if (chunk < a.num_chunks) {
@@ -120,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
   uint32_t cw[kU][8], sw[kU][8];  // raw cos / sin words of the rope-tail chunks
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
-    if (first + j * kThreads < a.num_chunks && cps[j].tail) {  // 16 rope dims = 8 (e, d) pairs of a head's tail
+    if (chunks[j] < a.num_chunks && cps[j].tail) {  // 16 rope dims = 8 (e, d) pairs of a head's tail
       const long long p = clamp_position(pos[j], a.max_pos);
       const unsigned j0 = (cps[j].r % kChunksPerHead - kFirstTailChunk) * 8u;
       const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u;
@@ -133,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
 
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
-    const unsigned chunk = first + j * kThreads;
+    const unsigned chunk = chunks[j];
     const bool valid = chunk < a.num_chunks;
     const ChunkPos cp = cps[j];
     float v[16];
@@ -172,22 +206,32 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
 
 // cudaLaunchKernel rather than <<<>>>: the same launch, and plain C++, so tests/test_emulated_quant_kernels.py
 // compiles this file with g++ against tests/cuda_emul and runs the whole kernel on the CPU.
-template <int kDtype, int kU>
-cudaError_t launch_qu(int q, dim3 grid, cudaStream_t stream, void** args) {
+template <int kDtype, int kQ, int kU, bool kTailWarps>
+cudaError_t launch_one(unsigned num_chunks, cudaStream_t stream, void** args) {
+  const unsigned long long threads =
+      kTailWarps ? TailSplit<kQ>::threads(num_chunks) : (unsigned long long)num_chunks;
+  const unsigned long long per_block = (unsigned long long)kThreads * kU;
+  const dim3 grid((unsigned)((threads + per_block - 1) / per_block));
+  return cudaLaunchKernel(irgq_kernel<kDtype, kQ, kU, kTailWarps>, grid, dim3(kThreads), args, 0, stream);
+}
+
+template <int kDtype, int kU, bool kTailWarps>
+cudaError_t launch_qu(int q, unsigned num_chunks, cudaStream_t stream, void** args) {
   switch (q) {
-    case 32: return cudaLaunchKernel(irgq_kernel<kDtype, 32, kU>, grid, dim3(kThreads), args, 0, stream);
-    case 64: return cudaLaunchKernel(irgq_kernel<kDtype, 64, kU>, grid, dim3(kThreads), args, 0, stream);
-    case 128: return cudaLaunchKernel(irgq_kernel<kDtype, 128, kU>, grid, dim3(kThreads), args, 0, stream);
-    default: return cudaLaunchKernel(irgq_kernel<kDtype, 256, kU>, grid, dim3(kThreads), args, 0, stream);
+    case 32: return launch_one<kDtype, 32, kU, kTailWarps>(num_chunks, stream, args);
+    case 64: return launch_one<kDtype, 64, kU, kTailWarps>(num_chunks, stream, args);
+    case 128: return launch_one<kDtype, 128, kU, kTailWarps>(num_chunks, stream, args);
+    default: return launch_one<kDtype, 256, kU, kTailWarps>(num_chunks, stream, args);
   }
 }
 
 template <int kDtype>
-cudaError_t launch_q(int q, int chunks_per_thread, dim3 grid, cudaStream_t stream, const KArgs& a) {
+cudaError_t launch_q(int q, int chunks_per_thread, bool tail_warps, cudaStream_t stream, const KArgs& a) {
   KArgs args_copy = a;
   void* args[] = {&args_copy};
-  return chunks_per_thread == 1 ? launch_qu<kDtype, 1>(q, grid, stream, args)
-                                : launch_qu<kDtype, kUnroll>(q, grid, stream, args);
+  if (tail_warps) return launch_qu<kDtype, 1, true>(q, a.num_chunks, stream, args);
+  return chunks_per_thread == 1 ? launch_qu<kDtype, 1, false>(q, a.num_chunks, stream, args)
+                                : launch_qu<kDtype, kUnroll, false>(q, a.num_chunks, stream, args);
 }
 
 // The launcher gives each thread one chunk: on the H200 (the op-2 GPU script's sweep, commits 9147894 and
@@ -207,7 +251,7 @@ const char* status_string(int status) {
     case kBadDtype: return "unsupported dtype code";
     case kTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
     case kLaunchFailed: return "kernel launch failed";
-    case kBadConfig: return "chunks_per_thread must be 0 (automatic), 1 or 2";
+    case kBadConfig: return "chunks_per_thread must be 0 (automatic), 1 or 2, and 0 or 1 with tail_warps";
     default: return "unknown status";
   }
 }
@@ -219,11 +263,10 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
   if (st != kOk || num_chunks == 0) return st;
   int u = p.chunks_per_thread;
   if (u == 0) u = 1;
-  if (u != 1 && u != kUnroll) return kBadConfig;
-  const long long per_block = (long long)kThreads * u;
-  const dim3 grid((unsigned)((num_chunks + per_block - 1) / per_block));
-  const cudaError_t err = p.o_dtype == kBF16 ? launch_q<kBF16>(p.quant_group_size, u, grid, stream, a)
-                                             : launch_q<kF16>(p.quant_group_size, u, grid, stream, a);
+  if ((u != 1 && u != kUnroll) || (p.tail_warps != 0 && (p.tail_warps != 1 || u != 1))) return kBadConfig;
+  const bool tw = p.tail_warps == 1;
+  const cudaError_t err = p.o_dtype == kBF16 ? launch_q<kBF16>(p.quant_group_size, u, tw, stream, a)
+                                             : launch_q<kF16>(p.quant_group_size, u, tw, stream, a);
   if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave the error for the next launch check
   if (cuda_error) *cuda_error = (int)err;
   return err == cudaSuccess ? kOk : kLaunchFailed;

@@ -42,7 +42,7 @@ enum Status : int {
   kBadDtype = 3,
   kTooLarge = 4,          // S * H * 512 / 16 >= 2^31
   kLaunchFailed = 5,      // the runtime's kernel launch failed (the launcher also returns its error code)
-  kBadConfig = 6,         // chunks_per_thread not 0, 1 or 2 (the CUDA launcher's forced launch shape)
+  kBadConfig = 6,         // chunks_per_thread not 0, 1 or 2, or tail_warps not 0 or 1 (or 1 with 2 chunks per thread)
 };
 
 enum Dtype : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
@@ -78,8 +78,11 @@ struct Params {
   int32_t scale_is_f32 = 0;
   int64_t scale_stride_s = 0;  // elements of the scale type
   int64_t scale_stride_b = 0;
-  // CUDA launcher only (the HIP one ignores it): 16-element chunks per thread, 1 or 2; 0 = the launcher picks.
+  // CUDA launcher only (the HIP one ignores them): 16-element chunks per thread, 1 or 2; 0 = the launcher picks;
+  // tail_warps 1: every head's rope-tail chunks in warps of their own (one chunk per thread; the CUDA kernel's
+  // TailSplit), 0: the plain layout.
   int32_t chunks_per_thread = 0;
+  int32_t tail_warps = 0;
 };
 
 // ------------------------------------------------------------------------------------------------------------

@@ -38,8 +38,8 @@ def _kernels(text: str) -> dict[str, str]:
 
 
 def _group_and_chunks_of(name: str) -> tuple[int, int]:
-    """(quant group, chunks per thread) of an irgq_kernel<dtype, Q, U> instantiation's mangled name."""
-    m = re.search(r"irgq_kernelILi(\d+)ELi(\d+)ELi(\d+)E", name)
+    """(quant group, chunks per thread) of an irgq_kernel<dtype, Q, U, tail warps> instantiation's mangled name."""
+    m = re.search(r"irgq_kernelILi(\d+)ELi(\d+)ELi(\d+)ELb[01]E", name)
     assert m, name
     return int(m.group(2)), int(m.group(3))
 
@@ -49,7 +49,8 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
     cubin = nvcc_cubin(KERNEL, "sm_90")
     funcs = _kernels(sass(cubin))
     usage = resource_usage(cubin)
-    assert len(funcs) == 16, sorted(funcs)  # {bf16, fp16} x {32, 64, 128, 256} x {1, 2} chunks per thread
+    # {bf16, fp16} x {32, 64, 128, 256} x {1 chunk per thread, 2, 1 with the rope-tail chunks in their own warps}
+    assert len(funcs) == 24, sorted(funcs)
     shuffles = {}
     for name, text in funcs.items():
         ops = opcodes(text)
@@ -142,11 +143,12 @@ def test_gpu_check_script_cpu_selftest(tmp_path):
 
 def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     """The op-2 script's sweep section at small S with CPU inputs and stand-in timers that call each contender
-    once: every (H, G, S) point gets the graph times of the three CUDA launch shapes (each call reaches the
-    config op with its forced shape), triton (the public function with backend="triton" into the set's
-    buffers) and unfused, and the profiler times of three; the larger points time 1 and 2 chunks per thread on
-    the bench's input sets, with their own group size; the table shows them all with the speedups; a profiler
-    that fails leaves its cells "-" and records why once; a spent deadline records a skip."""
+    once: every (H, G, S) point gets the graph times of the four CUDA launch shapes (automatic, 1 and 2 chunks
+    per thread, tail warps; each call reaches the config op with its forced shape), of triton (the public
+    function with backend="triton" into the set's buffers) and of unfused, and the profiler times of three; the
+    larger points time 1, 2 and tail warps on the bench's input sets, with their own group size; the table shows
+    them all with the speedups; a profiler that fails leaves its cells "-" and records why once; a spent
+    deadline records a skip."""
     import importlib
     import sys
 
@@ -155,10 +157,11 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     sys.path.insert(0, str(ROOT / "gpu"))
     script = importlib.import_module("check_inverse_rope_group_quant")
     seen = []
-    time_of = {"cpt0": 1.0, "cpt1": 2.0, "cpt2": 3.0, "triton": 4.0, "unfused": 5.0}
+    time_of = {"cpt0": 1.0, "cpt1": 2.0, "cpt2": 3.0, "tw": 1.5, "triton": 4.0, "unfused": 5.0}
 
-    def fake_op(o, p, c, s, x, sc, q, u):
-        seen.append((f"cpt{u}", o.shape[0], o.shape[1], q))
+    def fake_op(o, p, c, s, x, sc, q, u, tw=0):
+        seen.append(("tw" if tw else f"cpt{u}", o.shape[0], o.shape[1], q))
+        assert not tw or u == 1
 
     def fake_api(name):
         def fn(o, p, c, s, G, q, x_fp8=None, x_scale=None, backend=None):
@@ -189,18 +192,19 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     res = {}
     script.section_sweep(res, deadline=float("inf"), device="cpu")
     assert [(r["H"], r["G"], r["S"]) for r in res["rows"]] == [(16, 2, 1), (16, 2, 8), (8, 1, 1), (8, 1, 8)]
-    assert res["large_rows"] == [{"S": 4, "H": 8, "G": 1, "q": 32, "n_sets": 2, "us_cpt1": 2.0, "us_cpt2": 3.0}]
-    assert seen[-2:] == [("cpt1", 4, 8, 32), ("cpt2", 4, 8, 32)]
+    assert res["large_rows"] == [{"S": 4, "H": 8, "G": 1, "q": 32, "n_sets": 2, "us_cpt1": 2.0, "us_cpt2": 3.0,
+                                  "us_tw": 1.5}]
+    assert seen[-3:] == [("cpt1", 4, 8, 32), ("cpt2", 4, 8, 32), ("tw", 4, 8, 32)]
     for r in res["rows"]:
         assert {k: r[f"us_{k}"] for k in time_of} == time_of
         assert (r["kernel_us_cpt0"], r["kernel_us_triton"], r["kernel_us_unfused"]) == (0.5, 2.0, 2.5)
         assert (r["kernels_cpt0"], r["kernels_unfused"]) == (1.0, 2.0)
-    assert seen[:5] == [("cpt0", 1, 16, 128), ("cpt1", 1, 16, 128), ("cpt2", 1, 16, 128), ("triton", 1, 16, 128),
-                        ("unfused", 1, 16, 128)]
+    assert seen[:6] == [("cpt0", 1, 16, 128), ("cpt1", 1, 16, 128), ("cpt2", 1, 16, 128), ("tw", 1, 16, 128),
+                        ("triton", 1, 16, 128), ("unfused", 1, 16, 128)]
     table = script.sweep_table(res)
-    assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 5.00x | 0.50 | 2.00 | 2.50 | 5.00x |" in table
+    assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 1.50 | 4.00 | 5.00 | 5.00x | 0.50 | 2.00 | 2.50 | 5.00x |" in table
     assert "one trivial kernel 0.50 us by graph replay, 0.25 us kernel time; two 1.00 / 0.50 us" in table
-    assert "| 4 | 8 | 1 | 32 | 2 | 2.00 | 3.00 | 1.50x |" in table
+    assert "| 4 | 8 | 1 | 32 | 2 | 2.00 | 3.00 | 1.50x | 1.50 | 1.33x |" in table
 
     def broken_profiler(call, n):
         raise RuntimeError("CUPTI unavailable")
@@ -210,7 +214,7 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     script.section_sweep(res, deadline=float("inf"), device="cpu")
     assert res["kernel_time_error"] == "RuntimeError: CUPTI unavailable"
     assert all(r["us_cpt0"] == 1.0 and r["kernel_us_cpt0"] is None for r in res["rows"])
-    assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 4.00 | 5.00 | 5.00x | - | - | - | - |" in script.sweep_table(res)
+    assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 1.50 | 4.00 | 5.00 | 5.00x | - | - | - | - |" in script.sweep_table(res)
     res = {}
     script.section_sweep(res, deadline=0.0, device="cpu")
     assert res["rows"] == [] and "deadline" in res["skipped"]

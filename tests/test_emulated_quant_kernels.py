@@ -173,6 +173,38 @@ def test_cuda_forced_chunks_per_thread(forced):
     assert emulate(lib, o, p, c, s, x, sc, 128, chunks_per_thread=3) == 6  # kBadConfig
 
 
+@pytest.mark.parametrize("q", GROUPS)
+def test_cuda_tail_warps_bit_exact_with_the_grid_they_imply(q):
+    """tail_warps=1 (every head's last max(4, q/16) chunks, its rope tail widened to whole quant blocks, in warps
+    of their own after the warps of the other chunks): bit-exact against the reference for each group size, both
+    seed (H, G), sizes that leave the last body warp and the last tail warp partly empty, both scale layouts,
+    fp16 and a misaligned o (16-bit loads); the grid covers both parts' whole warps."""
+    lib = emulated_kernel("cuda")
+    tail = max(4, q // 16)
+    cases = [(3, 16, 2, False, {}), (5, 8, 1, True, {}), (1, 1, 1, False, {}), (2, 3, 1, False, {}),
+             (3, 8, 1, False, {"dtype": torch.float16, "misaligned": True, "cache_dtype": torch.float32})]
+    for S, H, G, transpose, kw in cases:
+        o, p, c, s = quant_inputs(S, H, seed=S * 100 + H + q, **kw)
+        lib.emul_reset()
+        check_emulated(lib, o, p, c, s, G, q, transpose, tail_warps=1)
+        st = emul_stats(lib)
+        heads = S * H
+        threads = -(-heads * (32 - tail) // 32) * 32 + -(-heads * tail // 32) * 32
+        assert st["errors"] == 0 and st["launches"] == 1 and st["grid"] == -(-threads // 256), (S, H, st)
+
+
+def test_cuda_tail_warps_bad_configs():
+    """tail_warps takes 0 or 1, and 1 only with one chunk per thread: else kBadConfig, before any launch."""
+    lib = emulated_kernel("cuda")
+    o, p, c, s = quant_inputs(2, 4)
+    x, sc = quant_outputs(o, 1, 128, False)
+    lib.emul_reset()
+    assert emulate(lib, o, p, c, s, x, sc, 128, chunks_per_thread=2, tail_warps=1) == 6
+    assert emulate(lib, o, p, c, s, x, sc, 128, tail_warps=2) == 6
+    assert emulate(lib, o, p, c, s, x, sc, 128, chunks_per_thread=1, tail_warps=1) == 0
+    assert emul_stats(lib)["launches"] == 1
+
+
 def test_cuda_automatic_launch_takes_one_chunk_per_thread_on_a_large_grid():
     """The automatic launch shape is 1 chunk per thread at any size (the H200 sweep found it as fast or faster
     everywhere): S = 513 for H = 16 makes 1026 blocks of 256 chunks, above the 1024 the launcher used to stop at.
