@@ -392,7 +392,8 @@ def section_graph(res, backend="cuda"):
 
 SWEEP_S = (1, 8, 32, 64, 128, 256, 512)
 SWEEP_SETS = 100  # input sets per sweep point (the small points fit in the L2 anyway)
-# the larger points: 1 against 2 chunks per thread only, inputs rotating beyond the L2 as in the bench
+# the larger points: the forced launch shapes only (1 and 2 chunks per thread, tail warps), inputs rotating
+# beyond the L2 as in the bench
 SWEEP_LARGE = tuple((S, H, G, 128) for H, G in HEAD_GROUPS.values() for S in (1024, 2048, 4096, 8192, 16384)) + (
     (8192, 16, 2, 32),)
 
@@ -433,11 +434,11 @@ def launch_floor(res, reps: int = 5) -> dict:
 
 def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
     """At small S (SWEEP_S) for both seed (H, G), group 128, row-major scales: device time (graph replay) of the
-    CUDA kernel with 1 and 2 chunks per thread forced and the automatic choice (data for the launcher's
-    threshold, kOneChunkMaxBlocks), of the fused Triton kernel and of the unfused baseline; and each of the last
-    three's kernel time from the profiler (the op-2 seed's method: kernel durations summed, launch gaps not
-    counted). First the launch floors (:func:`launch_floor`): how close to one kernel's floor the fused kernels
-    are. Then the larger points (SWEEP_LARGE): 1 against 2 chunks per thread only, on the bench's input sets."""
+    CUDA kernel with 1 and 2 chunks per thread and the tail warps forced and the automatic choice (data for the
+    launcher's choice), of the fused Triton kernel and of the unfused baseline; and each of the last three's
+    kernel time from the profiler (the op-2 seed's method: kernel durations summed, launch gaps not counted).
+    First the launch floors (:func:`launch_floor`): how close to one kernel's floor the fused kernels are. Then
+    the larger points (SWEEP_LARGE): the three forced launch shapes only, on the bench's input sets."""
     from fusedrope.baseline import unfused_inverse_rope_group_quant
 
     res["floor"] = launch_floor(res, reps)
@@ -480,12 +481,12 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
                 f"unfused {us(row['us_unfused'])}; kernel time cuda {us(row['kernel_us_cpt0'])}, "
                 f"triton {us(row['kernel_us_triton'])}, unfused {us(row['kernel_us_unfused'])}")
     large = res["large_rows"] = []
+    dev = torch.device(device)
     for S, H, G, q in SWEEP_LARGE:
         if time.time() > deadline:
             res["skipped"] = f"deadline reached before the large S point S = {S}, (H, G) = ({H}, {G}), group {q}"
             return
         case = QuantCase(S, H, G, quant_group_size=q)
-        dev = torch.device(device)
         big = B.quant_sets(case, B.num_sets(B.input_bytes(B.QUANT, case), dev, 200), dev)
         row = {"S": S, "H": H, "G": G, "q": q, "n_sets": len(big)}
         for name, u, tw in (("cpt1", 1, 0), ("cpt2", 2, 0), ("tw", 1, 1)):
@@ -628,7 +629,8 @@ def main(argv=None) -> int:
     ap.add_argument("--raw-rejects", action="store_true",
                     help="(internal) bad inputs to the raw op, in a child process (a crash is one failed check)")
     ap.add_argument("--skip-bench", action="store_true")
-    ap.add_argument("--skip-sweep", action="store_true", help="skip the launch-shape sweep at small S")
+    ap.add_argument("--skip-sweep", action="store_true",
+                    help="skip the launch-shape sweep (launch floor, small S, larger S)")
     ap.add_argument("--budget-s", type=float, default=225.0,
                     help="stop starting new work after this many seconds")
     ap.add_argument("--max-sets", type=int, default=1000,
