@@ -5,7 +5,9 @@ the kernels below, between cudaProfilerStart/Stop, for Nsight Compute to profile
 
   copy      torch.bitwise_not on int32 views of 512 MiB (the benchmark's copy roofline, fusedrope.benchmark)
   irgq_u1   inverse_rope_group_quant CUDA kernel, S = 8192, (H, G) = (16, 2), group 128, 1 chunk per thread
-  irgq_u2   the same, 2 chunks per thread (the launcher's choice at this size)
+            (the launcher's choice; since the fast-layout kernels, the one for an aligned fp32 cache)
+  irgq_u2   the same, 2 chunks per thread (the generic kernel)
+  irgq_tw   the same, 1 chunk per thread with the rope-tail chunks in warps of their own (tail_warps=1)
   tts       qwen3_tts_rope CUDA kernel on wide_heads-B32 (the seed's largest case), through the public function
 
 Each is run twice first (build, warm-up). Without a GPU it says so and exits 2.
@@ -40,6 +42,7 @@ def probes() -> dict:
     return {"copy": lambda: torch.bitwise_not(src, out=dst),
             "irgq_u1": lambda: config(o, p, c, s, x, sc, 128, 1),
             "irgq_u2": lambda: config(o, p, c, s, x, sc, 128, 2),
+            "irgq_tw": lambda: config(o, p, c, s, x, sc, 128, 1, 1),
             "tts": lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="cuda")}
 
 

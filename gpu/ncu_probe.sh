@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# gpu/ncu_probe.sh OUT_FILE: Nsight Compute on gpu/ncu_probe.py's four kernels (a copy, op 2 with 1 and 2 chunks
-# per thread, op 1), one launch each: speed of light, memory workload, occupancy, warp stall reasons, launch and
-# scheduler statistics, DRAM bytes. --clock-control none leaves the GPU's clocks as they run (the device tool's
-# METHOD.md). Needs the CUDA extension built (cuda_ext.load()); on a runtime where ncu cannot read the counters it
-# says so in OUT_FILE and exits non-zero.
+# gpu/ncu_probe.sh OUT_FILE: Nsight Compute on gpu/ncu_probe.py's five kernels (a copy; op 2 with 1 and 2 chunks
+# per thread and with tail warps; op 1), one launch each: speed of light, memory workload, occupancy, warp stall
+# reasons, launch and scheduler statistics, DRAM bytes. --clock-control none leaves the GPU's clocks as they run
+# (the device tool's METHOD.md). Needs the CUDA extension built (cuda_ext.load()); on a runtime where ncu cannot
+# read the counters it says so in OUT_FILE and exits non-zero.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: gpu/ncu_probe.sh OUT_FILE}"

@@ -8,6 +8,14 @@
 // chunk (the launcher's choice; Params::chunks_per_thread can force 2), all loads issued before any math: o with
 // the positions, then the cos/sin rows they select (read-only path). No shared memory, no local memory.
 //
+// The common layout (o and x_fp8 16-byte aligned, cos/sin rows 16-byte aligned in fp32 or bf16, e4m3fn output)
+// has kernels of its own, in which that layout is a compile-time constant (kFastCache): their per-call branches
+// on it fold away: on sm_90 (bf16 o, group 128, fp32 cache) 264 SASS instructions against 744 in the kernel that
+// decides every layout per call (tests/test_cuda_quant_kernels.py prints the counts). Nsight Compute on the H200
+// (c5d5262) found the generic kernel issuing an instruction in 62% of cycles at 62% of DRAM peak, so instructions
+// matter here as much as bytes. The one-chunk kernels also ask for 6 blocks of 256 threads per SM
+// (__launch_bounds__), which holds them to 40 registers: 48 warps per SM (75% occupancy) against 40 at 42.
+//
 // fp8: sm_89+ converts pairs with cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2, __NV_SATFINITE; the
 // saturation is the reference's clamp to +-448); sm_80 and the fnuz format use the exact software RNE of the
 // header. The rotation uses __fmul_rn / __fadd_rn / __fsub_rn, so no FMA contraction changes the fp32 values.
@@ -116,9 +124,23 @@ struct TailSplit {
 // kU chunks per thread (kThreads apart): 1 is the launcher's choice (see launch()); 2 (kUnroll) keeps two
 // chunks' loads in flight per thread but needs 77 registers against 42, and so ran slower on the H200.
 // kTailWarps (with kU = 1 only): the TailSplit layout above.
-template <int kDtype, int kQ, int kU, bool kTailWarps>
-__global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
+// kFastCache: kGenericLayout (the layout is read from KArgs per call), or the cache dtype (kF32 / kBF16) of the
+// common layout, which the launcher picks this kernel for: io_vec, cache_vec and e4m3fn.
+constexpr int kGenericLayout = -1;
+// 6 blocks of 256 threads per SM hold a kernel to 40 registers. The one-chunk kernels fit without spilling,
+// except the generic tail-warps one (it would spill 8 bytes), which is left unbounded, as is the two-chunk one.
+template <int kU, bool kTailWarps, int kFastCache>
+constexpr int min_blocks_per_sm() { return kU == 1 && !(kTailWarps && kFastCache == kGenericLayout) ? 6 : 1; }
+
+template <int kDtype, int kQ, int kU, bool kTailWarps, int kFastCache>
+__global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kU, kTailWarps, kFastCache>())) irgq_kernel(
+    const KArgs a) {
   static_assert(kU == 1 || !kTailWarps, "tail warps take one chunk per thread");
+  static_assert(kFastCache == kGenericLayout || kFastCache == kF32 || kFastCache == kBF16, "fast layouts");
+  constexpr bool kFast = kFastCache != kGenericLayout;
+  const int cache_dtype = kFast ? kFastCache : a.cache_dtype;
+  const bool cache_vec = kFast || a.cache_vec != 0;
+  const bool fnuz = !kFast && a.fp8_fnuz != 0;
   constexpr int kLanes = kQ / kChunk;
   const unsigned first = blockIdx.x * (unsigned)(kThreads * kU) + threadIdx.x;
   const unsigned char* o = static_cast<const unsigned char*>(a.o);
@@ -140,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
     cps[j] = chunk_pos(a, chunk);
     pos[j] = 0;
     if (chunk < a.num_chunks) {
-      load_words16(o + 32ull * chunk, a.io_vec != 0, raw[j]);
+      load_words16(o + 32ull * chunk, kFast || a.io_vec != 0, raw[j]);
       if (cps[j].tail) {
         const unsigned char* pp = static_cast<const unsigned char*>(a.positions) + a.pos_stride_bytes * cps[j].s;
         pos[j] = a.pos_is_int64 ? __ldg(reinterpret_cast<const long long*>(pp))
@@ -157,11 +179,11 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
     if (chunks[j] < a.num_chunks && cps[j].tail) {  // 16 rope dims = 8 (e, d) pairs of a head's tail
       const long long p = clamp_position(pos[j], a.max_pos);
       const unsigned j0 = (cps[j].r % kChunksPerHead - kFirstTailChunk) * 8u;
-      const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u;
-      load_cache_words(static_cast<const unsigned char*>(a.cos) + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype,
-                       a.cache_vec != 0, cw[j]);
-      load_cache_words(static_cast<const unsigned char*>(a.sin) + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype,
-                       a.cache_vec != 0, sw[j]);
+      const unsigned esz = cache_dtype == kF32 ? 4u : 2u;
+      load_cache_words(static_cast<const unsigned char*>(a.cos) + p * a.cos_stride_bytes + j0 * esz, cache_dtype,
+                       cache_vec, cw[j]);
+      load_cache_words(static_cast<const unsigned char*>(a.sin) + p * a.sin_stride_bytes + j0 * esz, cache_dtype,
+                       cache_vec, sw[j]);
     }
   }
 
@@ -174,22 +196,22 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
     unpack16(raw[j], kDtype, v);
     if (valid && cp.tail) {
       float c[8], n[8];
-      cache8_from_words(cw[j], a.cache_dtype, c);
-      cache8_from_words(sw[j], a.cache_dtype, n);
+      cache8_from_words(cw[j], cache_dtype, c);
+      cache8_from_words(sw[j], cache_dtype, n);
       rotate8(v, c, n);
     }
 
     uint32_t m = amax_bits16(v);
 #pragma unroll
     for (int off = 1; off < kLanes; off <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-    const uint32_t byte = e8m0_byte(m, a.fp8_fnuz != 0);
+    const uint32_t byte = e8m0_byte(m, fnuz);
 
     if (valid) {
       uint32_t q[4];
-      if (a.fp8_fnuz) quant16<true>(v, byte, q);
+      if (fnuz) quant16<true>(v, byte, q);
       else quant16<false>(v, byte, q);
       unsigned char* dst = static_cast<unsigned char*>(a.x_fp8) + 16ull * chunk;
-      if (a.io_vec) {
+      if (kFast || a.io_vec) {
         *reinterpret_cast<uint4*>(dst) = make_uint4(q[0], q[1], q[2], q[3]);
       } else {
 #pragma unroll
@@ -206,22 +228,33 @@ __global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
 
 // cudaLaunchKernel rather than <<<>>>: the same launch, and plain C++, so tests/test_emulated_quant_kernels.py
 // compiles this file with g++ against tests/cuda_emul and runs the whole kernel on the CPU.
-template <int kDtype, int kQ, int kU, bool kTailWarps>
+template <int kDtype, int kQ, int kU, bool kTailWarps, int kFastCache>
 cudaError_t launch_one(unsigned num_chunks, cudaStream_t stream, void** args) {
   const unsigned long long threads =
       kTailWarps ? TailSplit<kQ>::threads(num_chunks) : (unsigned long long)num_chunks;
   const unsigned long long per_block = (unsigned long long)kThreads * kU;
   const dim3 grid((unsigned)((threads + per_block - 1) / per_block));
-  return cudaLaunchKernel(irgq_kernel<kDtype, kQ, kU, kTailWarps>, grid, dim3(kThreads), args, 0, stream);
+  return cudaLaunchKernel(irgq_kernel<kDtype, kQ, kU, kTailWarps, kFastCache>, grid, dim3(kThreads), args, 0,
+                          stream);
 }
 
-template <int kDtype, int kU, bool kTailWarps>
+template <int kDtype, int kU, bool kTailWarps, int kFastCache>
 cudaError_t launch_qu(int q, unsigned num_chunks, cudaStream_t stream, void** args) {
   switch (q) {
-    case 32: return launch_one<kDtype, 32, kU, kTailWarps>(num_chunks, stream, args);
-    case 64: return launch_one<kDtype, 64, kU, kTailWarps>(num_chunks, stream, args);
-    case 128: return launch_one<kDtype, 128, kU, kTailWarps>(num_chunks, stream, args);
-    default: return launch_one<kDtype, 256, kU, kTailWarps>(num_chunks, stream, args);
+    case 32: return launch_one<kDtype, 32, kU, kTailWarps, kFastCache>(num_chunks, stream, args);
+    case 64: return launch_one<kDtype, 64, kU, kTailWarps, kFastCache>(num_chunks, stream, args);
+    case 128: return launch_one<kDtype, 128, kU, kTailWarps, kFastCache>(num_chunks, stream, args);
+    default: return launch_one<kDtype, 256, kU, kTailWarps, kFastCache>(num_chunks, stream, args);
+  }
+}
+
+// One chunk per thread, plain or tail warps, in the kernel for the call's layout.
+template <int kDtype, bool kTailWarps>
+cudaError_t launch_u1(int q, int fast_cache, cudaStream_t stream, const KArgs& a, void** args) {
+  switch (fast_cache) {
+    case kF32: return launch_qu<kDtype, 1, kTailWarps, kF32>(q, a.num_chunks, stream, args);
+    case kBF16: return launch_qu<kDtype, 1, kTailWarps, kBF16>(q, a.num_chunks, stream, args);
+    default: return launch_qu<kDtype, 1, kTailWarps, kGenericLayout>(q, a.num_chunks, stream, args);
   }
 }
 
@@ -229,9 +262,11 @@ template <int kDtype>
 cudaError_t launch_q(int q, int chunks_per_thread, bool tail_warps, cudaStream_t stream, const KArgs& a) {
   KArgs args_copy = a;
   void* args[] = {&args_copy};
-  if (tail_warps) return launch_qu<kDtype, 1, true>(q, a.num_chunks, stream, args);
-  return chunks_per_thread == 1 ? launch_qu<kDtype, 1, false>(q, a.num_chunks, stream, args)
-                                : launch_qu<kDtype, kUnroll, false>(q, a.num_chunks, stream, args);
+  const bool fast = a.io_vec && a.cache_vec && !a.fp8_fnuz && (a.cache_dtype == kF32 || a.cache_dtype == kBF16);
+  const int fast_cache = fast ? a.cache_dtype : kGenericLayout;
+  if (tail_warps) return launch_u1<kDtype, true>(q, fast_cache, stream, a, args);
+  return chunks_per_thread == 1 ? launch_u1<kDtype, false>(q, fast_cache, stream, a, args)
+                                : launch_qu<kDtype, kUnroll, false, kGenericLayout>(q, a.num_chunks, stream, args);
 }
 
 // The launcher gives each thread one chunk: on the H200 (the op-2 GPU script's sweep, commits 9147894 and

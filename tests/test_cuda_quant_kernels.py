@@ -37,11 +37,16 @@ def _kernels(text: str) -> dict[str, str]:
     return funcs
 
 
-def _group_and_chunks_of(name: str) -> tuple[int, int]:
-    """(quant group, chunks per thread) of an irgq_kernel<dtype, Q, U, tail warps> instantiation's mangled name."""
-    m = re.search(r"irgq_kernelILi(\d+)ELi(\d+)ELi(\d+)ELb[01]E", name)
+def _variant_of(name: str) -> tuple[int, int, bool, int]:
+    """(quant group, chunks per thread, tail warps, fast-layout cache dtype or -1) of an
+    irgq_kernel<dtype, Q, U, tail warps, kFastCache> instantiation's mangled name."""
+    m = re.search(r"irgq_kernelILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELi(n?\d+)E", name)
     assert m, name
-    return int(m.group(2)), int(m.group(3))
+    fast = int(m.group(5).replace("n", "-"))
+    return int(m.group(2)), int(m.group(3)), m.group(4) == "1", fast
+
+
+F32_CACHE, BF16_CACHE, GENERIC = 2, 0, -1  # kF32, kBF16, kGenericLayout (inverse_rope_group_quant_common.h)
 
 
 # ------------------------------------------------------------------------------------------------ SASS checks
@@ -49,25 +54,32 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
     cubin = nvcc_cubin(KERNEL, "sm_90")
     funcs = _kernels(sass(cubin))
     usage = resource_usage(cubin)
-    # {bf16, fp16} x {32, 64, 128, 256} x {1 chunk per thread, 2, 1 with the rope-tail chunks in their own warps}
-    assert len(funcs) == 24, sorted(funcs)
+    # {bf16, fp16} x {32, 64, 128, 256} x {1 chunk per thread, 1 with the rope-tail chunks in their own warps}
+    # x {generic layout, the fast layout with an fp32 cache, with a bf16 cache}, and 2 chunks per thread (generic)
+    assert len(funcs) == 2 * 4 * (2 * 3 + 1), sorted(funcs)
     shuffles = {}
+    sizes = {}
     for name, text in funcs.items():
         ops = opcodes(text)
-        q, u = _group_and_chunks_of(name)  # every count below is per chunk, times u
+        q, u, tw, fast = _variant_of(name)  # every count below is per chunk, times u
         ldg128 = sum(bool(re.fullmatch(r"LDG\.E(\.\w+)*\.128(\.CONSTANT)?", o)) for o in ops)
         stg128 = sum(bool(re.fullmatch(r"STG\.E(\.\w+)*\.128", o)) for o in ops)
-        # o: 2 per chunk; aligned cos/sin rows: 2 x (1 bf16/fp16 or 2 fp32) = 6 per chunk
         first_ldg = next(o for o in ops if o.startswith("LDG"))
         assert re.fullmatch(r"LDG\.E(\.\w+)*\.128", first_ldg), f"{name}: o's first load is {first_ldg}"
-        assert ldg128 >= 8 * u, f"{name}: {ldg128} LDG.E.128 (expected {2 * u} for o + {6 * u} for cos/sin rows)"
+        # o: 2 per chunk; aligned cos/sin rows: 2 x (2 fp32 / 1 bf16 or fp16): 6 in the generic kernel (it has
+        # both paths), 4 in the fast fp32-cache one, 2 in the bf16 one
+        rows = {GENERIC: 6, F32_CACHE: 4, BF16_CACHE: 2}[fast]
+        assert ldg128 >= (2 + rows) * u, f"{name}: {ldg128} LDG.E.128 (expected {2 * u} for o + {rows * u} rows)"
         # cos/sin rows through the read-only path, and every load issued before the first store: no chain of
         # o -> position -> cos -> sin -> store -> next chunk's loads (two waves of loads instead)
-        assert sum(o == "LDG.E.128.CONSTANT" for o in ops) >= 6 * u, f"{name}: cos/sin rows not read-only loads"
+        assert sum(o == "LDG.E.128.CONSTANT" for o in ops) >= rows * u, f"{name}: cos/sin rows not read-only loads"
         first_store = next(i for i, o in enumerate(ops) if o.startswith("STG"))
         late = [o for o in ops[first_store:] if o.startswith("LDG")]
         assert not late, f"{name}: {len(late)} loads after the first store ({late[:3]})"
         assert stg128 >= u, f"{name}: {stg128} STG.E.128 (one 16-byte fp8 store per chunk, {u} per lane)"
+        if fast != GENERIC:  # the fast layout is 16-byte aligned: no narrow path for o, x_fp8 or the cache left
+            narrow = [o for o in ops if re.fullmatch(r"(LDG|STG)\.E\.(U|S)?16(\.CONSTANT)?", o)]
+            assert not narrow, f"{name}: 16-bit global accesses in the fast-layout kernel: {narrow[:3]}"
         f2fp = [o for o in ops if o.startswith("F2FP") and "E4M3" in o]
         assert f2fp, f"{name}: no packed hardware E4M3 conversion (F2FP...E4M3)"
         assert all("SATFINITE" in o and "PACK" in o for o in f2fp), f2fp
@@ -76,12 +88,21 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
         assert not [o for o in ops if o.startswith(("LDL", "STL"))], f"{name}: local memory in SASS"
         res = usage[name]
         assert res["local"] == 0 and res["stack"] == 0, f"{name}: {res}"
+        # __launch_bounds__(256, 6) on the one-chunk kernels (but the generic tail-warps one): 48 warps per SM
+        if u == 1 and not (tw and fast == GENERIC):
+            assert res["registers"] <= 40, f"{name}: {res['registers']} registers (6 blocks of 256 need <= 40)"
         shuffles.setdefault(q, set()).add(sum(o.startswith("SHFL.BFLY") for o in ops) // u)
+        sizes[(name[name.index("irgq_kernel") + 13:name.index("irgq_kernel") + 15], q, u, tw, fast)] = len(ops)
         print(f"sm_90 {name}: {res['registers']} registers, stack {res['stack']}, local {res['local']}, "
-              f"{len(f2fp)} F2FP E4M3, {sum(o.startswith('SHFL') for o in ops)} SHFL")
+              f"{len(ops)} instructions, {len(f2fp)} F2FP E4M3, {sum(o.startswith('SHFL') for o in ops)} SHFL")
     # log2(Q/16) butterfly steps per chunk: 1, 2, 3, 4 shuffles per chunk
     for q, counts in shuffles.items():
         assert counts == {int(math.log2(q // 16))}, f"group {q}: shuffle counts per chunk {counts}"
+    # the fast-layout kernels fold the per-call layout branches away: under half the generic kernel's size
+    for (dt, q, u, tw, fast), n in sizes.items():
+        if fast != GENERIC:
+            generic = sizes[(dt, q, u, tw, GENERIC)]
+            assert n * 2 < generic, f"fast kernel {(dt, q, tw, fast)}: {n} instructions against {generic} generic"
 
 
 def test_sm80_sass_software_fp8_no_local_memory():

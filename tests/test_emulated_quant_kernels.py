@@ -217,6 +217,43 @@ def test_cuda_automatic_launch_takes_one_chunk_per_thread_on_a_large_grid():
     assert st["errors"] == 0 and st["grid"] == 513 * 16 * 32 // 256 == 1026, st
 
 
+@pytest.mark.parametrize("vendor", ["cuda", "cuda-sm90"])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=["f32cache", "bf16cache"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_cuda_fast_layout_kernels(vendor, dtype, cache_dtype):
+    """The CUDA launcher's kernels for the common layout (o and x_fp8 16-byte aligned, cos/sin rows 16-byte
+    aligned in fp32 or bf16, e4m3fn; the layout a compile-time constant): bit-exact for every group size, plain and
+    tail warps, both scale layouts and scale dtypes, int64 and int32 positions, special blocks."""
+    lib = emulated_kernel(vendor)
+    o, p, c, s = quant_inputs(3, 16, dtype=dtype, cache_dtype=cache_dtype, seed=11)
+    o[0, 1, 7] = float("nan")
+    o[2, 3, 490] = float("-inf")  # in the rope tail
+    p32 = p.to(torch.int32)
+    for q in GROUPS:
+        for tw in (0, 1):
+            _run_checked(lib, o, p, c, s, 2, q, q == 64, tail_warps=tw)
+            _run_checked(lib, o, p32, c, s, 1, q, q == 128, scale_dtype=torch.float32, tail_warps=tw)
+
+
+def test_cuda_fast_layout_kernels_run_for_that_layout_only(tmp_path):
+    """The fast-layout kernels do run: a copy whose fast kernels read an fp32 cache as bf16 fails on the common
+    layout and still passes where the launcher must take the generic kernel (a misaligned o, e4m3fnuz output, an
+    fp16 or misaligned cache)."""
+    bad = emulated_kernel("cuda-sm90", _mutated_copy(tmp_path, CUDA_SRC, "kFast ? kFastCache : a.cache_dtype",
+                                                     "kFast ? kBF16 : a.cache_dtype"))
+    o, p, c, s = quant_inputs(2, 16, cache_dtype=torch.float32, seed=5)
+    for tw in (0, 1):
+        with pytest.raises(AssertionError, match="fp8 bytes differ|scale mismatch"):
+            _run_checked(bad, o, p, c, s, 2, 128, False, tail_warps=tw)
+    om, pm, cm, sm = quant_inputs(2, 16, cache_dtype=torch.float32, misaligned=True, seed=5)
+    _run_checked(bad, om, pm, cm, sm, 2, 128, False)
+    _run_checked(bad, o, p, c, s, 2, 128, False, torch.float8_e4m3fnuz)
+    o16, p16, c16, s16 = quant_inputs(2, 16, cache_dtype=torch.float16, seed=5)
+    _run_checked(bad, o16, p16, c16, s16, 2, 128, False)
+    ost, pst, cst, sst = quant_inputs(2, 16, cache_dtype=torch.float32, strided_cache=True, seed=5)
+    _run_checked(bad, ost, pst, cst, sst, 2, 128, False)
+
+
 def test_empty_and_status_codes(lib):
     o, p, c, s = quant_inputs(2, 4)
     x, sc = quant_outputs(o, 1, 128, False)
