@@ -167,9 +167,9 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     once: every (H, G, S) point gets the graph times of the four CUDA launch shapes (automatic, 1 and 2 chunks
     per thread, tail warps; each call reaches the config op with its forced shape), of triton (the public
     function with backend="triton" into the set's buffers) and of unfused, and the profiler times of three; the
-    larger points time 1, 2 and tail warps on the bench's input sets, with their own group size; the table shows
-    them all with the speedups; a profiler that fails leaves its cells "-" and records why once; a spent
-    deadline records a skip."""
+    larger points time 1, 2, tail warps and 1 with an fp16 cache (the generic kernel) on the bench's input sets,
+    with their own group size; the table shows them all with the speedups; a profiler that fails leaves its cells
+    "-" and records why once; a spent deadline records a skip."""
     import importlib
     import sys
 
@@ -178,10 +178,12 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     sys.path.insert(0, str(ROOT / "gpu"))
     script = importlib.import_module("check_inverse_rope_group_quant")
     seen = []
-    time_of = {"cpt0": 1.0, "cpt1": 2.0, "cpt2": 3.0, "tw": 1.5, "triton": 4.0, "unfused": 5.0}
+    time_of = {"cpt0": 1.0, "cpt1": 2.0, "cpt2": 3.0, "tw": 1.5, "triton": 4.0, "unfused": 5.0, "gen": 2.5}
 
     def fake_op(o, p, c, s, x, sc, q, u, tw=0):
-        seen.append(("tw" if tw else f"cpt{u}", o.shape[0], o.shape[1], q))
+        assert c.dtype == s.dtype
+        name = "tw" if tw else ("gen" if c.dtype == torch.float16 else f"cpt{u}")
+        seen.append((name, o.shape[0], o.shape[1], q))
         assert not tw or u == 1
 
     def fake_api(name):
@@ -214,10 +216,11 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     script.section_sweep(res, deadline=float("inf"), device="cpu")
     assert [(r["H"], r["G"], r["S"]) for r in res["rows"]] == [(16, 2, 1), (16, 2, 8), (8, 1, 1), (8, 1, 8)]
     assert res["large_rows"] == [{"S": 4, "H": 8, "G": 1, "q": 32, "n_sets": 2, "us_cpt1": 2.0, "us_cpt2": 3.0,
-                                  "us_tw": 1.5}]
-    assert seen[-3:] == [("cpt1", 4, 8, 32), ("cpt2", 4, 8, 32), ("tw", 4, 8, 32)]
+                                  "us_tw": 1.5, "us_gen": 2.5}]
+    assert seen[-4:] == [("cpt1", 4, 8, 32), ("cpt2", 4, 8, 32), ("tw", 4, 8, 32), ("gen", 4, 8, 32)]
+    small = {k: v for k, v in time_of.items() if k != "gen"}
     for r in res["rows"]:
-        assert {k: r[f"us_{k}"] for k in time_of} == time_of
+        assert {k: r[f"us_{k}"] for k in small} == small
         assert (r["kernel_us_cpt0"], r["kernel_us_triton"], r["kernel_us_unfused"]) == (0.5, 2.0, 2.5)
         assert (r["kernels_cpt0"], r["kernels_unfused"]) == (1.0, 2.0)
     assert seen[:6] == [("cpt0", 1, 16, 128), ("cpt1", 1, 16, 128), ("cpt2", 1, 16, 128), ("tw", 1, 16, 128),
@@ -225,7 +228,7 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     table = script.sweep_table(res)
     assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 1.50 | 4.00 | 5.00 | 5.00x | 0.50 | 2.00 | 2.50 | 5.00x |" in table
     assert "one trivial kernel 0.50 us by graph replay, 0.25 us kernel time; two 1.00 / 0.50 us" in table
-    assert "| 4 | 8 | 1 | 32 | 2 | 2.00 | 3.00 | 1.50x | 1.50 | 1.33x |" in table
+    assert "| 4 | 8 | 1 | 32 | 2 | 2.00 | 3.00 | 1.50x | 1.50 | 1.33x | 2.50 | 1.25x |" in table
 
     def broken_profiler(call, n):
         raise RuntimeError("CUPTI unavailable")
