@@ -26,9 +26,10 @@ Sections
                PYTORCH_NO_CUDA_MEMORY_CACHING=1 (so each tensor is its own allocation and an overrun is seen);
                the bench starts no config within SANITIZE_RESERVE_S + TRITON_SUBSET_RESERVE_S of the deadline
                to leave it the time (when compute-sanitizer is there)
-  sweep        the launch floor, then cuda with 1 / 2 chunks per thread forced and automatic, triton and unfused
-               at small S (graph replay and the profiler's kernel time), then 1 / 2 chunks per thread at larger S
-               (section_sweep); --skip-sweep skips it
+  sweep        the launch floors (trivial kernels, a copy, a position -> row gather), then cuda with 1 / 2
+               chunks per thread and tail warps forced and automatic, triton and unfused at small S (graph replay
+               and the profiler's kernel time), then 1 / 2 chunks per thread, tail warps and the generic kernel at
+               larger S (section_sweep); --skip-sweep skips it
   correctness_triton  the Triton backend on the small subset, for the record (skipped when time is spent)
 
 Outputs under --out, rewritten after every section: results.json (everything: machine_info, per-case results,
@@ -421,12 +422,20 @@ def kernel_time(res, call, n):
 
 def launch_floor(res, reps: int = 5) -> dict:
     """What one and two trivial kernels (a 1-element fill) cost per call, by graph replay and by the profiler's
-    kernel time: the floor under any fused kernel, and under the two-kernel unfused baseline, on this GPU."""
+    kernel time: the floor under any fused kernel, and under the two-kernel unfused baseline, on this GPU. Then
+    two one-kernel floors with loads, at op 2's S = 1, (16, 2) sizes: ``copy`` (o's 16 KiB copied: one level of
+    loads before the stores) and ``gather`` (``index_select`` of one fp32 cos row by a position: a load whose
+    address needs an earlier load, the position -> cos/sin chain of op 2's rope tail)."""
     t = torch.zeros(2, device="cuda")
-    one = lambda i: t[:1].fill_(1.0)  # noqa: E731
-    two = lambda i: (t[:1].fill_(1.0), t[1:].fill_(2.0))  # noqa: E731
+    src, dst = torch.randn(16 * 512, device="cuda").bfloat16(), torch.empty(16 * 512, device="cuda").bfloat16()
+    cache, rows = torch.randn(4096, 32, device="cuda"), torch.empty(1, 32, device="cuda")
+    pos = torch.randint(0, 4096, (1,), device="cuda")
+    calls = {"one": lambda i: t[:1].fill_(1.0),
+             "two": lambda i: (t[:1].fill_(1.0), t[1:].fill_(2.0)),
+             "copy": lambda i: dst.copy_(src),
+             "gather": lambda i: torch.index_select(cache, 0, pos, out=rows)}
     out = {}
-    for name, call in (("one", one), ("two", two)):
+    for name, call in calls.items():
         out[f"{name}_graph_us"] = round(timing.time_graph_us(call, SWEEP_SETS, reps), 3)
         out[f"{name}_kernel_us"] = kernel_time(res, call, SWEEP_SETS)[0]
     return out
@@ -446,7 +455,9 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
     res["floor"] = launch_floor(res, reps)
     f = res["floor"]
     log(f"  launch floor: one kernel {us(f['one_graph_us'])} us graph / {us(f['one_kernel_us'])} us kernel time; "
-        f"two kernels {us(f['two_graph_us'])} / {us(f['two_kernel_us'])}")
+        f"two kernels {us(f['two_graph_us'])} / {us(f['two_kernel_us'])}; a copy of o at S = 1 "
+        f"{us(f.get('copy_graph_us'))} / {us(f.get('copy_kernel_us'))}; a position -> row gather "
+        f"{us(f.get('gather_graph_us'))} / {us(f.get('gather_kernel_us'))}")
     rows = res["rows"] = []
     for H, G in HEAD_GROUPS.values():
         for S in SWEEP_S:
@@ -515,8 +526,10 @@ def sweep_table(res) -> str:
     f = res.get("floor")
     if f:
         out += [f"Launch floor: one trivial kernel {us(f['one_graph_us'])} us by graph replay, "
-                f"{us(f['one_kernel_us'])} us kernel time; two {us(f['two_graph_us'])} / {us(f['two_kernel_us'])} us.",
-                ""]
+                f"{us(f['one_kernel_us'])} us kernel time; two {us(f['two_graph_us'])} / {us(f['two_kernel_us'])} us. "
+                f"One kernel with loads, at S = 1 sizes: a copy of o {us(f.get('copy_graph_us'))} / "
+                f"{us(f.get('copy_kernel_us'))} us; a position -> cos row gather (a load whose address needs an "
+                f"earlier load) {us(f.get('gather_graph_us'))} / {us(f.get('gather_kernel_us'))} us.", ""]
     out += ["| S | H | G | cuda automatic | 1 chunk / thread | 2 chunks / thread | tail warps | triton | unfused "
             "| speedup | cuda kernel us | triton kernel us | unfused kernel us | kernel-time speedup |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

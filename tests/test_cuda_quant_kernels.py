@@ -198,7 +198,9 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     monkeypatch.setattr(script.fusedrope, "inverse_rope_group_quant", fake_api("triton"))
     monkeypatch.setattr(fusedrope.baseline, "unfused_inverse_rope_group_quant", fake_api("unfused"))
     monkeypatch.setattr(script, "launch_floor", lambda res, reps: {"one_graph_us": 0.5, "one_kernel_us": 0.25,
-                                                                   "two_graph_us": 1.0, "two_kernel_us": 0.5})
+                                                                   "two_graph_us": 1.0, "two_kernel_us": 0.5,
+                                                                   "copy_graph_us": 0.75, "copy_kernel_us": 0.5,
+                                                                   "gather_graph_us": 1.25, "gather_kernel_us": 1.0})
 
     def fake_graph_us(call, n, reps):
         call(0)
@@ -228,6 +230,7 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     table = script.sweep_table(res)
     assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 1.50 | 4.00 | 5.00 | 5.00x | 0.50 | 2.00 | 2.50 | 5.00x |" in table
     assert "one trivial kernel 0.50 us by graph replay, 0.25 us kernel time; two 1.00 / 0.50 us" in table
+    assert "a copy of o 0.75 / 0.50 us; a position -> cos row gather" in table and "load) 1.25 / 1.00 us." in table
     assert "| 4 | 8 | 1 | 32 | 2 | 2.00 | 3.00 | 1.50x | 1.50 | 1.33x | 2.50 | 1.25x |" in table
 
     def broken_profiler(call, n):
