@@ -423,16 +423,17 @@ def kernel_time(res, call, n):
 def launch_floor(res, reps: int = 5) -> dict:
     """What one and two trivial kernels (a 1-element fill) cost per call, by graph replay and by the profiler's
     kernel time: the floor under any fused kernel, and under the two-kernel unfused baseline, on this GPU. Then
-    two one-kernel floors with loads, at op 2's S = 1, (16, 2) sizes: ``copy`` (o's 16 KiB copied: one level of
-    loads before the stores) and ``gather`` (``index_select`` of one fp32 cos row by a position: a load whose
-    address needs an earlier load, the position -> cos/sin chain of op 2's rope tail)."""
+    two one-kernel floors with loads, at op 2's S = 1, (16, 2) sizes: ``copy`` (``neg`` of o's 16 KiB into another
+    buffer: an elementwise kernel, one level of loads before the stores; a plain ``copy_`` would be a memcpy node,
+    not a kernel) and ``gather`` (``index_select`` of one fp32 cos row by a position: a load whose address needs
+    an earlier load, the position -> cos/sin chain of op 2's rope tail)."""
     t = torch.zeros(2, device="cuda")
     src, dst = torch.randn(16 * 512, device="cuda").bfloat16(), torch.empty(16 * 512, device="cuda").bfloat16()
     cache, rows = torch.randn(4096, 32, device="cuda"), torch.empty(1, 32, device="cuda")
     pos = torch.randint(0, 4096, (1,), device="cuda")
     calls = {"one": lambda i: t[:1].fill_(1.0),
              "two": lambda i: (t[:1].fill_(1.0), t[1:].fill_(2.0)),
-             "copy": lambda i: dst.copy_(src),
+             "copy": lambda i: torch.neg(src, out=dst),
              "gather": lambda i: torch.index_select(cache, 0, pos, out=rows)}
     out = {}
     for name, call in calls.items():
@@ -455,7 +456,7 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
     res["floor"] = launch_floor(res, reps)
     f = res["floor"]
     log(f"  launch floor: one kernel {us(f['one_graph_us'])} us graph / {us(f['one_kernel_us'])} us kernel time; "
-        f"two kernels {us(f['two_graph_us'])} / {us(f['two_kernel_us'])}; a copy of o at S = 1 "
+        f"two kernels {us(f['two_graph_us'])} / {us(f['two_kernel_us'])}; a copy (neg) of o at S = 1 "
         f"{us(f.get('copy_graph_us'))} / {us(f.get('copy_kernel_us'))}; a position -> row gather "
         f"{us(f.get('gather_graph_us'))} / {us(f.get('gather_kernel_us'))}")
     rows = res["rows"] = []
@@ -527,7 +528,7 @@ def sweep_table(res) -> str:
     if f:
         out += [f"Launch floor: one trivial kernel {us(f['one_graph_us'])} us by graph replay, "
                 f"{us(f['one_kernel_us'])} us kernel time; two {us(f['two_graph_us'])} / {us(f['two_kernel_us'])} us. "
-                f"One kernel with loads, at S = 1 sizes: a copy of o {us(f.get('copy_graph_us'))} / "
+                f"One kernel with loads, at S = 1 sizes: a copy (neg) of o {us(f.get('copy_graph_us'))} / "
                 f"{us(f.get('copy_kernel_us'))} us; a position -> cos row gather (a load whose address needs an "
                 f"earlier load) {us(f.get('gather_graph_us'))} / {us(f.get('gather_kernel_us'))} us.", ""]
     out += ["| S | H | G | cuda automatic | 1 chunk / thread | 2 chunks / thread | tail warps | triton | unfused "
