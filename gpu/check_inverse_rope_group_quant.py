@@ -393,8 +393,8 @@ def section_graph(res, backend="cuda"):
 
 SWEEP_S = (1, 8, 32, 64, 128, 256, 512)
 SWEEP_SETS = 100  # input sets per sweep point (the small points fit in the L2 anyway)
-# the larger points: the forced launch shapes only (1 and 2 chunks per thread, tail warps, and 1 in the generic
-# kernel), inputs rotating beyond the L2 as in the bench
+# the larger points: the forced launch shapes only (1 and 2 chunks per thread, tail warps, and 1 with 16-bit
+# caches: the generic kernel and the fast bf16-cache one), inputs rotating beyond the L2 as in the bench
 SWEEP_LARGE = tuple((S, H, G, 128) for H, G in HEAD_GROUPS.values() for S in (1024, 2048, 4096, 8192, 16384)) + (
     (8192, 16, 2, 32),)
 
@@ -448,9 +448,11 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
     launcher's choice), of the fused Triton kernel and of the unfused baseline; and each of the last three's
     kernel time from the profiler (the op-2 seed's method: kernel durations summed, launch gaps not counted).
     First the launch floors (:func:`launch_floor`): how close to one kernel's floor the fused kernels are. Then
-    the larger points (SWEEP_LARGE): the three forced launch shapes only, on the bench's input sets, and one chunk
-    per thread with an fp16 copy of the cos/sin cache ("gen"), which takes the generic kernel (the one that reads
-    the layout per call) instead of the fast-layout kernel of the fp32 cache: what the fast kernels gained."""
+    the larger points (SWEEP_LARGE): the three forced launch shapes only, on the bench's input sets (one chunk per
+    thread takes the fast-layout kernel of the fp32 cache, two the generic kernel), and one chunk per thread with
+    16-bit copies of the cos/sin cache: fp16 ("gen"), which takes the generic kernel (the one that reads the
+    layout per call), and bf16 ("b16"), which takes the fast bf16-cache kernel. The two read the same bytes and
+    convert alike, so b16 against gen is what the fast kernels gained."""
     from fusedrope.baseline import unfused_inverse_rope_group_quant
 
     res["floor"] = launch_floor(res, reps)
@@ -503,18 +505,20 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
         case = QuantCase(S, H, G, quant_group_size=q)
         big = B.quant_sets(case, B.num_sets(B.input_bytes(B.QUANT, case), dev, 200), dev)
         row = {"S": S, "H": H, "G": G, "q": q, "n_sets": len(big)}
-        c16, s16 = big[0][2].half(), big[0][3].half()  # every set shares the cache
-        for name, u, tw in (("cpt1", 1, 0), ("cpt2", 2, 0), ("tw", 1, 1), ("gen", 1, 0)):
-            def call(i, u=u, tw=tw, big=big, q=q, fp16_cache=name == "gen"):
+        caches = {"gen": torch.float16, "b16": torch.bfloat16}  # every set shares the cache
+        caches = {k: (big[0][2].to(dt), big[0][3].to(dt)) for k, dt in caches.items()}
+        for name, u, tw in (("cpt1", 1, 0), ("cpt2", 2, 0), ("tw", 1, 1), ("gen", 1, 0), ("b16", 1, 0)):
+            def call(i, u=u, tw=tw, big=big, q=q, cache=caches.get(name)):
                 o, p, c, s, x, sc, _ = big[i % len(big)]
-                if fp16_cache:
-                    c, s = c16, s16
+                if cache:
+                    c, s = cache
                 torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, q, u, tw)
             row[f"us_{name}"] = round(timing.time_graph_us(call, len(big), reps), 3)
         large.append(row)
         big = None  # freed before the next point's inputs are made
         log(f"  sweep S{S}-H{H}-G{G}-g{q}: 1 chunk/thread {us(row['us_cpt1'])} us, 2 {us(row['us_cpt2'])}, "
-            f"tail warps {us(row['us_tw'])}, generic kernel {us(row['us_gen'])}")
+            f"tail warps {us(row['us_tw'])}; fp16 cache (generic kernel) {us(row['us_gen'])}, bf16 cache (fast) "
+            f"{us(row['us_b16'])}")
 
 
 def sweep_table(res) -> str:
@@ -545,12 +549,12 @@ def sweep_table(res) -> str:
     if large:
         out += ["", "Larger S (inputs rotating beyond the L2): device us by graph replay", "",
                 "| S | H | G | group | sets | 1 chunk / thread | 2 chunks / thread | 2 over 1 | tail warps "
-                "| 1 over tail warps | generic kernel (fp16 cache) | generic over 1 |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "| 1 over tail warps | fp16 cache: generic kernel | bf16 cache: fast kernel | generic over fast |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         out += [f"| {r['S']} | {r['H']} | {r['G']} | {r['q']} | {r['n_sets']} | {us(r['us_cpt1'])} "
                 f"| {us(r['us_cpt2'])} | {ratio(r['us_cpt2'], r['us_cpt1'])} | {us(r.get('us_tw'))} "
-                f"| {ratio(r['us_cpt1'], r.get('us_tw'))} | {us(r.get('us_gen'))} "
-                f"| {ratio(r.get('us_gen'), r['us_cpt1'])} |" for r in large]
+                f"| {ratio(r['us_cpt1'], r.get('us_tw'))} | {us(r.get('us_gen'))} | {us(r.get('us_b16'))} "
+                f"| {ratio(r.get('us_gen'), r.get('us_b16'))} |" for r in large]
     return "\n".join(out) + "\n"
 
 

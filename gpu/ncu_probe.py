@@ -6,7 +6,8 @@ the kernels below, between cudaProfilerStart/Stop, for Nsight Compute to profile
   copy      torch.bitwise_not on int32 views of 512 MiB (the benchmark's copy roofline, fusedrope.benchmark)
   irgq_u1   inverse_rope_group_quant CUDA kernel, S = 8192, (H, G) = (16, 2), group 128, 1 chunk per thread
             (the launcher's choice; since the fast-layout kernels, the one for an aligned fp32 cache)
-  irgq_u2   the same, 2 chunks per thread (the generic kernel)
+  irgq_u2   the same, 2 chunks per thread (the generic kernel: since ea81d7e u1 against u2 is also fast
+            against generic, not unrolling alone)
   irgq_tw   the same, 1 chunk per thread with the rope-tail chunks in warps of their own (tail_warps=1)
   tts       qwen3_tts_rope CUDA kernel on wide_heads-B32 (the seed's largest case), through the public function
 

@@ -10,11 +10,12 @@
 //
 // The common layout (o and x_fp8 16-byte aligned, cos/sin rows 16-byte aligned in fp32 or bf16, e4m3fn output)
 // has kernels of its own, in which that layout is a compile-time constant (kFastCache): their per-call branches
-// on it fold away: on sm_90 (bf16 o, group 128, fp32 cache) 264 SASS instructions against 744 in the kernel that
-// decides every layout per call (tests/test_cuda_quant_kernels.py prints the counts). Nsight Compute on the H200
-// (c5d5262) found the generic kernel issuing an instruction in 62% of cycles at 62% of DRAM peak, so instructions
-// matter here as much as bytes. The one-chunk kernels also ask for 6 blocks of 256 threads per SM
-// (__launch_bounds__), which holds them to 40 registers: 48 warps per SM (75% occupancy) against 40 at 42.
+// on it fold away. Nsight Compute on the H200 (c5d5262) counted 304 instructions issued per warp of the generic
+// kernel, issuing in 62% of cycles at 62% of DRAM peak, so instructions matter here as much as bytes. The fast
+// kernel for that case (bf16 o, group 128, fp32 cache) is 264 SASS instructions long on sm_90, against 744 for
+// the generic one (which holds every layout's path), and has no loop: a warp issues at most about 250 of them.
+// The fast kernels also ask for 6 blocks of 256 threads per SM (__launch_bounds__), which holds them to 39-40
+// registers: 48 warps per SM (75% occupancy) against 40 for the generic kernel (42 registers at c5d5262, 44 now).
 //
 // fp8: sm_89+ converts pairs with cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2, __NV_SATFINITE; the
 // saturation is the reference's clamp to +-448); sm_80 and the fnuz format use the exact software RNE of the
@@ -122,18 +123,19 @@ struct TailSplit {
 };
 
 // kU chunks per thread (kThreads apart): 1 is the launcher's choice (see launch()); 2 (kUnroll) keeps two
-// chunks' loads in flight per thread but needs 77 registers against 42, and so ran slower on the H200.
+// chunks' loads in flight per thread but needed 77 registers against 42 (c5d5262), and so ran slower on the H200.
 // kTailWarps (with kU = 1 only): the TailSplit layout above.
 // kFastCache: kGenericLayout (the layout is read from KArgs per call), or the cache dtype (kF32 / kBF16) of the
 // common layout, which the launcher picks this kernel for: io_vec, cache_vec and e4m3fn.
 constexpr int kGenericLayout = -1;
-// 6 blocks of 256 threads per SM hold a kernel to 40 registers. The one-chunk kernels fit without spilling,
-// except the generic tail-warps one (it would spill 8 bytes), which is left unbounded, as is the two-chunk one.
-template <int kU, bool kTailWarps, int kFastCache>
-constexpr int min_blocks_per_sm() { return kU == 1 && !(kTailWarps && kFastCache == kGenericLayout) ? 6 : 1; }
+// 6 blocks of 256 threads per SM hold a kernel to 40 registers. The fast-layout kernels fit without spilling
+// (sm_80 ... sm_120, tests/test_cuda_quant_kernels.py); the generic ones would spill on some of them (the
+// tail-warps one on sm_90, the plain one on sm_100), so they, and the two-chunk one, are left unbounded.
+template <int kU, int kFastCache>
+constexpr int min_blocks_per_sm() { return kU == 1 && kFastCache != kGenericLayout ? 6 : 1; }
 
 template <int kDtype, int kQ, int kU, bool kTailWarps, int kFastCache>
-__global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kU, kTailWarps, kFastCache>())) irgq_kernel(
+__global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kU, kFastCache>())) irgq_kernel(
     const KArgs a) {
   static_assert(kU == 1 || !kTailWarps, "tail warps take one chunk per thread");
   static_assert(kFastCache == kGenericLayout || kFastCache == kF32 || kFastCache == kBF16, "fast layouts");

@@ -80,6 +80,10 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
         if fast != GENERIC:  # the fast layout is 16-byte aligned: no narrow path for o, x_fp8 or the cache left
             narrow = [o for o in ops if re.fullmatch(r"(LDG|STG)\.E\.(U|S)?16(\.CONSTANT)?", o)]
             assert not narrow, f"{name}: 16-bit global accesses in the fast-layout kernel: {narrow[:3]}"
+            # one 32-bit read-only load (an int32 position) and one byte store (the e8m0 scale) at most; the generic
+            # kernel has 17 of each (the fp32 cache's and x_fp8's narrow paths)
+            assert sum(o == "LDG.E.CONSTANT" for o in ops) <= 1, f"{name}: narrow fp32 cache loads"
+            assert sum(o == "STG.E.U8" for o in ops) <= 1, f"{name}: byte stores of x_fp8"
         f2fp = [o for o in ops if o.startswith("F2FP") and "E4M3" in o]
         assert f2fp, f"{name}: no packed hardware E4M3 conversion (F2FP...E4M3)"
         assert all("SATFINITE" in o and "PACK" in o for o in f2fp), f2fp
@@ -88,8 +92,8 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
         assert not [o for o in ops if o.startswith(("LDL", "STL"))], f"{name}: local memory in SASS"
         res = usage[name]
         assert res["local"] == 0 and res["stack"] == 0, f"{name}: {res}"
-        # __launch_bounds__(256, 6) on the one-chunk kernels (but the generic tail-warps one): 48 warps per SM
-        if u == 1 and not (tw and fast == GENERIC):
+        # __launch_bounds__(256, 6) on the fast-layout kernels: 48 warps per SM
+        if fast != GENERIC:
             assert res["registers"] <= 40, f"{name}: {res['registers']} registers (6 blocks of 256 need <= 40)"
         shuffles.setdefault(q, set()).add(sum(o.startswith("SHFL.BFLY") for o in ops) // u)
         sizes[(name[name.index("irgq_kernel") + 13:name.index("irgq_kernel") + 15], q, u, tw, fast)] = len(ops)
@@ -103,6 +107,21 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
         if fast != GENERIC:
             generic = sizes[(dt, q, u, tw, GENERIC)]
             assert n * 2 < generic, f"fast kernel {(dt, q, tw, fast)}: {n} instructions against {generic} generic"
+
+
+@pytest.mark.parametrize("arch", ["sm_100", "sm_120"])
+def test_blackwell_no_local_memory_and_bounded_fast_kernels(arch):
+    """__launch_bounds__(256, 6) holds the fast-layout kernels to 40 registers without spilling on Blackwell too
+    (the generic kernels, which would spill there, are not bounded)."""
+    cubin = nvcc_cubin(KERNEL, arch)
+    usage = resource_usage(cubin)
+    names = [n for n in usage if "irgq_kernel" in n]
+    assert len(names) == 56, len(names)
+    for name in names:
+        res = usage[name]
+        assert res["local"] == 0 and res["stack"] == 0, f"{arch} {name}: {res}"
+        if _variant_of(name)[3] != GENERIC:
+            assert res["registers"] <= 40, f"{arch} {name}: {res['registers']} registers"
 
 
 def test_sm80_sass_software_fp8_no_local_memory():
@@ -167,9 +186,9 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     once: every (H, G, S) point gets the graph times of the four CUDA launch shapes (automatic, 1 and 2 chunks
     per thread, tail warps; each call reaches the config op with its forced shape), of triton (the public
     function with backend="triton" into the set's buffers) and of unfused, and the profiler times of three; the
-    larger points time 1, 2, tail warps and 1 with an fp16 cache (the generic kernel) on the bench's input sets,
-    with their own group size; the table shows them all with the speedups; a profiler that fails leaves its cells
-    "-" and records why once; a spent deadline records a skip."""
+    larger points time 1, 2, tail warps and 1 with an fp16 cache (the generic kernel) and a bf16 one (the fast
+    kernel) on the bench's input sets, with their own group size; the table shows them all with the speedups; a
+    profiler that fails leaves its cells "-" and records why once; a spent deadline records a skip."""
     import importlib
     import sys
 
@@ -178,11 +197,13 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     sys.path.insert(0, str(ROOT / "gpu"))
     script = importlib.import_module("check_inverse_rope_group_quant")
     seen = []
-    time_of = {"cpt0": 1.0, "cpt1": 2.0, "cpt2": 3.0, "tw": 1.5, "triton": 4.0, "unfused": 5.0, "gen": 2.5}
+    time_of = {"cpt0": 1.0, "cpt1": 2.0, "cpt2": 3.0, "tw": 1.5, "triton": 4.0, "unfused": 5.0, "gen": 2.5,
+               "b16": 2.25}
 
     def fake_op(o, p, c, s, x, sc, q, u, tw=0):
         assert c.dtype == s.dtype
-        name = "tw" if tw else ("gen" if c.dtype == torch.float16 else f"cpt{u}")
+        name = "tw" if tw else {torch.float16: "gen", torch.bfloat16: "b16"}.get(c.dtype, f"cpt{u}")
+        assert name not in ("gen", "b16") or (u, tw) == (1, 0)  # one chunk per thread, plain, 16-bit cache
         seen.append((name, o.shape[0], o.shape[1], q))
         assert not tw or u == 1
 
@@ -218,9 +239,10 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     script.section_sweep(res, deadline=float("inf"), device="cpu")
     assert [(r["H"], r["G"], r["S"]) for r in res["rows"]] == [(16, 2, 1), (16, 2, 8), (8, 1, 1), (8, 1, 8)]
     assert res["large_rows"] == [{"S": 4, "H": 8, "G": 1, "q": 32, "n_sets": 2, "us_cpt1": 2.0, "us_cpt2": 3.0,
-                                  "us_tw": 1.5, "us_gen": 2.5}]
-    assert seen[-4:] == [("cpt1", 4, 8, 32), ("cpt2", 4, 8, 32), ("tw", 4, 8, 32), ("gen", 4, 8, 32)]
-    small = {k: v for k, v in time_of.items() if k != "gen"}
+                                  "us_tw": 1.5, "us_gen": 2.5, "us_b16": 2.25}]
+    assert seen[-5:] == [("cpt1", 4, 8, 32), ("cpt2", 4, 8, 32), ("tw", 4, 8, 32), ("gen", 4, 8, 32),
+                         ("b16", 4, 8, 32)]
+    small = {k: v for k, v in time_of.items() if k not in ("gen", "b16")}
     for r in res["rows"]:
         assert {k: r[f"us_{k}"] for k in small} == small
         assert (r["kernel_us_cpt0"], r["kernel_us_triton"], r["kernel_us_unfused"]) == (0.5, 2.0, 2.5)
@@ -232,7 +254,7 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     assert "one trivial kernel 0.50 us by graph replay, 0.25 us kernel time; two 1.00 / 0.50 us" in table
     assert "a copy (neg) of o 0.75 / 0.50 us; a position -> cos row gather" in table
     assert "earlier load) 1.25 / 1.00 us." in table
-    assert "| 4 | 8 | 1 | 32 | 2 | 2.00 | 3.00 | 1.50x | 1.50 | 1.33x | 2.50 | 1.25x |" in table
+    assert "| 4 | 8 | 1 | 32 | 2 | 2.00 | 3.00 | 1.50x | 1.50 | 1.33x | 2.50 | 2.25 | 1.11x |" in table
 
     def broken_profiler(call, n):
         raise RuntimeError("CUPTI unavailable")

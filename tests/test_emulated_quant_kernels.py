@@ -6,8 +6,9 @@ and a read from a lane that did not take part is an error (tests/lockstep.h, tes
 The output must equal fusedrope.reference byte for byte, every output byte written (poisoned buffers), over the
 seed shapes, all group sizes, both scale layouts and formats, both fp8 types, bf16/fp16 o, bf16/fp16/fp32
 strided caches, int32/int64 strided positions (some out of range), the narrow paths for a misaligned o,
-NaN/Inf blocks and partial last blocks; under AddressSanitizer on exact-size allocations; and mutated copies of
-each kernel's block reduction must fail.
+NaN/Inf blocks and partial last blocks, the CUDA launcher's fast-layout kernels (whose mutated copies must fail
+on that layout only); under AddressSanitizer on exact-size allocations; and mutated copies of each kernel's block
+reduction must fail.
 
 Each kernel also runs with its hardware fp8 path switched on, through a model of the conversion: the CUDA kernel
 as for sm_90 (__nv_cvt_float2_to_fp8x2, tests/cuda_emul/cuda_fp8.h), the HIP kernel as for gfx942 and gfx950
@@ -235,22 +236,24 @@ def test_cuda_fast_layout_kernels(vendor, dtype, cache_dtype):
             _run_checked(lib, o, p32, c, s, 1, q, q == 128, scale_dtype=torch.float32, tail_warps=tw)
 
 
-def test_cuda_fast_layout_kernels_run_for_that_layout_only(tmp_path):
-    """The fast-layout kernels do run: a copy whose fast kernels read an fp32 cache as bf16 fails on the common
-    layout and still passes where the launcher must take the generic kernel (a misaligned o, e4m3fnuz output, an
-    fp16 or misaligned cache)."""
+@pytest.mark.parametrize("cache_dtype,misread_as", [(torch.float32, "kBF16"), (torch.bfloat16, "kF32")],
+                         ids=["f32cache", "bf16cache"])
+def test_cuda_fast_layout_kernels_run_for_that_layout_only(tmp_path, cache_dtype, misread_as):
+    """The fast-layout kernels do run: a copy whose fast kernels read the cache as the other dtype fails on the
+    common layout with that cache, and still passes where the launcher must take the generic kernel (a
+    misaligned o, e4m3fnuz output, an fp16 or misaligned cache)."""
     bad = emulated_kernel("cuda-sm90", _mutated_copy(tmp_path, CUDA_SRC, "kFast ? kFastCache : a.cache_dtype",
-                                                     "kFast ? kBF16 : a.cache_dtype"))
-    o, p, c, s = quant_inputs(2, 16, cache_dtype=torch.float32, seed=5)
+                                                     f"kFast ? {misread_as} : a.cache_dtype"))
+    o, p, c, s = quant_inputs(2, 16, cache_dtype=cache_dtype, seed=5)
     for tw in (0, 1):
         with pytest.raises(AssertionError, match="fp8 bytes differ|scale mismatch"):
             _run_checked(bad, o, p, c, s, 2, 128, False, tail_warps=tw)
-    om, pm, cm, sm = quant_inputs(2, 16, cache_dtype=torch.float32, misaligned=True, seed=5)
+    om, pm, cm, sm = quant_inputs(2, 16, cache_dtype=cache_dtype, misaligned=True, seed=5)
     _run_checked(bad, om, pm, cm, sm, 2, 128, False)
     _run_checked(bad, o, p, c, s, 2, 128, False, torch.float8_e4m3fnuz)
     o16, p16, c16, s16 = quant_inputs(2, 16, cache_dtype=torch.float16, seed=5)
     _run_checked(bad, o16, p16, c16, s16, 2, 128, False)
-    ost, pst, cst, sst = quant_inputs(2, 16, cache_dtype=torch.float32, strided_cache=True, seed=5)
+    ost, pst, cst, sst = quant_inputs(2, 16, cache_dtype=cache_dtype, strided_cache=True, seed=5)
     _run_checked(bad, ost, pst, cst, sst, 2, 128, False)
 
 
