@@ -120,11 +120,11 @@ def fp8_stats(x, xr):
 
 def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m3fn,
              scale_dtype=torch.float8_e8m0fnu, x_offset=0, scale_pad=0, cpu_reference=False, chunks_per_thread=None,
-             tail_warps=0):
+             tail_warps=0, block_threads=0):
     """Run ``backend`` into poisoned buffers inside poisoned guard bytes (compute-sanitizer misses a write into
     the caching allocator's slack) and compare with the reference. Returns a result dict. ``chunks_per_thread``
-    (1 or 2) and ``tail_warps`` (0 or 1): the raw CUDA op with that launch shape forced, instead of the public
-    function."""
+    (1 or 2), ``tail_warps`` (0 or 1) and ``block_threads`` (0 = automatic): the raw CUDA op with that launch
+    shape forced, instead of the public function."""
     x0, s0 = empty_quant_outputs(o, G, q, transpose, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
     # x_offset: caller-provided x_fp8 that is contiguous but not 16-byte aligned
     x, x_buf = guarded_poison(x0.shape, fp8_dtype, o.device, lead=64 + x_offset)
@@ -138,7 +138,7 @@ def run_case(backend, o, p, c, s, G, q, transpose, *, fp8_dtype=torch.float8_e4m
     else:
         cuda_inverse_rope_quant.inverse_rope_group_quant_config(o, p, c, s, x, sc, q,
                                                                 chunks_per_thread=chunks_per_thread,
-                                                                tail_warps=tail_warps)
+                                                                tail_warps=tail_warps, block_threads=block_threads)
     xr, sr = poison_like(x0), poison_like(s0, 0xA5)
     if cpu_reference:
         xr_c, sr_c = empty_quant_outputs(o.cpu(), G, q, transpose, fp8_dtype=fp8_dtype,
@@ -269,7 +269,9 @@ def raw_reject_cases() -> dict:
             "chunks_per_thread_3": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(
                 o, p, c, s, x, sc, q, 3),
             "tail_warps_with_2_chunks": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(
-                o, p, c, s, x, sc, q, 2, 1)}
+                o, p, c, s, x, sc, q, 2, 1),
+            "block_threads_48": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(
+                o, p, c, s, x, sc, q, 0, 0, 48)}
 
 
 def section_correctness(res, device, backend, subset=False, cpu_reference_every=0):
@@ -294,14 +296,18 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
         res["nan_inf"] = {"error": f"{type(e).__name__}: {e}"}
         fails.append("nan_inf")
     extra = 0  # checks beyond the case list and nan_inf
-    if backend == "cuda":  # each forced launch shape: 1 or 2 chunks per thread, and the tail warps (tw)
-        for S, H, G, q, u, tw in ((3, 16, 2, 128, 2, 0), (3, 16, 2, 32, 1, 0), (300, 16, 2, 64, 1, 0),
-                                  (300, 8, 1, 256, 2, 0), (3, 16, 2, 128, 1, 1), (5, 8, 1, 32, 1, 1),
-                                  (300, 16, 2, 64, 1, 1), (301, 8, 1, 256, 1, 1)):
-            name = f"forced_chunks_per_thread{u}{'_tail_warps' if tw else ''}-S{S}-H{H}-G{G}-g{q}"
+    if backend == "cuda":  # each forced launch shape: 1 or 2 chunks per thread, the tail warps (tw), block size
+        for S, H, G, q, u, tw, bt in ((3, 16, 2, 128, 2, 0, 0), (3, 16, 2, 32, 1, 0, 0), (300, 16, 2, 64, 1, 0, 0),
+                                      (300, 8, 1, 256, 2, 0, 0), (3, 16, 2, 128, 1, 1, 0), (5, 8, 1, 32, 1, 1, 0),
+                                      (300, 16, 2, 64, 1, 1, 0), (301, 8, 1, 256, 1, 1, 0),
+                                      (3, 16, 2, 128, 1, 0, 32), (300, 16, 2, 64, 2, 0, 96),
+                                      (5, 8, 1, 32, 1, 1, 64), (1, 16, 2, 128, 1, 0, 256)):
+            name = (f"forced_chunks_per_thread{u}{'_tail_warps' if tw else ''}{f'_block{bt}' if bt else ''}"
+                    f"-S{S}-H{H}-G{G}-g{q}")
             try:
                 o, p, c, s = make_inputs(S, H, device=device, seed=S + u + tw)
-                r = run_case(backend, o, p, c, s, G, q, False, chunks_per_thread=u, tail_warps=tw)
+                r = run_case(backend, o, p, c, s, G, q, False, chunks_per_thread=u, tail_warps=tw,
+                             block_threads=bt)
             except Exception as e:  # noqa: BLE001
                 r = {"ok": False, "error": f"{type(e).__name__}: {e}"}
             res.setdefault("cases", {})[name] = r
@@ -444,9 +450,11 @@ def launch_floor(res, reps: int = 5) -> dict:
 
 def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
     """At small S (SWEEP_S) for both seed (H, G), group 128, row-major scales: device time (graph replay) of the
-    CUDA kernel with 1 and 2 chunks per thread and the tail warps forced and the automatic choice (data for the
-    launcher's choice), of the fused Triton kernel and of the unfused baseline; and each of the last three's
-    kernel time from the profiler (the op-2 seed's method: kernel durations summed, launch gaps not counted).
+    CUDA kernel's automatic launch (one chunk per thread, blocks spread over the SMs when the grid is small), of
+    the same with 256-thread blocks forced (the launch before the spreading), with 2 chunks per thread and with
+    tail warps (data for the launcher's choices), of the fused Triton kernel and of the unfused baseline; and the
+    kernel time from the profiler of the first two and the last two (the op-2 seed's method: kernel durations
+    summed, launch gaps not counted).
     First the launch floors (:func:`launch_floor`): how close to one kernel's floor the fused kernels are. Then
     the larger points (SWEEP_LARGE): the three forced launch shapes only, on the bench's input sets (one chunk per
     thread takes the fast-layout kernel of the fp32 cache, two the generic kernel), and one chunk per thread with
@@ -472,10 +480,11 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
                     for _ in range(SWEEP_SETS)]
             row = {"S": S, "H": H, "G": G}
 
-            def config_call(u, tw=0):
+            def config_call(u, tw=0, block=0):
                 def call(i):
                     o, p, c, s, x, sc = sets[i % len(sets)]
-                    torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, 128, u, tw)
+                    torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, 128, u, tw,
+                                                                                 block)
                 return call
 
             def api_call(fn, **kw):
@@ -484,17 +493,19 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
                     fn(o, p, c, s, G, 128, x_fp8=x, x_scale=sc, **kw)
                 return call
 
-            calls = {"cpt0": config_call(0), "cpt1": config_call(1), "cpt2": config_call(2), "tw": config_call(1, 1),
+            calls = {"cpt0": config_call(0), "b256": config_call(1, 0, 256), "cpt2": config_call(2),
+                     "tw": config_call(1, 1),
                      "triton": api_call(fusedrope.inverse_rope_group_quant, backend="triton"),
                      "unfused": api_call(unfused_inverse_rope_group_quant)}
             for name, call in calls.items():
                 row[f"us_{name}"] = round(timing.time_graph_us(call, len(sets), reps), 3)
-            for name in ("cpt0", "triton", "unfused"):
+            for name in ("cpt0", "b256", "triton", "unfused"):
                 row[f"kernel_us_{name}"], row[f"kernels_{name}"] = kernel_time(res, calls[name], len(sets))
             rows.append(row)
-            log(f"  sweep S{S}-H{H}-G{G}: cuda auto {us(row['us_cpt0'])} us (1 chunk/thread {us(row['us_cpt1'])}, "
-                f"2 {us(row['us_cpt2'])}, tail warps {us(row['us_tw'])}), triton {us(row['us_triton'])}, "
-                f"unfused {us(row['us_unfused'])}; kernel time cuda {us(row['kernel_us_cpt0'])}, "
+            log(f"  sweep S{S}-H{H}-G{G}: cuda auto {us(row['us_cpt0'])} us (256-thread blocks "
+                f"{us(row['us_b256'])}, 2 chunks/thread {us(row['us_cpt2'])}, tail warps {us(row['us_tw'])}), "
+                f"triton {us(row['us_triton'])}, unfused {us(row['us_unfused'])}; kernel time cuda "
+                f"{us(row['kernel_us_cpt0'])} (256-thread blocks {us(row['kernel_us_b256'])}), "
                 f"triton {us(row['kernel_us_triton'])}, unfused {us(row['kernel_us_unfused'])}")
     large = res["large_rows"] = []
     dev = torch.device(device)
@@ -535,14 +546,15 @@ def sweep_table(res) -> str:
                 f"One kernel with loads, at S = 1 sizes: a copy (neg) of o {us(f.get('copy_graph_us'))} / "
                 f"{us(f.get('copy_kernel_us'))} us; a position -> cos row gather (a load whose address needs an "
                 f"earlier load) {us(f.get('gather_graph_us'))} / {us(f.get('gather_kernel_us'))} us.", ""]
-    out += ["| S | H | G | cuda automatic | 1 chunk / thread | 2 chunks / thread | tail warps | triton | unfused "
-            "| speedup | cuda kernel us | triton kernel us | unfused kernel us | kernel-time speedup |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["| S | H | G | cuda automatic | 256-thread blocks | 2 chunks / thread | tail warps | triton | unfused "
+            "| speedup | cuda kernel us | 256-thread blocks kernel us | triton kernel us | unfused kernel us "
+            "| kernel-time speedup |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [r["S"], r["H"], r["G"]] + [us(r.get(f"us_{k}"))
-                                            for k in ("cpt0", "cpt1", "cpt2", "tw", "triton", "unfused")]
+                                            for k in ("cpt0", "b256", "cpt2", "tw", "triton", "unfused")]
         cells += [ratio(r["us_unfused"], r["us_cpt0"])]
-        cells += [us(r[f"kernel_us_{k}"]) for k in ("cpt0", "triton", "unfused")]
+        cells += [us(r.get(f"kernel_us_{k}")) for k in ("cpt0", "b256", "triton", "unfused")]
         cells += [ratio(r["kernel_us_unfused"], r["kernel_us_cpt0"])]
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
     large = res.get("large_rows") or []

@@ -122,7 +122,7 @@ struct TailSplit {
   }
 };
 
-// kU chunks per thread (kThreads apart): 1 is the launcher's choice (see launch()); 2 (kUnroll) keeps two
+// kU chunks per thread (a block apart): 1 is the launcher's choice (see launch()); 2 (kUnroll) keeps two
 // chunks' loads in flight per thread but needed 77 registers against 42 (c5d5262), and so ran slower on the H200.
 // kTailWarps (with kU = 1 only): the TailSplit layout above.
 // kFastCache: kGenericLayout (the layout is read from KArgs per call), or the cache dtype (kF32 / kBF16) of the
@@ -144,12 +144,12 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kU, kFastCache>()
   const bool cache_vec = kFast || a.cache_vec != 0;
   const bool fnuz = !kFast && a.fp8_fnuz != 0;
   constexpr int kLanes = kQ / kChunk;
-  const unsigned first = blockIdx.x * (unsigned)(kThreads * kU) + threadIdx.x;
+  const unsigned first = blockIdx.x * blockDim.x * kU + threadIdx.x;  // blockDim.x: the launcher's block size
   const unsigned char* o = static_cast<const unsigned char*>(a.o);
   unsigned chunks[kU];
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
-    chunks[j] = kTailWarps ? TailSplit<kQ>::chunk(first, a.num_chunks) : first + j * kThreads;
+    chunks[j] = kTailWarps ? TailSplit<kQ>::chunk(first, a.num_chunks) : first + j * blockDim.x;
   }
 
   // Every load of the lane is issued before any math, in two waves: o and the positions of its rope-tail
@@ -228,47 +228,63 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kU, kFastCache>()
   }
 }
 
+// Threads per block when the call does not force it: kThreads, or, for a grid of fewer such blocks than the device
+// has SMs (small S: 2 blocks at S = 1, (H, G) = (16, 2)), blocks of fewer whole warps, so that the warps spread
+// over up to num_sms SMs instead of queueing 8 to an SM. On the H200 (c5d5262) the fused Triton kernel, one warp
+// per program at S <= 8, took 1.51 us of kernel time at S = 1 against 1.66 for this kernel's 2 blocks of 8 warps.
+unsigned block_threads_for(unsigned long long threads, int num_sms) {
+  const unsigned long long warps = (threads + 31u) / 32u, per_block = kThreads / 32;
+  if (num_sms <= 0 || warps >= per_block * (unsigned long long)num_sms) return kThreads;
+  return 32u * (unsigned)((warps + num_sms - 1) / num_sms);
+}
+
+// The launch's shape: the chunks, and the block size asked for (Params::block_threads: 0 = block_threads_for).
+struct Shape {
+  unsigned num_chunks;
+  int block_threads, num_sms;
+};
+
 // cudaLaunchKernel rather than <<<>>>: the same launch, and plain C++, so tests/test_emulated_quant_kernels.py
 // compiles this file with g++ against tests/cuda_emul and runs the whole kernel on the CPU.
 template <int kDtype, int kQ, int kU, bool kTailWarps, int kFastCache>
-cudaError_t launch_one(unsigned num_chunks, cudaStream_t stream, void** args) {
-  const unsigned long long threads =
-      kTailWarps ? TailSplit<kQ>::threads(num_chunks) : (unsigned long long)num_chunks;
-  const unsigned long long per_block = (unsigned long long)kThreads * kU;
-  const dim3 grid((unsigned)((threads + per_block - 1) / per_block));
-  return cudaLaunchKernel(irgq_kernel<kDtype, kQ, kU, kTailWarps, kFastCache>, grid, dim3(kThreads), args, 0,
-                          stream);
+cudaError_t launch_one(const Shape& sh, cudaStream_t stream, void** args) {
+  const unsigned long long threads = kTailWarps ? TailSplit<kQ>::threads(sh.num_chunks)
+                                                : ((unsigned long long)sh.num_chunks + kU - 1) / kU;
+  const unsigned block = sh.block_threads > 0 ? (unsigned)sh.block_threads : block_threads_for(threads, sh.num_sms);
+  const dim3 grid((unsigned)((threads + block - 1) / block));
+  return cudaLaunchKernel(irgq_kernel<kDtype, kQ, kU, kTailWarps, kFastCache>, grid, dim3(block), args, 0, stream);
 }
 
 template <int kDtype, int kU, bool kTailWarps, int kFastCache>
-cudaError_t launch_qu(int q, unsigned num_chunks, cudaStream_t stream, void** args) {
+cudaError_t launch_qu(int q, const Shape& sh, cudaStream_t stream, void** args) {
   switch (q) {
-    case 32: return launch_one<kDtype, 32, kU, kTailWarps, kFastCache>(num_chunks, stream, args);
-    case 64: return launch_one<kDtype, 64, kU, kTailWarps, kFastCache>(num_chunks, stream, args);
-    case 128: return launch_one<kDtype, 128, kU, kTailWarps, kFastCache>(num_chunks, stream, args);
-    default: return launch_one<kDtype, 256, kU, kTailWarps, kFastCache>(num_chunks, stream, args);
+    case 32: return launch_one<kDtype, 32, kU, kTailWarps, kFastCache>(sh, stream, args);
+    case 64: return launch_one<kDtype, 64, kU, kTailWarps, kFastCache>(sh, stream, args);
+    case 128: return launch_one<kDtype, 128, kU, kTailWarps, kFastCache>(sh, stream, args);
+    default: return launch_one<kDtype, 256, kU, kTailWarps, kFastCache>(sh, stream, args);
   }
 }
 
 // One chunk per thread, plain or tail warps, in the kernel for the call's layout.
 template <int kDtype, bool kTailWarps>
-cudaError_t launch_u1(int q, int fast_cache, cudaStream_t stream, const KArgs& a, void** args) {
+cudaError_t launch_u1(int q, int fast_cache, const Shape& sh, cudaStream_t stream, void** args) {
   switch (fast_cache) {
-    case kF32: return launch_qu<kDtype, 1, kTailWarps, kF32>(q, a.num_chunks, stream, args);
-    case kBF16: return launch_qu<kDtype, 1, kTailWarps, kBF16>(q, a.num_chunks, stream, args);
-    default: return launch_qu<kDtype, 1, kTailWarps, kGenericLayout>(q, a.num_chunks, stream, args);
+    case kF32: return launch_qu<kDtype, 1, kTailWarps, kF32>(q, sh, stream, args);
+    case kBF16: return launch_qu<kDtype, 1, kTailWarps, kBF16>(q, sh, stream, args);
+    default: return launch_qu<kDtype, 1, kTailWarps, kGenericLayout>(q, sh, stream, args);
   }
 }
 
 template <int kDtype>
-cudaError_t launch_q(int q, int chunks_per_thread, bool tail_warps, cudaStream_t stream, const KArgs& a) {
+cudaError_t launch_q(int q, int chunks_per_thread, bool tail_warps, const Shape& sh, cudaStream_t stream,
+                     const KArgs& a) {
   KArgs args_copy = a;
   void* args[] = {&args_copy};
   const bool fast = a.io_vec && a.cache_vec && !a.fp8_fnuz && (a.cache_dtype == kF32 || a.cache_dtype == kBF16);
   const int fast_cache = fast ? a.cache_dtype : kGenericLayout;
-  if (tail_warps) return launch_u1<kDtype, true>(q, fast_cache, stream, a, args);
-  return chunks_per_thread == 1 ? launch_u1<kDtype, false>(q, fast_cache, stream, a, args)
-                                : launch_qu<kDtype, kUnroll, false, kGenericLayout>(q, a.num_chunks, stream, args);
+  if (tail_warps) return launch_u1<kDtype, true>(q, fast_cache, sh, stream, args);
+  return chunks_per_thread == 1 ? launch_u1<kDtype, false>(q, fast_cache, sh, stream, args)
+                                : launch_qu<kDtype, kUnroll, false, kGenericLayout>(q, sh, stream, args);
 }
 
 // The launcher gives each thread one chunk: on the H200 (the op-2 GPU script's sweep, commits 9147894 and
@@ -288,7 +304,9 @@ const char* status_string(int status) {
     case kBadDtype: return "unsupported dtype code";
     case kTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
     case kLaunchFailed: return "kernel launch failed";
-    case kBadConfig: return "chunks_per_thread must be 0 (automatic), 1 or 2, and 0 or 1 with tail_warps";
+    case kBadConfig:
+      return "chunks_per_thread must be 0 (automatic), 1 or 2, and 0 or 1 with tail_warps; block_threads 0 "
+             "(automatic) or a multiple of 32 from 32 to 256";
     default: return "unknown status";
   }
 }
@@ -301,9 +319,20 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
   int u = p.chunks_per_thread;
   if (u == 0) u = 1;
   if ((u != 1 && u != kUnroll) || (p.tail_warps != 0 && (p.tail_warps != 1 || u != 1))) return kBadConfig;
+  const int bt = p.block_threads;
+  if (bt != 0 && (bt < 32 || bt > kThreads || bt % 32 != 0)) return kBadConfig;
+  Shape sh{(unsigned)num_chunks, bt, p.num_sms};
+  if (bt == 0 && sh.num_sms <= 0) {  // ask the runtime; on failure keep kThreads (num_sms 0)
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sh.num_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      sh.num_sms = 0;
+    }
+  }
   const bool tw = p.tail_warps == 1;
-  const cudaError_t err = p.o_dtype == kBF16 ? launch_q<kBF16>(p.quant_group_size, u, tw, stream, a)
-                                             : launch_q<kF16>(p.quant_group_size, u, tw, stream, a);
+  const cudaError_t err = p.o_dtype == kBF16 ? launch_q<kBF16>(p.quant_group_size, u, tw, sh, stream, a)
+                                             : launch_q<kF16>(p.quant_group_size, u, tw, sh, stream, a);
   if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave the error for the next launch check
   if (cuda_error) *cuda_error = (int)err;
   return err == cudaSuccess ? kOk : kLaunchFailed;

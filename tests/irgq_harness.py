@@ -139,14 +139,16 @@ def emul_stats(lib) -> dict:
 
 
 def emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q, *, head_dim=None, rope_dim=None,
-            chunks_per_thread=0, tail_warps=0) -> int:
+            chunks_per_thread=0, tail_warps=0, block_threads=0, num_sms=0) -> int:
+    """The launcher's status code; the launch-shape arguments are the CUDA launcher's (the HIP one ignores them):
+    ``num_sms`` 0 makes it ask the emulated runtime, which says 132."""
     S, H, D = o.shape
     ptrs = (ctypes.c_void_p * 6)(o.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  x_fp8.data_ptr(), x_scale.data_ptr())
     ints = [S, H, head_dim or D, DT[o.dtype], int(positions.dtype == torch.int64), positions.stride(0),
             DT[cos.dtype], cos.stride(0), sin.stride(0), cos.shape[0], rope_dim or 2 * cos.shape[1],
             int(x_fp8.dtype == torch.float8_e4m3fnuz), x_fp8.shape[1], q, int(x_scale.dtype == torch.float32),
-            x_scale.stride(0), x_scale.stride(2), chunks_per_thread, tail_warps]
+            x_scale.stride(0), x_scale.stride(2), chunks_per_thread, tail_warps, block_threads, num_sms]
     return lib.irgq_host_run(ptrs, (ctypes.c_longlong * len(ints))(*ints))
 
 
@@ -189,12 +191,11 @@ def quant_outputs(o, G, q, transpose, fp8_dtype=torch.float8_e4m3fn, scale_dtype
 
 
 def check_emulated(lib, o, positions, cos, sin, G, q, transpose, fp8_dtype=torch.float8_e4m3fn,
-                   scale_dtype=torch.float8_e8m0fnu, chunks_per_thread=0, tail_warps=0):
+                   scale_dtype=torch.float8_e8m0fnu, **launch_shape):
     """The emulated kernel's scale and fp8 bytes equal fusedrope.reference's, every byte written."""
     x, s = quant_outputs(o, G, q, transpose, fp8_dtype, scale_dtype)
     xr, sr = quant_outputs(o, G, q, transpose, fp8_dtype, scale_dtype)
-    assert emulate(lib, o, positions, cos, sin, x, s, q, chunks_per_thread=chunks_per_thread,
-                   tail_warps=tail_warps) == 0
+    assert emulate(lib, o, positions, cos, sin, x, s, q, **launch_shape) == 0
     ref.inverse_rope_group_quant(o, positions, cos, sin, xr, sr, q)
     if scale_dtype == torch.float32:
         got, want = s.view(torch.int32), sr.view(torch.int32)

@@ -183,9 +183,9 @@ def test_gpu_check_script_cpu_selftest(tmp_path):
 
 def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     """The op-2 script's sweep section at small S with CPU inputs and stand-in timers that call each contender
-    once: every (H, G, S) point gets the graph times of the four CUDA launch shapes (automatic, 1 and 2 chunks
-    per thread, tail warps; each call reaches the config op with its forced shape), of triton (the public
-    function with backend="triton" into the set's buffers) and of unfused, and the profiler times of three; the
+    once: every (H, G, S) point gets the graph times of the four CUDA launch shapes (automatic, 256-thread blocks,
+    2 chunks per thread, tail warps; each call reaches the config op with its forced shape), of triton (the public
+    function with backend="triton" into the set's buffers) and of unfused, and the profiler times of four; the
     larger points time 1, 2, tail warps and 1 with an fp16 cache (the generic kernel) and a bf16 one (the fast
     kernel) on the bench's input sets, with their own group size; the table shows them all with the speedups; a
     profiler that fails leaves its cells "-" and records why once; a spent deadline records a skip."""
@@ -197,13 +197,14 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     sys.path.insert(0, str(ROOT / "gpu"))
     script = importlib.import_module("check_inverse_rope_group_quant")
     seen = []
-    time_of = {"cpt0": 1.0, "cpt1": 2.0, "cpt2": 3.0, "tw": 1.5, "triton": 4.0, "unfused": 5.0, "gen": 2.5,
-               "b16": 2.25}
+    time_of = {"cpt0": 1.0, "cpt1": 2.0, "b256": 1.75, "cpt2": 3.0, "tw": 1.5, "triton": 4.0, "unfused": 5.0,
+               "gen": 2.5, "b16": 2.25}
 
-    def fake_op(o, p, c, s, x, sc, q, u, tw=0):
-        assert c.dtype == s.dtype
+    def fake_op(o, p, c, s, x, sc, q, u, tw=0, block=0):
+        assert c.dtype == s.dtype and block in (0, 256)
         name = "tw" if tw else {torch.float16: "gen", torch.bfloat16: "b16"}.get(c.dtype, f"cpt{u}")
-        assert name not in ("gen", "b16") or (u, tw) == (1, 0)  # one chunk per thread, plain, 16-bit cache
+        name = "b256" if block else name
+        assert name not in ("gen", "b16", "b256") or (u, tw) == (1, 0)  # one chunk per thread, plain
         seen.append((name, o.shape[0], o.shape[1], q))
         assert not tw or u == 1
 
@@ -242,15 +243,17 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
                                   "us_tw": 1.5, "us_gen": 2.5, "us_b16": 2.25}]
     assert seen[-5:] == [("cpt1", 4, 8, 32), ("cpt2", 4, 8, 32), ("tw", 4, 8, 32), ("gen", 4, 8, 32),
                          ("b16", 4, 8, 32)]
-    small = {k: v for k, v in time_of.items() if k not in ("gen", "b16")}
+    small = {k: v for k, v in time_of.items() if k not in ("gen", "b16", "cpt1")}
     for r in res["rows"]:
         assert {k: r[f"us_{k}"] for k in small} == small
-        assert (r["kernel_us_cpt0"], r["kernel_us_triton"], r["kernel_us_unfused"]) == (0.5, 2.0, 2.5)
+        assert (r["kernel_us_cpt0"], r["kernel_us_b256"], r["kernel_us_triton"], r["kernel_us_unfused"]) == (
+            0.5, 0.875, 2.0, 2.5)
         assert (r["kernels_cpt0"], r["kernels_unfused"]) == (1.0, 2.0)
-    assert seen[:6] == [("cpt0", 1, 16, 128), ("cpt1", 1, 16, 128), ("cpt2", 1, 16, 128), ("tw", 1, 16, 128),
+    assert seen[:6] == [("cpt0", 1, 16, 128), ("b256", 1, 16, 128), ("cpt2", 1, 16, 128), ("tw", 1, 16, 128),
                         ("triton", 1, 16, 128), ("unfused", 1, 16, 128)]
     table = script.sweep_table(res)
-    assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 1.50 | 4.00 | 5.00 | 5.00x | 0.50 | 2.00 | 2.50 | 5.00x |" in table
+    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 4.00 | 5.00 | 5.00x | 0.50 | 0.88 | 2.00 | 2.50 | 5.00x |"
+            in table)
     assert "one trivial kernel 0.50 us by graph replay, 0.25 us kernel time; two 1.00 / 0.50 us" in table
     assert "a copy (neg) of o 0.75 / 0.50 us; a position -> cos row gather" in table
     assert "earlier load) 1.25 / 1.00 us." in table
@@ -264,7 +267,8 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     script.section_sweep(res, deadline=float("inf"), device="cpu")
     assert res["kernel_time_error"] == "RuntimeError: CUPTI unavailable"
     assert all(r["us_cpt0"] == 1.0 and r["kernel_us_cpt0"] is None for r in res["rows"])
-    assert "| 8 | 8 | 1 | 1.00 | 2.00 | 3.00 | 1.50 | 4.00 | 5.00 | 5.00x | - | - | - | - |" in script.sweep_table(res)
+    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 4.00 | 5.00 | 5.00x | - | - | - | - | - |"
+            in script.sweep_table(res))
     res = {}
     script.section_sweep(res, deadline=0.0, device="cpu")
     assert res["rows"] == [] and "deadline" in res["skipped"]

@@ -50,6 +50,24 @@ def chunks_per_thread(lib, chunks: int) -> int:
     return 1 if lib.vendor.startswith("cuda") else 2
 
 
+EMULATED_SMS = 132  # what the emulated CUDA runtime says (tests/cuda_emul/cuda_emul.h), the H200's count
+
+
+def cuda_block(threads: int, sms: int = EMULATED_SMS) -> int:
+    """The CUDA launcher's automatic block size for ``threads`` threads: 256, or, when fewer 256-thread blocks
+    than SMs would do, ceil(warps / SMs) whole warps, so that the warps spread over the SMs."""
+    warps = -(-threads // 32)
+    return 256 if warps >= 8 * sms else 32 * -(-warps // sms)
+
+
+def expected_launch(lib, chunks: int) -> tuple[int, int]:
+    """(grid, block) of the automatic launch of ``chunks`` chunks: the HIP launcher's blocks are always 256."""
+    u = chunks_per_thread(lib, chunks)
+    threads = -(-chunks // u)
+    block = cuda_block(threads) if lib.vendor.startswith("cuda") else 256
+    return -(-threads // block), block
+
+
 def _run_checked(lib, *args, **kw):
     lib.emul_reset()
     check_emulated(lib, *args, **kw)
@@ -64,12 +82,13 @@ def test_seed_shapes_all_groups_both_layouts(lib, q):
         for transpose in (False, True):
             o, p, c, s = quant_inputs(5, H, seed=q + H + transpose)
             st = _run_checked(lib, o, p, c, s, G, q, transpose)
-            chunks = 5 * H * 32  # 16 elements per lane, u chunks per lane, 256 lanes per block
+            chunks = 5 * H * 32  # 16 elements per lane, u chunks per lane
             u = chunks_per_thread(lib, chunks)
-            assert st["launches"] == 1 and st["block"] == 256 and st["grid"] == -(-chunks // (256 * u)), st
+            grid, block = expected_launch(lib, chunks)
+            assert st["launches"] == 1 and (st["grid"], st["block"]) == (grid, block), st
             # every work-item does log2(q/16) cross-lane steps for each of its u chunks, valid or not
             steps = (q // 16).bit_length() - 1
-            assert st["exchanges"] == st["grid"] * 256 * u * steps, st
+            assert st["exchanges"] == grid * block * u * steps, st
 
 
 @pytest.mark.parametrize("case", [
@@ -155,7 +174,7 @@ def test_token_count_not_a_multiple_of_the_block(lib):
     for S, H in ((1, 1), (1, 3), (3, 5)):
         o, p, c, s = quant_inputs(S, H, seed=S * 10 + H)
         st = _run_checked(lib, o, p, c, s, 1, 64, False)
-        assert st["grid"] == -(-(S * H * 32) // (256 * chunks_per_thread(lib, S * H * 32)))
+        assert (st["grid"], st["block"]) == expected_launch(lib, S * H * 32)
 
 
 @pytest.mark.parametrize("forced", [1, 2])
@@ -168,7 +187,9 @@ def test_cuda_forced_chunks_per_thread(forced):
         lib.emul_reset()
         check_emulated(lib, o, p, c, s, G, q, False, chunks_per_thread=forced)
         st = emul_stats(lib)
-        assert st["errors"] == 0 and st["grid"] == -(-(S * H * 32) // (256 * forced)), st
+        threads = -(-(S * H * 32) // forced)
+        assert st["errors"] == 0 and (st["grid"], st["block"]) == (-(-threads // cuda_block(threads)),
+                                                                    cuda_block(threads)), st
     o, p, c, s = quant_inputs(2, 4)
     x, sc = quant_outputs(o, 1, 128, False)
     assert emulate(lib, o, p, c, s, x, sc, 128, chunks_per_thread=3) == 6  # kBadConfig
@@ -191,7 +212,9 @@ def test_cuda_tail_warps_bit_exact_with_the_grid_they_imply(q):
         st = emul_stats(lib)
         heads = S * H
         threads = -(-heads * (32 - tail) // 32) * 32 + -(-heads * tail // 32) * 32
-        assert st["errors"] == 0 and st["launches"] == 1 and st["grid"] == -(-threads // 256), (S, H, st)
+        block = cuda_block(threads)
+        assert st["errors"] == 0 and st["launches"] == 1 and (st["grid"], st["block"]) == (-(-threads // block),
+                                                                                             block), (S, H, st)
 
 
 def test_cuda_tail_warps_bad_configs():
@@ -215,7 +238,47 @@ def test_cuda_automatic_launch_takes_one_chunk_per_thread_on_a_large_grid():
     lib.emul_reset()
     check_emulated(lib, o, p, c, s, 2, 128, False)
     st = emul_stats(lib)
-    assert st["errors"] == 0 and st["grid"] == 513 * 16 * 32 // 256 == 1026, st
+    assert st["errors"] == 0 and st["grid"] == 513 * 16 * 32 // 256 == 1026 and st["block"] == 256, st
+
+
+@pytest.mark.parametrize("vendor", ["cuda", "cuda-sm90"])
+def test_cuda_block_size_bit_exact_and_as_asked(vendor):
+    """Params::block_threads forces the block size (a multiple of 32 up to 256): bit-exact at every size for the
+    plain, tail-warps and two-chunk layouts, with the fast-layout and the generic kernel (misaligned o), blocks
+    that end mid-head and a last block partly empty; the grid it implies."""
+    lib = emulated_kernel(vendor)
+    for S, H, G, q, kw in ((3, 16, 2, 128, {}), (2, 3, 1, 32, {"misaligned": True}), (1, 8, 1, 256, {})):
+        o, p, c, s = quant_inputs(S, H, seed=S * 7 + H, **kw)
+        for block in (32, 96, 224, 256):
+            for cpt, tw in ((1, 0), (1, 1), (2, 0)):
+                st = _run_checked(lib, o, p, c, s, G, q, False, chunks_per_thread=cpt, tail_warps=tw,
+                                  block_threads=block)
+                if not tw:
+                    assert (st["grid"], st["block"]) == (-(-(S * H * 32) // (block * cpt)), block), st
+
+
+def test_cuda_automatic_block_size_spreads_a_small_grid_over_the_sms():
+    """Automatic block size: 256 threads while the grid has a block per SM, else ceil(warps / SMs) whole warps:
+    with num_sms from the caller, or asked of the runtime when 0 (132 in the emulator). Bit-exact throughout."""
+    lib = emulated_kernel("cuda")
+    o, p, c, s = quant_inputs(1, 16, seed=3)  # 512 chunks: 16 warps
+    for sms, block in ((0, 32), (132, 32), (8, 64), (5, 128), (2, 256), (1, 256)):
+        st = _run_checked(lib, o, p, c, s, 2, 128, False, num_sms=sms)
+        assert (st["grid"], st["block"]) == (512 // block, block), (sms, st)
+    o, p, c, s = quant_inputs(40, 16, seed=4)  # 640 warps: 5 per SM of 132
+    st = _run_checked(lib, o, p, c, s, 2, 128, True)
+    assert (st["grid"], st["block"]) == (-(-40 * 16 * 32 // 160), 160), st
+
+
+def test_cuda_block_threads_bad_values():
+    """block_threads other than 0 or a multiple of 32 from 32 to 256: kBadConfig, before any launch."""
+    lib = emulated_kernel("cuda")
+    o, p, c, s = quant_inputs(2, 4)
+    x, sc = quant_outputs(o, 1, 128, False)
+    lib.emul_reset()
+    for bad in (16, 48, 288, 512, -32):
+        assert emulate(lib, o, p, c, s, x, sc, 128, block_threads=bad) == 6, bad
+    assert emul_stats(lib)["launches"] == 0
 
 
 @pytest.mark.parametrize("vendor", ["cuda", "cuda-sm90"])
@@ -299,13 +362,15 @@ MUTATIONS = [  # (vendor, text, replacement, fp8 dtype, what goes wrong)
      "out[i] = byte == 0xFFu ? 0x7F7F7F7Fu : (hi | (lo << 16));", E4M3, "fp8 bytes differ"),  # pairs swapped
     ("hip-gfx942", "return (unsigned)w & (((t + 0x7F7F7F7Fu) & 0x80808080u) | 0x7F7F7F7Fu);",
      "return (unsigned)w | (t & 0u);", FNUZ, "fp8 bytes differ"),  # a signed zero from the hardware left as 0x80 (NaN)
+    ("cuda", "blockIdx.x * blockDim.x * kU", "blockIdx.x * kThreads * kU", E4M3,
+     "scale mismatch"),  # blocks indexed as if 256 threads: S = 2's blocks of 32 leave chunks unwritten
 ]
 
 
 @pytest.mark.parametrize("vendor,old,new,fp8,what", MUTATIONS,
                          ids=["hip-row-mirror-as-half-mirror", "hip-identity-quad-perm", "cuda-skipped-steps",
                               "cuda-self-shuffle", "gfx942-swapped-bytes", "gfx950-wrong-word", "sm90-swapped-pairs",
-                              "gfx942-negative-zero"])
+                              "gfx942-negative-zero", "cuda-block-size-ignored"])
 def test_a_broken_kernel_is_caught(tmp_path, vendor, old, new, fp8, what):
     """The check can fail: a copy of the kernel with its reduction or its fp8 packing broken is caught."""
     src_file = HIP_SRC if vendor.startswith("hip") else CUDA_SRC

@@ -53,15 +53,8 @@ def test_scalar_math_matches_reference(fnuz):
 def test_launcher_arguments():
     lib = harness()
 
-    def kargs(ptrs=(4096, 8192, 16384, 16384 + 128, 65536, 131072), **kw):
-        ints = dict(S=5, H=16, D=512, o_dtype=0, pos64=1, pos_stride=1, cache_dtype=2, cos_stride=64,
-                    sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1, cpt=0, tail=0)
-        ints.update(kw)
-        p = (ctypes.c_void_p * 6)(*ptrs)
-        arr = (ctypes.c_longlong * len(ints))(*ints.values())
-        out = (ctypes.c_longlong * 10)()
-        lib.irgq_host_kargs(p, arr, out)
-        return list(out)
+    def kargs(**kw):
+        return _kargs(lib, **kw)
 
     r = kargs()
     assert r[:8] == [0, 5 * 16 * 32, 16 * 32, 31 + 9, 8, 256, 64, 1], r
@@ -89,8 +82,10 @@ def test_token_division_magic_numbers(seed):
 
 def _kargs(lib, ptrs=(4096, 8192, 16384, 16384 + 128, 65536, 131072), **kw):
     ints = dict(S=5, H=16, D=512, o_dtype=0, pos64=1, pos_stride=1, cache_dtype=2, cos_stride=64,
-                sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1, cpt=0, tail=0)
+                sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1, cpt=0, tail=0,
+                block=0, sms=0)
     ints.update(kw)
+    assert len(ints) == 21, "one value per irgq_test::params_from field"
     out = (ctypes.c_longlong * 10)()
     lib.irgq_host_kargs((ctypes.c_void_p * 6)(*ptrs), (ctypes.c_longlong * len(ints))(*ints.values()), out)
     return list(out)

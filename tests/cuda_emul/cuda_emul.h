@@ -48,6 +48,15 @@ enum cudaError_t : int {
 };
 typedef struct CUstream_st* cudaStream_t;
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+// One device, with emu_num_sms SMs (the H200's 132 unless a test sets it).
+inline int emu_num_sms = 132;
+enum cudaDeviceAttr : int { cudaDevAttrMultiProcessorCount = 16 };
+inline cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (attr != cudaDevAttrMultiProcessorCount || device != 0) return cudaErrorInvalidValue;
+  *value = emu_num_sms;
+  return cudaSuccess;
+}
 inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated error"; }
 
 // Launch statistics, read by the tests.
