@@ -44,13 +44,16 @@ inverse_rope_group_quant = CompiledOp(cuda_ext, "fusedrope_cuda")
 
 
 def inverse_rope_group_quant_config(o, positions, cos, sin, x_fp8, x_scale, quant_group_size: int, *,
-                                    chunks_per_thread: int = 0, tail_warps: int = 0, block_threads: int = 0) -> None:
+                                    chunks_per_thread: int = 0, tail_warps: int = 0, block_threads: int = 0,
+                                    pdl: int = 0) -> None:
     """The raw CUDA op with a forced launch shape, for tests and tuning: ``chunks_per_thread`` 16-element chunks
     per thread, 1 or 2 (0 = the launcher's automatic choice); ``tail_warps=1`` puts every head's rope-tail
     chunks in warps of their own (with one chunk per thread; not yet timed on a GPU); ``block_threads`` threads
     per block, a multiple of 32 up to 256 (0 = automatic: 256, or fewer whole warps when the grid has fewer
-    blocks than the GPU has SMs; not yet timed on a GPU). No validation beyond the binding's checks."""
+    blocks than the GPU has SMs; not yet timed on a GPU); ``pdl=1`` launches it as a programmatic dependent launch
+    (sm_90+: it may start while the stream's previous kernel finishes, and waits for it before reading; not yet
+    run on a GPU). No validation beyond the binding's checks."""
     cuda_ext.load()
     torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, positions, cos, sin, x_fp8, x_scale,
                                                                  quant_group_size, chunks_per_thread, tail_warps,
-                                                                 block_threads)
+                                                                 block_threads, pdl)

@@ -247,6 +247,28 @@ def empty_direct_case(device):
     return out
 
 
+def pdl_after_writer_case(device, rounds: int = 20) -> dict:
+    """The raw CUDA op as a programmatic dependent launch (pdl=1) right after a kernel that writes its o (neg of
+    fresh data each round): every round's bytes equal the reference on that round's o, so the kernel waited for
+    the writer before reading."""
+    S, H, G, q = 4, 16, 2, 128
+    o, p, c, s = make_inputs(S, H, device=device, seed=77)
+    srcs = [make_inputs(S, H, device=device, seed=100 + i)[0] for i in range(rounds)]
+    x, sc = empty_quant_outputs(o, G, q, False)
+    xr, sr = empty_quant_outputs(o, G, q, False)
+    differ = 0
+    try:
+        for src in srcs:
+            torch.neg(src, out=o)
+            cuda_inverse_rope_quant.inverse_rope_group_quant_config(o, p, c, s, x, sc, q, pdl=1)
+            ref.inverse_rope_group_quant(o, p, c, s, xr, sr, q)
+            differ += not (torch.equal(x.view(torch.uint8), xr.view(torch.uint8))
+                           and torch.equal(sc.view(torch.uint8), sr.view(torch.uint8)))
+        return {"ok": differ == 0, "rounds": rounds, "rounds_differing": differ}
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+
+
 def raw_reject_cases() -> dict:
     """Bad inputs to the raw CUDA op (they reach it only through misuse): each must raise, not crash. Most
     messages hold integers (the kind that crashed op 1's raw op on the H200 at 63f6bd6)."""
@@ -271,7 +293,9 @@ def raw_reject_cases() -> dict:
             "tail_warps_with_2_chunks": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(
                 o, p, c, s, x, sc, q, 2, 1),
             "block_threads_48": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(
-                o, p, c, s, x, sc, q, 0, 0, 48)}
+                o, p, c, s, x, sc, q, 0, 0, 48),
+            "pdl_2": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(
+                o, p, c, s, x, sc, q, 0, 0, 0, 2)}
 
 
 def section_correctness(res, device, backend, subset=False, cpu_reference_every=0):
@@ -317,6 +341,10 @@ def section_correctness(res, device, backend, subset=False, cpu_reference_every=
         res["empty_direct"] = empty_direct_case(device)
         if not all(v["ok"] for v in res["empty_direct"].values()):
             fails.append("empty_direct")
+        res["pdl_after_writer"] = pdl_after_writer_case(device)
+        if not res["pdl_after_writer"]["ok"]:
+            fails.append("pdl_after_writer")
+        extra += 1
         res["raw_rejects"] = {name: {"ok": ok, "detail": detail} for name, ok, detail in
                               raw_rejects.checks(os.path.abspath(__file__), list(raw_reject_cases()))}
         fails += [f"raw_rejects/{n}" for n, v in res["raw_rejects"].items() if not v["ok"]]
@@ -452,9 +480,11 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
     """At small S (SWEEP_S) for both seed (H, G), group 128, row-major scales: device time (graph replay) of the
     CUDA kernel's automatic launch (one chunk per thread, blocks spread over the SMs when the grid is small), of
     the same with 256-thread blocks forced (the launch before the spreading), with 2 chunks per thread and with
-    tail warps (data for the launcher's choices), of the fused Triton kernel and of the unfused baseline; and the
-    kernel time from the profiler of the first two and the last two (the op-2 seed's method: kernel durations
-    summed, launch gaps not counted).
+    tail warps, and as a programmatic dependent launch (pdl=1: in the replayed graph each call may start while
+    the one before finishes; data for the launcher's choices), of the fused Triton kernel and of the unfused
+    baseline; and the kernel time from the profiler of the first two and the last two (the op-2 seed's method:
+    kernel durations summed, launch gaps not counted). A launch shape whose graph capture or replay fails is
+    recorded as None, with its error under the row's "errors".
     First the launch floors (:func:`launch_floor`): how close to one kernel's floor the fused kernels are. Then
     the larger points (SWEEP_LARGE): the three forced launch shapes only, on the bench's input sets (one chunk per
     thread takes the fast-layout kernel of the fp32 cache, two the generic kernel), and one chunk per thread with
@@ -480,11 +510,11 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
                     for _ in range(SWEEP_SETS)]
             row = {"S": S, "H": H, "G": G}
 
-            def config_call(u, tw=0, block=0):
+            def config_call(u, tw=0, block=0, pdl=0):
                 def call(i):
                     o, p, c, s, x, sc = sets[i % len(sets)]
                     torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, 128, u, tw,
-                                                                                 block)
+                                                                                 block, pdl)
                 return call
 
             def api_call(fn, **kw):
@@ -494,16 +524,21 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
                 return call
 
             calls = {"cpt0": config_call(0), "b256": config_call(1, 0, 256), "cpt2": config_call(2),
-                     "tw": config_call(1, 1),
+                     "tw": config_call(1, 1), "pdl": config_call(0, 0, 0, 1),
                      "triton": api_call(fusedrope.inverse_rope_group_quant, backend="triton"),
                      "unfused": api_call(unfused_inverse_rope_group_quant)}
             for name, call in calls.items():
-                row[f"us_{name}"] = round(timing.time_graph_us(call, len(sets), reps), 3)
+                try:
+                    row[f"us_{name}"] = round(timing.time_graph_us(call, len(sets), reps), 3)
+                except RuntimeError as e:  # e.g. a programmatic dependent launch the runtime will not capture
+                    row[f"us_{name}"] = None
+                    row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
             for name in ("cpt0", "b256", "triton", "unfused"):
                 row[f"kernel_us_{name}"], row[f"kernels_{name}"] = kernel_time(res, calls[name], len(sets))
             rows.append(row)
             log(f"  sweep S{S}-H{H}-G{G}: cuda auto {us(row['us_cpt0'])} us (256-thread blocks "
-                f"{us(row['us_b256'])}, 2 chunks/thread {us(row['us_cpt2'])}, tail warps {us(row['us_tw'])}), "
+                f"{us(row['us_b256'])}, 2 chunks/thread {us(row['us_cpt2'])}, tail warps {us(row['us_tw'])}, "
+                f"pdl {us(row['us_pdl'])}), "
                 f"triton {us(row['us_triton'])}, unfused {us(row['us_unfused'])}; kernel time cuda "
                 f"{us(row['kernel_us_cpt0'])} (256-thread blocks {us(row['kernel_us_b256'])}), "
                 f"triton {us(row['kernel_us_triton'])}, unfused {us(row['kernel_us_unfused'])}")
@@ -546,13 +581,13 @@ def sweep_table(res) -> str:
                 f"One kernel with loads, at S = 1 sizes: a copy (neg) of o {us(f.get('copy_graph_us'))} / "
                 f"{us(f.get('copy_kernel_us'))} us; a position -> cos row gather (a load whose address needs an "
                 f"earlier load) {us(f.get('gather_graph_us'))} / {us(f.get('gather_kernel_us'))} us.", ""]
-    out += ["| S | H | G | cuda automatic | 256-thread blocks | 2 chunks / thread | tail warps | triton | unfused "
-            "| speedup | cuda kernel us | 256-thread blocks kernel us | triton kernel us | unfused kernel us "
+    out += ["| S | H | G | cuda automatic | 256-thread blocks | 2 chunks / thread | tail warps | pdl | triton "
+            "| unfused | speedup | cuda kernel us | 256-thread blocks kernel us | triton kernel us | unfused kernel us "
             "| kernel-time speedup |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [r["S"], r["H"], r["G"]] + [us(r.get(f"us_{k}"))
-                                            for k in ("cpt0", "b256", "cpt2", "tw", "triton", "unfused")]
+                                            for k in ("cpt0", "b256", "cpt2", "tw", "pdl", "triton", "unfused")]
         cells += [ratio(r["us_unfused"], r["us_cpt0"])]
         cells += [us(r.get(f"kernel_us_{k}")) for k in ("cpt0", "b256", "triton", "unfused")]
         cells += [ratio(r["kernel_us_unfused"], r["kernel_us_cpt0"])]

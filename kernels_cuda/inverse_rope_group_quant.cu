@@ -95,6 +95,20 @@ __device__ __forceinline__ void quant16(const float (&v)[16], uint32_t byte, uin
   quant16_sw(v, byte, kFnuz, out);
 }
 
+// Programmatic dependent launch (sm_90+): wait for the stream's previous kernel (its writes visible) before the
+// first global load, and let the next kernel start launching once this one's loads are issued. Both are no-ops
+// in a kernel launched without the attribute (Params::pdl 0), and absent before sm_90.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // Tail warps (Params::tail_warps): every head's last kTailSpan chunks (its rope tail, widened to whole quant
 // blocks) go to warps of their own, after the warps that take the other kBodySpan chunks of every head, so that
 // most warps neither branch into the rotation nor wait for the position -> cos/sin loads. Nsight Compute on
@@ -158,6 +172,7 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kU, kFastCache>()
   uint32_t raw[kU][8];
   ChunkPos cps[kU];
   long long pos[kU];
+  wait_for_previous_grid();
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
     const unsigned chunk = chunks[j];
@@ -188,6 +203,7 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kU, kFastCache>()
                        cache_vec, sw[j]);
     }
   }
+  allow_next_grid();
 
 #pragma unroll
   for (int j = 0; j < kU; ++j) {
@@ -238,10 +254,12 @@ unsigned block_threads_for(unsigned long long threads, int num_sms) {
   return 32u * (unsigned)((warps + num_sms - 1) / num_sms);
 }
 
-// The launch's shape: the chunks, and the block size asked for (Params::block_threads: 0 = block_threads_for).
+// The launch's shape: the chunks, the block size asked for (Params::block_threads: 0 = block_threads_for), and
+// whether it is a programmatic dependent launch (Params::pdl).
 struct Shape {
   unsigned num_chunks;
   int block_threads, num_sms;
+  bool pdl;
 };
 
 // cudaLaunchKernel rather than <<<>>>: the same launch, and plain C++, so tests/test_emulated_quant_kernels.py
@@ -252,7 +270,21 @@ cudaError_t launch_one(const Shape& sh, cudaStream_t stream, void** args) {
                                                 : ((unsigned long long)sh.num_chunks + kU - 1) / kU;
   const unsigned block = sh.block_threads > 0 ? (unsigned)sh.block_threads : block_threads_for(threads, sh.num_sms);
   const dim3 grid((unsigned)((threads + block - 1) / block));
-  return cudaLaunchKernel(irgq_kernel<kDtype, kQ, kU, kTailWarps, kFastCache>, grid, dim3(block), args, 0, stream);
+  if (!sh.pdl) {
+    return cudaLaunchKernel(irgq_kernel<kDtype, kQ, kU, kTailWarps, kFastCache>, grid, dim3(block), args, 0, stream);
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, irgq_kernel<kDtype, kQ, kU, kTailWarps, kFastCache>,
+                            *static_cast<const KArgs*>(args[0]));
 }
 
 template <int kDtype, int kU, bool kTailWarps, int kFastCache>
@@ -306,7 +338,7 @@ const char* status_string(int status) {
     case kLaunchFailed: return "kernel launch failed";
     case kBadConfig:
       return "chunks_per_thread must be 0 (automatic), 1 or 2, and 0 or 1 with tail_warps; block_threads 0 "
-             "(automatic) or a multiple of 32 from 32 to 256";
+             "(automatic) or a multiple of 32 from 32 to 256; pdl 0 or 1";
     default: return "unknown status";
   }
 }
@@ -320,8 +352,8 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
   if (u == 0) u = 1;
   if ((u != 1 && u != kUnroll) || (p.tail_warps != 0 && (p.tail_warps != 1 || u != 1))) return kBadConfig;
   const int bt = p.block_threads;
-  if (bt != 0 && (bt < 32 || bt > kThreads || bt % 32 != 0)) return kBadConfig;
-  Shape sh{(unsigned)num_chunks, bt, p.num_sms};
+  if ((bt != 0 && (bt < 32 || bt > kThreads || bt % 32 != 0)) || (p.pdl != 0 && p.pdl != 1)) return kBadConfig;
+  Shape sh{(unsigned)num_chunks, bt, p.num_sms, p.pdl == 1};
   if (bt == 0 && sh.num_sms <= 0) {  // ask the runtime; on failure keep kThreads (num_sms 0)
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||

@@ -43,7 +43,7 @@ enum Status : int {
   kTooLarge = 4,          // S * H * 512 / 16 >= 2^31
   kLaunchFailed = 5,      // the runtime's kernel launch failed (the launcher also returns its error code)
   kBadConfig = 6,         // chunks_per_thread not 0, 1 or 2, tail_warps not 0 or 1 (or 1 with 2 chunks per thread),
-                          // or block_threads not 0 or a multiple of 32 in [32, 256]
+                          // block_threads not 0 or a multiple of 32 in [32, 256], or pdl not 0 or 1
 };
 
 enum Dtype : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
@@ -82,11 +82,14 @@ struct Params {
   // CUDA launcher only (the HIP one ignores them): 16-element chunks per thread, 1 or 2; 0 = the launcher picks;
   // tail_warps 1: every head's rope-tail chunks in warps of their own (one chunk per thread; the CUDA kernel's
   // TailSplit), 0: the plain layout; block_threads: threads per block, a multiple of 32 up to 256, 0 = the
-  // launcher picks from num_sms, the device's SM count (0 = ask the CUDA runtime).
+  // launcher picks from num_sms, the device's SM count (0 = ask the CUDA runtime); pdl 1: a programmatic
+  // dependent launch (sm_90+: the kernel may start while the stream's previous kernel finishes, and waits for it
+  // before its first global load).
   int32_t chunks_per_thread = 0;
   int32_t tail_warps = 0;
   int32_t block_threads = 0;
   int32_t num_sms = 0;
+  int32_t pdl = 0;
 };
 
 // ------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ using fusedrope::irgq::Params;
 // ints: S, H, head_dim, o_dtype, pos_is_int64, pos_stride, cache_dtype, cos_stride, sin_stride, max_pos,
 //       rope_dim, fp8_fnuz, num_groups, quant_group_size, scale_is_f32, scale_stride_s, scale_stride_b,
 //       chunks_per_thread (the CUDA launcher's; 0 = automatic), tail_warps, block_threads (0 = automatic),
-//       num_sms (0 = ask the runtime) (the CUDA launcher's too).
+//       num_sms (0 = ask the runtime), pdl (the CUDA launcher's too).
 inline Params params_from(void** ptrs, const long long* ints) {
   Params p;
   p.o = ptrs[0];
@@ -43,6 +43,7 @@ inline Params params_from(void** ptrs, const long long* ints) {
   p.tail_warps = (int32_t)ints[18];
   p.block_threads = (int32_t)ints[19];
   p.num_sms = (int32_t)ints[20];
+  p.pdl = (int32_t)ints[21];
   return p;
 }
 

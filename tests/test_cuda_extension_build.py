@@ -46,5 +46,5 @@ def test_cuda_extension_builds_links_and_registers_its_ops(tmp_path):
     assert ops["qwen3_tts_rope"].endswith("(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)")
     assert "Tensor(a!) q_out, Tensor(b!) k_out) -> ()" in ops["qwen3_tts_rope_out"]
     assert "int quant_group_size) -> ()" in ops["inverse_rope_group_quant_out"]
-    assert ("int quant_group_size, int chunks_per_thread=0, int tail_warps=0, int block_threads=0) -> ()"
+    assert ("int quant_group_size, int chunks_per_thread=0, int tail_warps=0, int block_threads=0, int pdl=0) -> ()"
             in ops["inverse_rope_group_quant_out_config"])

@@ -76,6 +76,13 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
         first_store = next(i for i, o in enumerate(ops) if o.startswith("STG"))
         late = [o for o in ops[first_store:] if o.startswith("LDG")]
         assert not late, f"{name}: {len(late)} loads after the first store ({late[:3]})"
+        # programmatic dependent launch: the wait for the previous grid (griddepcontrol.wait: ACQBULK) before the
+        # first global load, the next grid's go-ahead (griddepcontrol.launch_dependents: PREEXIT) after the last
+        # load and before the first store
+        loads = [i for i, o in enumerate(ops) if o.startswith("LDG")]
+        assert ops.count("ACQBULK") == 1 and ops.index("ACQBULK") < loads[0], f"{name}: no wait before the loads"
+        assert ops.count("PREEXIT") == 1 and loads[-1] < ops.index("PREEXIT") < first_store, (
+            f"{name}: PREEXIT not between the last load and the first store")
         assert stg128 >= u, f"{name}: {stg128} STG.E.128 (one 16-byte fp8 store per chunk, {u} per lane)"
         if fast != GENERIC:  # the fast layout is 16-byte aligned: no narrow path for o, x_fp8 or the cache left
             narrow = [o for o in ops if re.fullmatch(r"(LDG|STG)\.E\.(U|S)?16(\.CONSTANT)?", o)]
@@ -132,6 +139,7 @@ def test_sm80_sass_software_fp8_no_local_memory():
         ops = opcodes(text)
         assert any(re.fullmatch(r"LDG\.E(\.\w+)*\.128", o) for o in ops), f"{name}: no 128-bit global load"
         assert not [o for o in ops if o.startswith("F2FP") and "E4M3" in o], "sm_80 has no E4M3 conversion"
+        assert "ACQBULK" not in ops and "PREEXIT" not in ops, f"{name}: griddepcontrol before sm_90"
         assert usage[name]["local"] == 0 and usage[name]["stack"] == 0, usage[name]
         print(f"sm_80 {name}: {usage[name]['registers']} registers")
 
@@ -183,8 +191,8 @@ def test_gpu_check_script_cpu_selftest(tmp_path):
 
 def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     """The op-2 script's sweep section at small S with CPU inputs and stand-in timers that call each contender
-    once: every (H, G, S) point gets the graph times of the four CUDA launch shapes (automatic, 256-thread blocks,
-    2 chunks per thread, tail warps; each call reaches the config op with its forced shape), of triton (the public
+    once: every (H, G, S) point gets the graph times of the five CUDA launch shapes (automatic, 256-thread blocks,
+    2 chunks per thread, tail warps, pdl; each call reaches the config op with its forced shape), of triton (the public
     function with backend="triton" into the set's buffers) and of unfused, and the profiler times of four; the
     larger points time 1, 2, tail warps and 1 with an fp16 cache (the generic kernel) and a bf16 one (the fast
     kernel) on the bench's input sets, with their own group size; the table shows them all with the speedups; a
@@ -197,14 +205,15 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     sys.path.insert(0, str(ROOT / "gpu"))
     script = importlib.import_module("check_inverse_rope_group_quant")
     seen = []
-    time_of = {"cpt0": 1.0, "cpt1": 2.0, "b256": 1.75, "cpt2": 3.0, "tw": 1.5, "triton": 4.0, "unfused": 5.0,
-               "gen": 2.5, "b16": 2.25}
+    time_of = {"cpt0": 1.0, "cpt1": 2.0, "b256": 1.75, "cpt2": 3.0, "tw": 1.5, "pdl": 0.75, "triton": 4.0,
+               "unfused": 5.0, "gen": 2.5, "b16": 2.25}
 
-    def fake_op(o, p, c, s, x, sc, q, u, tw=0, block=0):
-        assert c.dtype == s.dtype and block in (0, 256)
+    def fake_op(o, p, c, s, x, sc, q, u, tw=0, block=0, pdl=0):
+        assert c.dtype == s.dtype and block in (0, 256) and pdl in (0, 1)
         name = "tw" if tw else {torch.float16: "gen", torch.bfloat16: "b16"}.get(c.dtype, f"cpt{u}")
-        name = "b256" if block else name
+        name = "b256" if block else "pdl" if pdl else name
         assert name not in ("gen", "b16", "b256") or (u, tw) == (1, 0)  # one chunk per thread, plain
+        assert name != "pdl" or (u, tw, block) == (0, 0, 0)  # the automatic launch
         seen.append((name, o.shape[0], o.shape[1], q))
         assert not tw or u == 1
 
@@ -249,11 +258,11 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
         assert (r["kernel_us_cpt0"], r["kernel_us_b256"], r["kernel_us_triton"], r["kernel_us_unfused"]) == (
             0.5, 0.875, 2.0, 2.5)
         assert (r["kernels_cpt0"], r["kernels_unfused"]) == (1.0, 2.0)
-    assert seen[:6] == [("cpt0", 1, 16, 128), ("b256", 1, 16, 128), ("cpt2", 1, 16, 128), ("tw", 1, 16, 128),
-                        ("triton", 1, 16, 128), ("unfused", 1, 16, 128)]
+    assert seen[:7] == [("cpt0", 1, 16, 128), ("b256", 1, 16, 128), ("cpt2", 1, 16, 128), ("tw", 1, 16, 128),
+                        ("pdl", 1, 16, 128), ("triton", 1, 16, 128), ("unfused", 1, 16, 128)]
     table = script.sweep_table(res)
-    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 4.00 | 5.00 | 5.00x | 0.50 | 0.88 | 2.00 | 2.50 | 5.00x |"
-            in table)
+    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 0.75 | 4.00 | 5.00 | 5.00x | 0.50 | 0.88 | 2.00 | 2.50 "
+            "| 5.00x |" in table)
     assert "one trivial kernel 0.50 us by graph replay, 0.25 us kernel time; two 1.00 / 0.50 us" in table
     assert "a copy (neg) of o 0.75 / 0.50 us; a position -> cos row gather" in table
     assert "earlier load) 1.25 / 1.00 us." in table
@@ -267,8 +276,36 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     script.section_sweep(res, deadline=float("inf"), device="cpu")
     assert res["kernel_time_error"] == "RuntimeError: CUPTI unavailable"
     assert all(r["us_cpt0"] == 1.0 and r["kernel_us_cpt0"] is None for r in res["rows"])
-    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 4.00 | 5.00 | 5.00x | - | - | - | - | - |"
+    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 0.75 | 4.00 | 5.00 | 5.00x | - | - | - | - | - |"
             in script.sweep_table(res))
     res = {}
     script.section_sweep(res, deadline=0.0, device="cpu")
     assert res["rows"] == [] and "deadline" in res["skipped"]
+
+
+def test_gpu_check_script_pdl_after_writer_on_cpu(monkeypatch):
+    """The op-2 script's programmatic-dependent-launch check on CPU, with stand-ins for the raw op: one that
+    quantises the o it is given passes; one that reads the round before's o (what a launch that did not wait for
+    the writer could see) fails on every round after the first."""
+    import importlib
+    import sys
+
+    from fusedrope import reference as ref
+
+    sys.path.insert(0, str(ROOT / "gpu"))
+    script = importlib.import_module("check_inverse_rope_group_quant")
+
+    def good(o, p, c, s, x, sc, q, pdl=0):
+        assert pdl == 1
+        ref.inverse_rope_group_quant(o, p, c, s, x, sc, q)
+
+    before = {}
+
+    def stale(o, p, c, s, x, sc, q, pdl=0):
+        seen, before["o"] = before.get("o", o.clone()), o.clone()
+        ref.inverse_rope_group_quant(seen, p, c, s, x, sc, q)
+
+    monkeypatch.setattr(script.cuda_inverse_rope_quant, "inverse_rope_group_quant_config", good)
+    assert script.pdl_after_writer_case("cpu", rounds=3) == {"ok": True, "rounds": 3, "rounds_differing": 0}
+    monkeypatch.setattr(script.cuda_inverse_rope_quant, "inverse_rope_group_quant_config", stale)
+    assert script.pdl_after_writer_case("cpu", rounds=3) == {"ok": False, "rounds": 3, "rounds_differing": 2}

@@ -21,6 +21,7 @@ CUDA/HIP runtimes and torch bindings. The CUDA kernel's GPU run is owed (gpu/); 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -268,6 +269,21 @@ def test_cuda_automatic_block_size_spreads_a_small_grid_over_the_sms():
     o, p, c, s = quant_inputs(40, 16, seed=4)  # 640 warps: 5 per SM of 132
     st = _run_checked(lib, o, p, c, s, 2, 128, True)
     assert (st["grid"], st["block"]) == (-(-40 * 16 * 32 // 160), 160), st
+
+
+def test_cuda_programmatic_dependent_launch():
+    """Params::pdl 1 launches through cudaLaunchKernelEx with programmatic stream serialization, 0 through
+    cudaLaunchKernel; the same bytes either way (the kernel's griddepcontrol instructions exist from sm_90 only:
+    the SASS test checks where they are); pdl other than 0 or 1 is kBadConfig."""
+    lib = emulated_kernel("cuda-sm90")
+    lib.emul_last_pdl.restype = ctypes.c_int
+    o, p, c, s = quant_inputs(3, 16, seed=9)
+    for pdl in (1, 0, 1):
+        for tw in (0, 1):
+            _run_checked(lib, o, p, c, s, 2, 128, False, tail_warps=tw, pdl=pdl)
+            assert lib.emul_last_pdl() == pdl
+    x, sc = quant_outputs(o, 2, 128, False)
+    assert emulate(lib, o, p, c, s, x, sc, 128, pdl=2) == 6
 
 
 def test_cuda_block_threads_bad_values():

@@ -62,6 +62,7 @@ inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ?
 // Launch statistics, read by the tests.
 inline long long emu_launches = 0;
 inline dim3 emu_last_grid, emu_last_block;
+inline int emu_last_pdl = 0;  // whether the last launch asked for programmatic stream serialization
 inline int emu_max_threads_per_block = 1024;
 
 namespace cuda_emul_detail {
@@ -98,6 +99,7 @@ cudaError_t cudaLaunchKernel(void (*f)(A...), dim3 g, dim3 b, void** args, std::
       g.y > 65535u || g.z > 65535u || b.z > 64u)
     return cudaErrorInvalidConfiguration;
   ++emu_launches;
+  emu_last_pdl = 0;
   emu_last_grid = g;
   emu_last_block = b;
 #ifdef CUDA_EMUL_LOCKSTEP
@@ -113,6 +115,38 @@ cudaError_t cudaLaunchKernel(void (*f)(A...), dim3 g, dim3 b, void** args, std::
   cuda_emul_detail::run(f, g, b, args, std::index_sequence_for<A...>{});
 #endif
   return cudaSuccess;
+}
+
+// cudaLaunchKernelEx with the one launch attribute the kernels use: emu_last_pdl says whether the last launch
+// asked for programmatic stream serialization (a programmatic dependent launch).
+enum cudaLaunchAttributeID : int { cudaLaunchAttributeProgrammaticStreamSerialization = 3 };
+union cudaLaunchAttributeValue { int programmaticStreamSerializationAllowed; char pad[64]; };
+struct cudaLaunchAttribute {
+  cudaLaunchAttributeID id;
+  char pad[8 - sizeof(cudaLaunchAttributeID)];
+  cudaLaunchAttributeValue val;
+};
+struct cudaLaunchConfig_t {
+  dim3 gridDim, blockDim;
+  std::size_t dynamicSmemBytes;
+  cudaStream_t stream;
+  cudaLaunchAttribute* attrs;
+  unsigned int numAttrs;
+};
+template <class... E, class... A>
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*f)(E...), A&&... args) {
+  int pdl = 0;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    if (config->attrs[i].id != cudaLaunchAttributeProgrammaticStreamSerialization) return cudaErrorInvalidValue;
+    pdl = config->attrs[i].val.programmaticStreamSerializationAllowed != 0;
+  }
+  return [&](E... coerced) {
+    void* p[] = {&coerced...};
+    const cudaError_t err = cudaLaunchKernel(f, config->gridDim, config->blockDim, p, config->dynamicSmemBytes,
+                                             config->stream);
+    emu_last_pdl = pdl;
+    return err;
+  }(std::forward<A>(args)...);
 }
 
 // ---- device intrinsics --------------------------------------------------------------------------------------
