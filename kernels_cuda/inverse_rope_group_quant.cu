@@ -273,6 +273,12 @@ cudaError_t launch_one(const Shape& sh, cudaStream_t stream, void** args) {
   if (!sh.pdl) {
     return cudaLaunchKernel(irgq_kernel<kDtype, kQ, kU, kTailWarps, kFastCache>, grid, dim3(block), args, 0, stream);
   }
+  // A kernel image without the wait (built for an older arch and JIT-compiled from its PTX for this device) would
+  // read before the previous kernel's writes are visible: refuse pdl for it.
+  cudaFuncAttributes fa;
+  const cudaError_t fe = cudaFuncGetAttributes(&fa, irgq_kernel<kDtype, kQ, kU, kTailWarps, kFastCache>);
+  if (fe != cudaSuccess) return fe;
+  if (fa.ptxVersion < 90) return cudaErrorNotSupported;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -339,6 +345,9 @@ const char* status_string(int status) {
     case kBadConfig:
       return "chunks_per_thread must be 0 (automatic), 1 or 2, and 0 or 1 with tail_warps; block_threads 0 "
              "(automatic) or a multiple of 32 from 32 to 256; pdl 0 or 1";
+    case kPdlUnsupported:
+      return "pdl=1 needs the kernel compiled for sm_90 or newer (its wait for the previous kernel); this device "
+             "runs one compiled for an older arch";
     default: return "unknown status";
   }
 }
@@ -367,6 +376,7 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
                                              : launch_q<kF16>(p.quant_group_size, u, tw, sh, stream, a);
   if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave the error for the next launch check
   if (cuda_error) *cuda_error = (int)err;
+  if (err == cudaErrorNotSupported && sh.pdl) return kPdlUnsupported;
   return err == cudaSuccess ? kOk : kLaunchFailed;
 }
 

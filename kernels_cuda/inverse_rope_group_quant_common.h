@@ -44,6 +44,7 @@ enum Status : int {
   kLaunchFailed = 5,      // the runtime's kernel launch failed (the launcher also returns its error code)
   kBadConfig = 6,         // chunks_per_thread not 0, 1 or 2, tail_warps not 0 or 1 (or 1 with 2 chunks per thread),
                           // block_threads not 0 or a multiple of 32 in [32, 256], or pdl not 0 or 1
+  kPdlUnsupported = 7,    // pdl 1, but the kernel image the device runs was not compiled for sm_90+ (no wait in it)
 };
 
 enum Dtype : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
@@ -210,7 +211,7 @@ IRGQ_HD float mul_rn(float a, float b) {
 
 // max of |v| as integer bits: for non-negative floats integer order is float order, and NaN / Inf bits are the
 // largest, so the block maximum says directly whether the block holds a non-finite value. A tree, not a running
-// maximum: 4 dependent max steps instead of 8 on sm_90 (3-input VIMNMX3), the same instruction count.
+// maximum: 4 dependent max steps instead of 8 on sm_90 (3-input VIMNMX3), for 2 more max instructions per chunk.
 IRGQ_HD uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 IRGQ_HD uint32_t amax_bits16(const float (&v)[16]) {
   uint32_t m[8];

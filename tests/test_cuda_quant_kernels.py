@@ -284,9 +284,9 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
 
 
 def test_gpu_check_script_pdl_after_writer_on_cpu(monkeypatch):
-    """The op-2 script's programmatic-dependent-launch check on CPU, with stand-ins for the raw op: one that
-    quantises the o it is given passes; one that reads the round before's o (what a launch that did not wait for
-    the writer could see) fails on every round after the first."""
+    """The op-2 script's programmatic-dependent-launch check on CPU, with stand-ins for the raw op: one whose
+    writes land at once passes; one whose plain-launch writes land only after the next (pdl=1) call has read its
+    o (what a dependent launch that did not wait could see) fails every round."""
     import importlib
     import sys
 
@@ -294,18 +294,27 @@ def test_gpu_check_script_pdl_after_writer_on_cpu(monkeypatch):
 
     sys.path.insert(0, str(ROOT / "gpu"))
     script = importlib.import_module("check_inverse_rope_group_quant")
+    calls = []
 
     def good(o, p, c, s, x, sc, q, pdl=0):
-        assert pdl == 1
+        calls.append(pdl)
         ref.inverse_rope_group_quant(o, p, c, s, x, sc, q)
 
-    before = {}
+    pending = []
 
-    def stale(o, p, c, s, x, sc, q, pdl=0):
-        seen, before["o"] = before.get("o", o.clone()), o.clone()
-        ref.inverse_rope_group_quant(seen, p, c, s, x, sc, q)
+    def late_writes(o, p, c, s, x, sc, q, pdl=0):
+        if pdl == 0:  # the writer: its results become visible only after the next call has read
+            xs, ss = x.clone(), sc.clone()
+            ref.inverse_rope_group_quant(o, p, c, s, xs, ss, q)
+            pending.append(lambda: (x.copy_(xs), sc.copy_(ss)))
+            return
+        o_read = o.clone()
+        while pending:
+            pending.pop()()
+        ref.inverse_rope_group_quant(o_read, p, c, s, x, sc, q)
 
     monkeypatch.setattr(script.cuda_inverse_rope_quant, "inverse_rope_group_quant_config", good)
-    assert script.pdl_after_writer_case("cpu", rounds=3) == {"ok": True, "rounds": 3, "rounds_differing": 0}
-    monkeypatch.setattr(script.cuda_inverse_rope_quant, "inverse_rope_group_quant_config", stale)
-    assert script.pdl_after_writer_case("cpu", rounds=3) == {"ok": False, "rounds": 3, "rounds_differing": 2}
+    assert script.pdl_after_writer_case("cpu", rounds=3, S=8) == {"ok": True, "rounds": 3, "rounds_differing": 0}
+    assert calls == [0, 1] * 3
+    monkeypatch.setattr(script.cuda_inverse_rope_quant, "inverse_rope_group_quant_config", late_writes)
+    assert script.pdl_after_writer_case("cpu", rounds=3, S=8) == {"ok": False, "rounds": 3, "rounds_differing": 3}

@@ -269,12 +269,19 @@ def test_cuda_automatic_block_size_spreads_a_small_grid_over_the_sms():
     o, p, c, s = quant_inputs(40, 16, seed=4)  # 640 warps: 5 per SM of 132
     st = _run_checked(lib, o, p, c, s, 2, 128, True)
     assert (st["grid"], st["block"]) == (-(-40 * 16 * 32 // 160), 160), st
+    try:  # the runtime's SM-count query fails: 256-thread blocks, as before the spreading
+        lib.emul_set_device(-1, 90)
+        st = _run_checked(lib, o, p, c, s, 2, 128, True)
+        assert (st["grid"], st["block"]) == (40 * 16 * 32 // 256, 256), st
+    finally:
+        lib.emul_set_device(132, 90)
 
 
 def test_cuda_programmatic_dependent_launch():
     """Params::pdl 1 launches through cudaLaunchKernelEx with programmatic stream serialization, 0 through
     cudaLaunchKernel; the same bytes either way (the kernel's griddepcontrol instructions exist from sm_90 only:
-    the SASS test checks where they are); pdl other than 0 or 1 is kBadConfig."""
+    the SASS test checks where they are); pdl other than 0 or 1 is kBadConfig; pdl 1 on a device that runs a
+    kernel image compiled for an older arch (PTX version < 90: no wait in it) is kPdlUnsupported, no launch."""
     lib = emulated_kernel("cuda-sm90")
     lib.emul_last_pdl.restype = ctypes.c_int
     o, p, c, s = quant_inputs(3, 16, seed=9)
@@ -284,6 +291,14 @@ def test_cuda_programmatic_dependent_launch():
             assert lib.emul_last_pdl() == pdl
     x, sc = quant_outputs(o, 2, 128, False)
     assert emulate(lib, o, p, c, s, x, sc, 128, pdl=2) == 6
+    lib.emul_reset()
+    try:
+        lib.emul_set_device(132, 80)
+        assert emulate(lib, o, p, c, s, x, sc, 128, pdl=1) == 7  # kPdlUnsupported
+        assert emul_stats(lib)["launches"] == 0
+        _run_checked(lib, o, p, c, s, 2, 128, False)  # without pdl the same image runs
+    finally:
+        lib.emul_set_device(132, 90)
 
 
 def test_cuda_block_threads_bad_values():

@@ -44,17 +44,25 @@ inline dim3 blockDim, gridDim;
 
 // ---- runtime ------------------------------------------------------------------------------------------------
 enum cudaError_t : int {
-  cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9,
+  cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9, cudaErrorNotSupported = 801,
 };
 typedef struct CUstream_st* cudaStream_t;
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-// One device, with emu_num_sms SMs (the H200's 132 unless a test sets it).
+// One device, with emu_num_sms SMs (the H200's 132 unless a test sets it; negative: the query fails), running
+// kernels compiled for PTX version emu_ptx_version (90: sm_90).
 inline int emu_num_sms = 132;
+inline int emu_ptx_version = 90;
 enum cudaDeviceAttr : int { cudaDevAttrMultiProcessorCount = 16 };
 inline cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (attr != cudaDevAttrMultiProcessorCount || device != 0) return cudaErrorInvalidValue;
+  if (attr != cudaDevAttrMultiProcessorCount || device != 0 || emu_num_sms < 0) return cudaErrorInvalidValue;
   *value = emu_num_sms;
+  return cudaSuccess;
+}
+struct cudaFuncAttributes { int ptxVersion, binaryVersion; };
+template <class... A>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, void (*)(A...)) {
+  attr->ptxVersion = attr->binaryVersion = emu_ptx_version;
   return cudaSuccess;
 }
 inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated error"; }

@@ -22,6 +22,12 @@ int irgq_host_run(void** ptrs, const long long* ints) {
 // Whether the last launch was a programmatic dependent launch (cudaLaunchKernelEx with the attribute set).
 int emul_last_pdl() { return emu_last_pdl; }
 
+// The emulated device: its SM count (negative: the runtime's query fails) and its kernels' PTX version.
+void emul_set_device(int num_sms, int ptx_version) {
+  emu_num_sms = num_sms;
+  emu_ptx_version = ptx_version;
+}
+
 // __nv_cvt_float2_to_fp8x2 calls made through the model since the last call (builds with
 // -DFUSEDROPE_IRGQ_HW_E4M3=1); -1 when a call used another saturation mode or format.
 long long emul_hw_cvts() {
