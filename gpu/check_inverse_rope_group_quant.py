@@ -585,7 +585,8 @@ def sweep_table(res) -> str:
         return ""
     out = ["", "## At small S: cuda launch shapes, triton, unfused (group 128, row-major scale)", "",
            "Device us from graph replay, and kernel us (the profiler's summed kernel durations, the op-2 seed's "
-           "method); speedup = unfused / cuda automatic. Every cuda column but the 256-thread one takes the automatic "
+           "method); speedup = unfused / cuda automatic (pdl speedup: unfused / pdl; 256 / auto: what the automatic "
+           "block size gained). Every cuda column but the 256-thread one takes the automatic "
            "block size (fewer threads per block when 256-thread blocks would leave SMs idle); pdl: a programmatic "
            "dependent launch, each replayed call may start while the one before finishes.", ""]
     f = res.get("floor")
@@ -596,13 +597,14 @@ def sweep_table(res) -> str:
                 f"{us(f.get('copy_kernel_us'))} us; a position -> cos row gather (a load whose address needs an "
                 f"earlier load) {us(f.get('gather_graph_us'))} / {us(f.get('gather_kernel_us'))} us.", ""]
     out += ["| S | H | G | cuda automatic | 256-thread blocks | 2 chunks / thread | tail warps | pdl | triton "
-            "| unfused | speedup | cuda kernel us | 256-thread blocks kernel us | triton kernel us | unfused kernel us "
-            "| kernel-time speedup |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| unfused | speedup | pdl speedup | 256 / auto | cuda kernel us | 256-thread blocks kernel us "
+            "| triton kernel us | unfused kernel us | kernel-time speedup |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [r["S"], r["H"], r["G"]] + [us(r.get(f"us_{k}"))
                                             for k in ("cpt0", "b256", "cpt2", "tw", "pdl", "triton", "unfused")]
-        cells += [ratio(r["us_unfused"], r["us_cpt0"])]
+        cells += [ratio(r["us_unfused"], r["us_cpt0"]), ratio(r["us_unfused"], r.get("us_pdl")),
+                  ratio(r.get("us_b256"), r["us_cpt0"])]
         cells += [us(r.get(f"kernel_us_{k}")) for k in ("cpt0", "b256", "triton", "unfused")]
         cells += [ratio(r["kernel_us_unfused"], r["kernel_us_cpt0"])]
         out.append("| " + " | ".join(str(c) for c in cells) + " |")

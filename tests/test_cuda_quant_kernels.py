@@ -261,8 +261,8 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     assert seen[:7] == [("cpt0", 1, 16, 128), ("b256", 1, 16, 128), ("cpt2", 1, 16, 128), ("tw", 1, 16, 128),
                         ("pdl", 1, 16, 128), ("triton", 1, 16, 128), ("unfused", 1, 16, 128)]
     table = script.sweep_table(res)
-    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 0.75 | 4.00 | 5.00 | 5.00x | 0.50 | 0.88 | 2.00 | 2.50 "
-            "| 5.00x |" in table)
+    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 0.75 | 4.00 | 5.00 | 5.00x | 6.67x | 1.75x | 0.50 | 0.88 "
+            "| 2.00 | 2.50 | 5.00x |" in table)
     assert "one trivial kernel 0.50 us by graph replay, 0.25 us kernel time; two 1.00 / 0.50 us" in table
     assert "a copy (neg) of o 0.75 / 0.50 us; a position -> cos row gather" in table
     assert "earlier load) 1.25 / 1.00 us." in table
@@ -276,8 +276,8 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     script.section_sweep(res, deadline=float("inf"), device="cpu")
     assert res["kernel_time_error"] == "RuntimeError: CUPTI unavailable"
     assert all(r["us_cpt0"] == 1.0 and r["kernel_us_cpt0"] is None for r in res["rows"])
-    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 0.75 | 4.00 | 5.00 | 5.00x | - | - | - | - | - |"
-            in script.sweep_table(res))
+    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 0.75 | 4.00 | 5.00 | 5.00x | 6.67x | 1.75x | - | - | - | - "
+            "| - |" in script.sweep_table(res))
     res = {}
     script.section_sweep(res, deadline=0.0, device="cpu")
     assert res["rows"] == [] and "deadline" in res["skipped"]
