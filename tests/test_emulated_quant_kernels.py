@@ -61,12 +61,16 @@ def cuda_block(threads: int, sms: int = EMULATED_SMS) -> int:
     return 256 if warps >= 8 * sms else 32 * -(-warps // sms)
 
 
+def cuda_launch(threads: int) -> tuple[int, int]:
+    """(grid, block) of the CUDA launcher's automatic block size for ``threads`` threads."""
+    block = cuda_block(threads)
+    return -(-threads // block), block
+
+
 def expected_launch(lib, chunks: int) -> tuple[int, int]:
     """(grid, block) of the automatic launch of ``chunks`` chunks: the HIP launcher's blocks are always 256."""
-    u = chunks_per_thread(lib, chunks)
-    threads = -(-chunks // u)
-    block = cuda_block(threads) if lib.vendor.startswith("cuda") else 256
-    return -(-threads // block), block
+    threads = -(-chunks // chunks_per_thread(lib, chunks))
+    return cuda_launch(threads) if lib.vendor.startswith("cuda") else (-(-threads // 256), 256)
 
 
 def _run_checked(lib, *args, **kw):
@@ -188,9 +192,7 @@ def test_cuda_forced_chunks_per_thread(forced):
         lib.emul_reset()
         check_emulated(lib, o, p, c, s, G, q, False, chunks_per_thread=forced)
         st = emul_stats(lib)
-        threads = -(-(S * H * 32) // forced)
-        assert st["errors"] == 0 and (st["grid"], st["block"]) == (-(-threads // cuda_block(threads)),
-                                                                    cuda_block(threads)), st
+        assert st["errors"] == 0 and (st["grid"], st["block"]) == cuda_launch(-(-(S * H * 32) // forced)), st
     o, p, c, s = quant_inputs(2, 4)
     x, sc = quant_outputs(o, 1, 128, False)
     assert emulate(lib, o, p, c, s, x, sc, 128, chunks_per_thread=3) == 6  # kBadConfig
@@ -213,9 +215,8 @@ def test_cuda_tail_warps_bit_exact_with_the_grid_they_imply(q):
         st = emul_stats(lib)
         heads = S * H
         threads = -(-heads * (32 - tail) // 32) * 32 + -(-heads * tail // 32) * 32
-        block = cuda_block(threads)
-        assert st["errors"] == 0 and st["launches"] == 1 and (st["grid"], st["block"]) == (-(-threads // block),
-                                                                                             block), (S, H, st)
+        assert st["errors"] == 0 and st["launches"] == 1 and (st["grid"], st["block"]) == cuda_launch(threads), (
+            S, H, st)
 
 
 def test_cuda_tail_warps_bad_configs():
