@@ -228,7 +228,7 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
                         raising=False)
     monkeypatch.setattr(script.fusedrope, "inverse_rope_group_quant", fake_api("triton"))
     monkeypatch.setattr(fusedrope.baseline, "unfused_inverse_rope_group_quant", fake_api("unfused"))
-    monkeypatch.setattr(script, "launch_floor", lambda res, reps: {"one_graph_us": 0.5, "one_kernel_us": 0.25,
+    monkeypatch.setattr(script, "launch_floor", lambda res, reps, device: {"one_graph_us": 0.5, "one_kernel_us": 0.25,
                                                                    "two_graph_us": 1.0, "two_kernel_us": 0.5,
                                                                    "copy_graph_us": 0.75, "copy_kernel_us": 0.5,
                                                                    "gather_graph_us": 1.25, "gather_kernel_us": 1.0})
@@ -261,7 +261,7 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     assert seen[:7] == [("cpt0", 1, 16, 128), ("b256", 1, 16, 128), ("cpt2", 1, 16, 128), ("tw", 1, 16, 128),
                         ("pdl", 1, 16, 128), ("triton", 1, 16, 128), ("unfused", 1, 16, 128)]
     table = script.sweep_table(res)
-    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 0.75 | 4.00 | 5.00 | 5.00x | 6.67x | 1.75x | 0.50 | 0.88 "
+    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 0.75 | 4.00 | 5.00 | 5.00x | 1.33x | 1.75x | 0.50 | 0.88 "
             "| 2.00 | 2.50 | 5.00x |" in table)
     assert "one trivial kernel 0.50 us by graph replay, 0.25 us kernel time; two 1.00 / 0.50 us" in table
     assert "a copy (neg) of o 0.75 / 0.50 us; a position -> cos row gather" in table
@@ -276,11 +276,57 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     script.section_sweep(res, deadline=float("inf"), device="cpu")
     assert res["kernel_time_error"] == "RuntimeError: CUPTI unavailable"
     assert all(r["us_cpt0"] == 1.0 and r["kernel_us_cpt0"] is None for r in res["rows"])
-    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 0.75 | 4.00 | 5.00 | 5.00x | 6.67x | 1.75x | - | - | - | - "
+    assert ("| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | 1.50 | 0.75 | 4.00 | 5.00 | 5.00x | 1.33x | 1.75x | - | - | - | - "
             "| - |" in script.sweep_table(res))
     res = {}
     script.section_sweep(res, deadline=0.0, device="cpu")
     assert res["rows"] == [] and "deadline" in res["skipped"]
+
+    def tail_warps_fail(call, n, reps):  # a graph capture that fails: that cell only, small S and large
+        call(0)
+        if seen[-1][0] == "tw":
+            raise RuntimeError("capture refused")
+        return time_of[seen[-1][0]]
+
+    monkeypatch.setattr(script.timing, "time_graph_us", tail_warps_fail)
+    res = {}
+    script.section_sweep(res, deadline=float("inf"), device="cpu")
+    for r in res["rows"] + res["large_rows"]:
+        assert r["us_tw"] is None and r["errors"] == {"tw": "RuntimeError: capture refused"}
+        assert r["us_cpt2"] == 3.0
+    table = script.sweep_table(res)
+    assert "| 8 | 8 | 1 | 1.00 | 1.75 | 3.00 | - | 0.75 |" in table
+    assert "| 4 | 8 | 1 | 32 | 2 | 2.00 | 3.00 | 1.50x | - | - | 2.50 | 2.25 | 1.11x |" in table
+
+
+def test_gpu_check_script_launch_floor_on_cpu(monkeypatch):
+    """The sweep's launch floor on CPU tensors: four calls (one and two trivial kernels, a copy, a gather), each
+    timed by graph replay and the profiler; a timing that fails leaves that entry None with its error, and the
+    floor's line in the table shows "-" for it."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(ROOT / "gpu"))
+    script = importlib.import_module("check_inverse_rope_group_quant")
+    timed = []
+
+    def graph_us(call, n, reps):
+        call(0)
+        timed.append(n)
+        if len(timed) == 4:
+            raise RuntimeError("no graph")
+        return float(len(timed))
+
+    monkeypatch.setattr(script.timing, "time_graph_us", graph_us)
+    monkeypatch.setattr(script.timing, "time_kernels_us", lambda call, n: (0.5, 1.0))
+    res = {}
+    f = script.launch_floor(res, 1, device="cpu")
+    assert f == {"one_graph_us": 1.0, "one_kernel_us": 0.5, "two_graph_us": 2.0, "two_kernel_us": 0.5,
+                 "copy_graph_us": 3.0, "copy_kernel_us": 0.5, "gather_graph_us": None, "gather_kernel_us": 0.5,
+                 "errors": {"gather": "RuntimeError: no graph"}}
+    table = script.sweep_table({"floor": f, "rows": [{"S": 1, "H": 16, "G": 2, "us_cpt0": 1.0, "us_unfused": 2.0,
+                                                       "kernel_us_cpt0": None, "kernel_us_unfused": None}]})
+    assert "a position -> cos row gather (a load whose address needs an earlier load) - / 0.50 us." in table
 
 
 def test_gpu_check_script_pdl_after_writer_on_cpu(monkeypatch):
@@ -314,7 +360,9 @@ def test_gpu_check_script_pdl_after_writer_on_cpu(monkeypatch):
         ref.inverse_rope_group_quant(o_read, p, c, s, x, sc, q)
 
     monkeypatch.setattr(script.cuda_inverse_rope_quant, "inverse_rope_group_quant_config", good)
-    assert script.pdl_after_writer_case("cpu", rounds=3, S=8) == {"ok": True, "rounds": 3, "rounds_differing": 0}
+    assert script.pdl_after_writer_case("cpu", rounds=3, S=8, tail=4) == {"ok": True, "rounds": 3,
+                                                                           "rounds_differing": 0}
     assert calls == [0, 1] * 3
     monkeypatch.setattr(script.cuda_inverse_rope_quant, "inverse_rope_group_quant_config", late_writes)
-    assert script.pdl_after_writer_case("cpu", rounds=3, S=8) == {"ok": False, "rounds": 3, "rounds_differing": 3}
+    assert script.pdl_after_writer_case("cpu", rounds=3, S=8, tail=4) == {"ok": False, "rounds": 3,
+                                                                           "rounds_differing": 3}
