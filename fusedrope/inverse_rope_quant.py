@@ -25,6 +25,7 @@ SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32, torch.int32)
 PACKED_UE8M0 = torch.int32
 QUANT_GROUP_SIZES = (32, 64, 128, 256)
 ENV_CHECK_POSITIONS = "FUSEDROPE_CHECK_POSITIONS"
+SWITCH_OFF = ("", "0", "false", "no", "off")  # FUSEDROPE_CHECK_POSITIONS values that leave the check off
 
 
 def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_groups: int,
@@ -243,6 +244,7 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
             and (row // num_groups) % quant_group_size == 0
             and o.dtype in O_DTYPES and D % 2 == 0 and o.is_contiguous()
             and positions.dtype in POSITION_DTYPES and positions.dim() == 1 and positions.shape[0] >= S
+            and positions.layout is torch.strided  # a sparse tensor has a dtype, a dim and a shape, no strides
             and cos_cache.dtype in CACHE_DTYPES and sin_cache.dtype is cos_cache.dtype
             and sin_cache.shape == cos_cache.shape and cos_cache.stride(1) == 1 and sin_cache.stride(1) == 1
             and max_pos >= 1 and half >= 1 and 2 * half <= D
@@ -366,7 +368,7 @@ REGISTRY.register(Impl("cuda", ".cuda_inverse_rope_quant:inverse_rope_group_quan
 def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
     """What the call checks beyond :func:`validate` (explain does too): the positions debug switch, and that the
     caller's buffers (None when not given) are writable here and apart from the inputs; returns those buffers."""
-    if getenv(ENV_CHECK_POSITIONS) not in ("", "0"):
+    if getenv(ENV_CHECK_POSITIONS).lower() not in SWITCH_OFF:
         check_positions_on_host(positions, o.shape[0], cos_cache.shape[0])
     mine = {n: t for n, t in (("x_fp8", x_fp8), ("x_scale", x_scale)) if t is not None}
     if mine and o.numel():

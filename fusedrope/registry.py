@@ -131,7 +131,12 @@ class OpRegistry:
         """The implementation for these facts (``facts[0]`` is the device). Cached."""
         request = forced_backend() if backend == "auto" else backend
         key = (facts, request, backend == "auto")  # a name from the environment may fall back, an argument not
-        impl = self._select.get(key)
+        try:
+            impl = self._select.get(key)
+        except TypeError:  # unhashable: a list, a dict
+            raise TypeError(f"{self.op}: argument 'backend' expected 'auto' or one of "
+                            f"{sorted(i.backend for i in self.impls)}, got {type(backend).__name__} "
+                            f"{backend!r}") from None
         if impl is None:
             impl = self._select[key] = self._select_uncached(facts, request, backend)
         return impl

@@ -133,6 +133,12 @@ def test_unknown_backend_and_env():
     q, k, cos, sin = tts_inputs()
     with pytest.raises(ValueError, match=r"argument 'backend' expected 'auto' or one of \[.*'reference'.*\], got 'cudnn'"):
         fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="cudnn")
+    with pytest.raises(TypeError, match=r"^qwen3_tts_rope: argument 'backend' expected 'auto' or one of \[.*'reference'.*"
+                                        r"\], got list \['triton'\]$"):
+        fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=["triton"])
+    (args, _), = [quant_bad()]
+    with pytest.raises(TypeError, match=r"^inverse_rope_group_quant: argument 'backend' expected .*, got dict \{\}$"):
+        fusedrope.inverse_rope_group_quant(**args, backend={})
 
 
 def quant_bad(**change):
@@ -257,6 +263,8 @@ QUANT_CASES = {
                             "argument 'transpose_scale' expected a bool, got int 1"),
     "o sparse": (quant_bad(o=lambda a: a["o"].to_sparse()), TypeError,
                  "argument 'o' expected a dense (strided) tensor, got layout torch.sparse_coo"),
+    "positions sparse": (quant_bad(positions=lambda a: a["positions"].to_sparse()), TypeError,
+                         "argument 'positions' expected a dense (strided) tensor, got layout torch.sparse_coo"),
     "groups zero": (quant_bad(num_groups=0), ValueError,
                     "argument 'num_groups' expected a positive int dividing H*head_dim=2048, got 0"),
     "positions column": (quant_bad(positions=lambda a: a["positions"][:, None]), ValueError,

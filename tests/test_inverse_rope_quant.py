@@ -251,6 +251,21 @@ def test_out_of_range_positions_are_clamped(backend, monkeypatch):
     fusedrope.inverse_rope_group_quant(o, tame, cos, sin, 1, backend=backend, fp8_dtype=FP8_HERE)  # in range: fine
 
 
+@pytest.mark.parametrize("value, on", [("", False), ("0", False), ("false", False), ("OFF", False), ("No", False),
+                                       ("1", True), ("true", True), ("yes", True)])
+def test_position_check_switch_values(value, on, monkeypatch):
+    """FUSEDROPE_CHECK_POSITIONS: off when empty, 0, false, no or off (any case), on for anything else."""
+    case = QuantCase(2, 2, 1)
+    o, _, cos, sin = make_quant_inputs(case, device=DEVICE, seed=3, max_pos=32)
+    wild = torch.tensor([-1, 40], device=DEVICE)
+    monkeypatch.setenv("FUSEDROPE_CHECK_POSITIONS", value)
+    if on:
+        with pytest.raises(ValueError, match=r"argument 'positions' expected values in \[0, max_pos=32\)"):
+            fusedrope.inverse_rope_group_quant(o, wild, cos, sin, 1, backend="reference", fp8_dtype=FP8_HERE)
+    else:
+        fusedrope.inverse_rope_group_quant(o, wild, cos, sin, 1, backend="reference", fp8_dtype=FP8_HERE)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_position_check_reads_only_the_first_s_positions(backend, monkeypatch):
     """positions may be longer than S (an engine's max-size buffer, its tail stale or padded with -1): the debug
