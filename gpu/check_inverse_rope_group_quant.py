@@ -311,6 +311,9 @@ def raw_reject_cases() -> dict:
             "group_48": lambda: op(o, p, c, s, x, sc, 48),
             "positions_short": lambda: op(o, p[:2], c, s, x, sc, q),
             "x_scale_shape": lambda: op(o, p, c, s, x, sc[:, :, :1], q),
+            "x_scale_tokens_overlapping": lambda: op(o, p, c, s, x, sc.as_strided(sc.shape, (0, dg // q, 1)), q),
+            "x_scale_column_lead_short": lambda: op(o, p, c, s, x, sc.as_strided(sc.shape, (1, dg // q * 2, 2)),
+                                                    q),
             "chunks_per_thread_3": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(
                 o, p, c, s, x, sc, q, 3),
             "tail_warps_with_2_chunks": lambda: torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(

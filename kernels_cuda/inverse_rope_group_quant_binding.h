@@ -94,12 +94,21 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
   const auto st = x_scale.scalar_type();
   TORCH_CHECK(st == at::kFloat8_e8m0fnu || st == at::kByte || st == at::kFloat, n.op,
               ": argument 'x_scale' expected dtype float8_e8m0fnu, uint8 or float32, got ", st);
-  // The kernel addresses scale (s, g, k) as s*stride(0) + (g*Ks + k)*stride(2): true for the row-major and the
-  // column-major layouts, i.e. whenever stride(1) == Ks * stride(2).
-  TORCH_CHECK(G == 1 || Ks <= 1 || x_scale.stride(1) == Ks * x_scale.stride(2), n.op,
-              ": argument 'x_scale' expected stride(1) == Ks*stride(2) (row-major (",
-              msg::num(G * Ks), ", ", msg::num(Ks),
-              ", 1) or column-major (1, ", msg::num(Ks), "*L, L)), got ", msg::shape(x_scale.strides()));
+  // The kernel addresses scale (s, g, k) as s*stride(0) + (g*Ks + k)*stride_b. Only the two layouts the op
+  // writes, as fusedrope/inverse_rope_quant.py's buffer_scale_strides: row-major (G*Ks, Ks, 1), or column-major
+  // (1, Ks*L, L) with L >= S; strides of size-1 dims address nothing. Anything else (stride(0) == 0, say) could
+  // make two blocks write one byte.
+  const auto same_layout = [&](int64_t a, int64_t b, int64_t c) {
+    const int64_t want[3] = {a, b, c};
+    for (int d = 0; d < 3; ++d)
+      if (x_scale.size(d) > 1 && x_scale.stride(d) != want[d]) return false;
+    return true;
+  };
+  const int64_t lead = Ks > 1 ? x_scale.stride(2) : G > 1 ? x_scale.stride(1) : S;
+  TORCH_CHECK(S == 0 || same_layout(G * Ks, Ks, 1) || (lead >= S && same_layout(1, Ks * lead, lead)), n.op,
+              ": argument 'x_scale' expected row-major strides (", msg::num(G * Ks), ", ", msg::num(Ks),
+              ", 1) or column-major (1, ", msg::num(Ks), "*L, L) with L >= S=", msg::num(S), ", got ",
+              msg::shape(x_scale.strides()));
   TORCH_CHECK(S * H * D / 16 <= INT32_MAX, n.op, ": expected S*H*head_dim/16 < 2^31, got S=",
               msg::num(S), " H=", msg::num(H));
   if (S == 0 || H == 0) return false;
@@ -111,12 +120,14 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
   p->o_dtype = dtype_code(o.scalar_type());
   p->positions = positions.data_ptr();
   p->pos_is_int64 = positions.scalar_type() == at::kLong;
-  p->pos_stride = positions.stride(0);
+  // The stride of a size-1 dim addresses nothing and may be anything (2^62, say): 0, so that the launcher's
+  // byte strides (stride * element size) cannot overflow.
+  p->pos_stride = S > 1 ? positions.stride(0) : 0;
   p->cos = cos.data_ptr();
   p->sin = sin.data_ptr();
   p->cache_dtype = dtype_code(cos.scalar_type());
-  p->cos_stride = cos.stride(0);
-  p->sin_stride = sin.stride(0);
+  p->cos_stride = cos.size(0) > 1 ? cos.stride(0) : 0;
+  p->sin_stride = sin.size(0) > 1 ? sin.stride(0) : 0;
   p->max_pos = cos.size(0);
   p->rope_dim = static_cast<int32_t>(2 * cos.size(1));
   p->x_fp8 = x_fp8.data_ptr();
@@ -125,8 +136,8 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
   p->quant_group_size = static_cast<int32_t>(q);
   p->x_scale = x_scale.data_ptr();
   p->scale_is_f32 = st == at::kFloat;
-  p->scale_stride_s = x_scale.stride(0);
-  p->scale_stride_b = Ks > 1 ? x_scale.stride(2) : x_scale.stride(1);  // block index b = g*Ks + k
+  p->scale_stride_s = S > 1 ? x_scale.stride(0) : 0;
+  p->scale_stride_b = Ks > 1 ? x_scale.stride(2) : G > 1 ? x_scale.stride(1) : 0;  // block index b = g*Ks + k
   return true;
 }
 

@@ -1,0 +1,140 @@
+"""The op-2 torch bindings' argument checks (kernels_cuda/inverse_rope_group_quant_binding.h, shared by the CUDA
+and the HIP binding) run on the CPU: tests/irgq_binding_host.cpp builds them against this torch as a small torch
+library, on CPU tensors. Without it they would run only where a GPU builds the extension.
+
+* every scale layout the binding accepts is one the kernels address exactly: the (stride_s, stride_b) it hands
+  them reach the view's own elements, no two alike; and it accepts what fusedrope's own validation
+  (``buffer_scale_strides``) does, the row-major or the column-major layout, over a grid of strides;
+* bad arguments raise a RuntimeError naming the op and the argument, with the integers in the message.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from compile_cache import build_once, content_key, host_cxx, quoted_includes
+from fusedrope.inverse_rope_quant import buffer_scale_strides
+from fusedrope.testing import deepseek_rope_cache
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS = Path(__file__).resolve().parent / "irgq_binding_host.cpp"
+BINDING = ROOT / "kernels_cuda" / "inverse_rope_group_quant_binding.h"
+OP = "fusedrope_host::params"
+
+
+@pytest.fixture(scope="module")
+def params():
+    from torch.utils import cpp_extension
+
+    gxx = host_cxx()
+    if not gxx:
+        pytest.skip("no C++ compiler (g++) to build the binding's checks against torch")
+    cmd = [gxx, "-std=c++20" if "c++20" in Path(cpp_extension.__file__).read_text() else "-std=c++17", "-O1", "-w",
+           "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+           f"-I{BINDING.parent}", *[f"-I{p}" for p in cpp_extension.include_paths()], str(HARNESS),
+           *[f"-L{p}" for p in cpp_extension.library_paths()], "-ltorch_cpu", "-lc10"]
+    inputs = [HARNESS, BINDING, *sorted(quoted_includes(BINDING))]
+    out = Path(tempfile.gettempdir()) / f"fusedrope-binding-host-{os.getuid()}-{content_key(inputs, *cmd)}.so"
+
+    def on_error(stderr: str) -> None:
+        pytest.fail(f"binding host build failed:\n{' '.join(cmd)}\n{stderr[-4000:]}")
+
+    torch.ops.load_library(str(build_once(cmd, out, on_error)))
+    return torch.ops.fusedrope_host.params
+
+
+def inputs(S=4, H=16, G=2, q=128):
+    o = torch.randn(S, H, 512).bfloat16()
+    cos, sin = deepseek_rope_cache(64, 64)
+    dg = H * 512 // G
+    x = torch.empty(S, G, dg, dtype=torch.float8_e4m3fn)
+    sc = torch.empty(S, G, dg // q, dtype=torch.uint8)
+    return o, torch.arange(S), cos, sin, x, sc, q
+
+
+def addresses(shape, strides):
+    S, G, Ks = shape
+    idx = torch.stack(torch.meshgrid(torch.arange(S), torch.arange(G), torch.arange(Ks), indexing="ij"), -1)
+    return (idx * torch.tensor(strides)).sum(-1).flatten()
+
+
+# (S, H, G, q): Ks = H*512/G/q > 1; G = 1; Ks = 1 (H = 1, G = 2, q = 256); S = 1
+SHAPES = [(4, 16, 2, 128), (3, 8, 1, 256), (5, 1, 2, 256), (1, 2, 2, 128)]
+
+
+@pytest.mark.parametrize("S, H, G, q", SHAPES)
+def test_scale_layouts_accepted_are_the_validated_ones_and_addressed_exactly(params, S, H, G, q):
+    o, p, c, s, x, sc, q = inputs(S, H, G, q)
+    Ks = sc.shape[2]
+    choices = sorted({0, 1, 2, Ks, G * Ks, S, S + 3, Ks * S, Ks * (S + 3), Ks * (S - 1)})
+    base = torch.empty((S + G + Ks) * max(choices) + 1, dtype=torch.uint8)
+    accepted = 0
+    for st in itertools.product(choices, repeat=3):
+        view = base.as_strided(sc.shape, st)
+        ours = [buffer_scale_strides(view, t, torch.uint8) for t in (False, True)]
+        try:
+            launch, *_, st_s, st_b = params(o, p, c, s, x, view, q)[:7]
+        except RuntimeError as e:
+            assert ours == [None, None], (st, str(e))
+            assert f"{OP}: argument 'x_scale' expected row-major strides ({G * Ks}, {Ks}, 1) or column-major (1, " \
+                   f"{Ks}*L, L) with L >= S={S}, got [{', '.join(map(str, st))}]" in str(e)
+            continue
+        assert launch == 1 and any(w is not None for w in ours), st
+        accepted += 1
+        # the kernels' address of scale (s, g, k): s*stride_s + (g*Ks + k)*stride_b; the view's: its strides
+        kernel = addresses((S, G * Ks, 1), (st_s, st_b, 0))
+        assert torch.equal(kernel, addresses(sc.shape, st)), st
+        assert kernel.unique().numel() == kernel.numel(), st
+    assert accepted >= 2  # row-major and column-major at least
+
+
+def test_accepted_launch_parameters(params):
+    o, p, c, s, x, sc, q = inputs()
+    assert params(o, p, c, s, x, sc, q) == [1, 4, 16, 2, 128, 64, 1, 1, 64, 64]
+    col = torch.empty(2, 32, 7, dtype=torch.uint8).permute(2, 0, 1)[:4]  # column-major, token dim padded to 7
+    assert params(o, p, c, s, x, col, q) == [1, 4, 16, 2, 128, 1, 7, 1, 64, 64]
+    p3 = torch.arange(12)[::3]
+    assert params(o, p3, c, s, x, sc, q)[7] == 3
+    # size-1 dims: their strides address nothing and may be anything; the kernels get 0 (no overflow in bytes)
+    huge = 2 ** 62
+    o1, p1, c1, s1, x1, sc1, _ = inputs(S=1, H=1, G=2, q=256)  # Ks = 1
+
+    def one(t):
+        return t.as_strided(t.shape, [huge if n == 1 else st for n, st in zip(t.shape, t.stride())])
+
+    assert params(o1, one(p1), one(c1[:1]), one(s1[:1]), x1, one(sc1), 256) == [1, 1, 1, 2, 256, 0, 1, 0, 0, 0]
+    e = inputs(S=0)
+    assert params(*e)[0] == 0  # nothing to launch
+
+
+def bad_cases():
+    o, p, c, s, x, sc, q = inputs()
+    return {
+        "fp32 o": ((o.float(), p, c, s, x, sc, q), "argument 'o' expected dtype bfloat16 or float16, got Float"),
+        "head_dim 256": ((o[..., :256].contiguous(), p, c, s, x[..., :2048], sc[..., :16], q),
+                         "argument 'o' expected head_dim 512 (the compiled kernel's), got 256"),
+        "positions short": ((o, p[:2], c, s, x, sc, q),
+                            "argument 'positions' expected a 1-D tensor with at least S=4 elements, got shape [2]"),
+        "group 48": ((o, p, c, s, x, sc, 48), "argument 'quant_group_size' expected 32, 64, 128 or 256, got 48"),
+        "x_scale shape": ((o, p, c, s, x, sc[:, :, :1], q),
+                          "argument 'x_scale' expected shape [4, 2, 32], got [4, 2, 1]"),
+        "x_fp8 strided": ((o, p, c, s, x.transpose(1, 2).contiguous().transpose(1, 2), sc, q),
+                          "argument 'x_fp8' expected a contiguous tensor, got strides [8192, 1, 2]"),
+        "cos rope_dim": ((o, p, c[:, :16], s[:, :16], x, sc, q),
+                         "argument 'cos' expected shape [max_pos >= 1, 32] (rope_dim 64), got [64, 16]"),
+    }
+
+
+@pytest.mark.parametrize("name", list(bad_cases()))
+def test_bad_arguments_raise_naming_the_argument(params, name):
+    args, msg = bad_cases()[name]
+    with pytest.raises(RuntimeError) as e:
+        params(*args)
+    assert f"{OP}: {msg}" in str(e.value)
+
