@@ -346,8 +346,9 @@ const char* status_string(int status) {
       return "chunks_per_thread must be 0 (automatic), 1 or 2, and 0 or 1 with tail_warps; block_threads 0 "
              "(automatic) or a multiple of 32 from 32 to 256; pdl 0 or 1";
     case kPdlUnsupported:
-      return "pdl=1 needs the kernel compiled for sm_90 or newer (its wait for the previous kernel); this device "
-             "runs one compiled for an older arch";
+      return "pdl=1 unsupported here: it needs the kernel compiled for sm_90 or newer (its wait for the previous "
+             "kernel), and this device runs one compiled for an older arch, or the runtime refused the programmatic "
+             "dependent launch";
     default: return "unknown status";
   }
 }
@@ -365,9 +366,10 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
   Shape sh{(unsigned)num_chunks, bt, p.num_sms, p.pdl == 1};
   if (bt == 0 && sh.num_sms <= 0) {  // ask the runtime; on failure keep kThreads (num_sms 0)
     int dev = 0;
+    const bool none_pending = cudaPeekAtLastError() == cudaSuccess;  // a caller's pending error stays theirs
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sh.num_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
+      if (none_pending) (void)cudaGetLastError();
       sh.num_sms = 0;
     }
   }

@@ -274,7 +274,12 @@ def test_cuda_automatic_block_size_spreads_a_small_grid_over_the_sms():
         lib.emul_set_device(-1, 90)
         st = _run_checked(lib, o, p, c, s, 2, 128, True)
         assert (st["grid"], st["block"]) == (40 * 16 * 32 // 256, 256), st
+        assert lib.emul_peek_last_error() == 0  # the query's own error cleared
+        lib.emul_set_last_error(700)  # a caller's error pending before the launch: still reported after it
+        _run_checked(lib, o, p, c, s, 2, 128, True)
+        assert lib.emul_peek_last_error() != 0
     finally:
+        lib.emul_set_last_error(0)
         lib.emul_set_device(132, 90)
 
 

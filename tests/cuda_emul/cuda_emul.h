@@ -47,7 +47,16 @@ enum cudaError_t : int {
   cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9, cudaErrorNotSupported = 801,
 };
 typedef struct CUstream_st* cudaStream_t;
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+// The runtime's last error: a failing call records it, cudaGetLastError returns and clears it, cudaPeekAtLastError
+// returns it.
+inline cudaError_t emu_last_error = cudaSuccess;
+inline cudaError_t emu_fail(cudaError_t e) { return emu_last_error = e; }
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t e = emu_last_error;
+  emu_last_error = cudaSuccess;
+  return e;
+}
+inline cudaError_t cudaPeekAtLastError() { return emu_last_error; }
 // One device, with emu_num_sms SMs (the H200's 132 unless a test sets it; negative: the query fails), running
 // kernels compiled for PTX version emu_ptx_version (90: sm_90).
 inline int emu_num_sms = 132;
@@ -55,7 +64,7 @@ inline int emu_ptx_version = 90;
 enum cudaDeviceAttr : int { cudaDevAttrMultiProcessorCount = 16 };
 inline cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (attr != cudaDevAttrMultiProcessorCount || device != 0 || emu_num_sms < 0) return cudaErrorInvalidValue;
+  if (attr != cudaDevAttrMultiProcessorCount || device != 0 || emu_num_sms < 0) return emu_fail(cudaErrorInvalidValue);
   *value = emu_num_sms;
   return cudaSuccess;
 }
@@ -105,13 +114,13 @@ cudaError_t cudaLaunchKernel(void (*f)(A...), dim3 g, dim3 b, void** args, std::
   const unsigned long long threads = 1ull * b.x * b.y * b.z;
   if (!g.x || !g.y || !g.z || !threads || threads > unsigned(emu_max_threads_per_block) || g.x > 0x7fffffffu ||
       g.y > 65535u || g.z > 65535u || b.z > 64u)
-    return cudaErrorInvalidConfiguration;
+    return emu_fail(cudaErrorInvalidConfiguration);
   ++emu_launches;
   emu_last_pdl = 0;
   emu_last_grid = g;
   emu_last_block = b;
 #ifdef CUDA_EMUL_LOCKSTEP
-  if (g.y != 1 || g.z != 1 || b.y != 1 || b.z != 1) return cudaErrorInvalidConfiguration;
+  if (g.y != 1 || g.z != 1 || b.y != 1 || b.z != 1) return emu_fail(cudaErrorInvalidConfiguration);
   gridDim = g;
   blockDim = b;
   lockstep::run(g.x, b.x, [&] {
@@ -145,7 +154,8 @@ template <class... E, class... A>
 cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*f)(E...), A&&... args) {
   int pdl = 0;
   for (unsigned i = 0; i < config->numAttrs; ++i) {
-    if (config->attrs[i].id != cudaLaunchAttributeProgrammaticStreamSerialization) return cudaErrorInvalidValue;
+    if (config->attrs[i].id != cudaLaunchAttributeProgrammaticStreamSerialization)
+      return emu_fail(cudaErrorInvalidValue);
     pdl = config->attrs[i].val.programmaticStreamSerializationAllowed != 0;
   }
   return [&](E... coerced) {

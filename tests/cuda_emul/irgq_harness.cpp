@@ -28,6 +28,10 @@ void emul_set_device(int num_sms, int ptx_version) {
   emu_ptx_version = ptx_version;
 }
 
+// The emulated runtime's last error: set it (a caller's error pending before a launch), read it without clearing.
+void emul_set_last_error(int e) { emu_last_error = static_cast<cudaError_t>(e); }
+int emul_peek_last_error() { return emu_last_error; }
+
 // __nv_cvt_float2_to_fp8x2 calls made through the model since the last call (builds with
 // -DFUSEDROPE_IRGQ_HW_E4M3=1); -1 when a call used another saturation mode or format.
 long long emul_hw_cvts() {
