@@ -337,8 +337,12 @@ cudaError_t launch_q(int q, int chunks_per_thread, bool tail_warps, const Shape&
 const char* status_string(int status) {
   switch (status) {
     case kOk: return "ok";
-    case kUnsupportedShape: return "the CUDA kernel is compiled for head_dim 512 and rope_dim 64 only";
-    case kBadGroup: return "quant_group_size must be 32, 64, 128 or 256 and divide Dg = H*head_dim/num_groups";
+    case kUnsupportedShape:
+      return "the CUDA kernel is compiled for head_dim 512 and rope_dim 64 only, and needs num_heads, "
+             "num_groups and max_pos >= 1";
+    case kBadGroup:
+      return "num_groups must divide H*head_dim, and quant_group_size be 32, 64, 128 or 256 and divide "
+             "Dg = H*head_dim/num_groups";
     case kBadDtype: return "unsupported dtype code";
     case kTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
     case kLaunchFailed: return "kernel launch failed";

@@ -299,8 +299,12 @@ const void* pick_kernel(int qgs) {
 const char* irgq_status_string(int status) {
   switch (status) {
     case kOk: return "ok";
-    case kUnsupportedShape: return "the HIP kernel is compiled for head_dim 512 and rope_dim 64 only";
-    case kBadGroup: return "quant_group_size must be 32, 64, 128 or 256 and divide Dg = H*head_dim/num_groups";
+    case kUnsupportedShape:
+      return "the HIP kernel is compiled for head_dim 512 and rope_dim 64 only, and needs num_heads, "
+             "num_groups and max_pos >= 1";
+    case kBadGroup:
+      return "num_groups must divide H*head_dim, and quant_group_size be 32, 64, 128 or 256 and divide "
+             "Dg = H*head_dim/num_groups";
     case kBadDtype: return "unsupported dtype code";
     case kTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
     case kLaunchFailed: return "hipLaunchKernel failed";
