@@ -370,7 +370,7 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
   Shape sh{(unsigned)num_chunks, bt, p.num_sms, p.pdl == 1};
   if (bt == 0 && sh.num_sms <= 0) {  // ask the runtime; on failure keep kThreads (num_sms 0)
     int dev = 0;
-    const bool none_pending = cudaPeekAtLastError() == cudaSuccess;  // a caller's pending error stays theirs
+    const bool none_pending = cudaPeekAtLastError() == cudaSuccess;  // else an error stays pending for the caller
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sh.num_sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
       if (none_pending) (void)cudaGetLastError();

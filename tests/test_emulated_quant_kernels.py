@@ -275,7 +275,7 @@ def test_cuda_automatic_block_size_spreads_a_small_grid_over_the_sms():
         st = _run_checked(lib, o, p, c, s, 2, 128, True)
         assert (st["grid"], st["block"]) == (40 * 16 * 32 // 256, 256), st
         assert lib.emul_peek_last_error() == 0  # the query's own error cleared
-        lib.emul_set_last_error(700)  # a caller's error pending before the launch: still reported after it
+        lib.emul_set_last_error(700)  # an error pending before the launch: an error still pending after it
         _run_checked(lib, o, p, c, s, 2, 128, True)
         assert lib.emul_peek_last_error() != 0
     finally:

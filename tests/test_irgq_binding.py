@@ -109,8 +109,8 @@ def test_accepted_launch_parameters(params):
         return t.as_strided(t.shape, [huge if n == 1 else st for n, st in zip(t.shape, t.stride())])
 
     assert params(o1, one(p1), one(c1[:1]), one(s1[:1]), x1, one(sc1), 256) == [1, 1, 1, 2, 256, 0, 1, 0, 0, 0]
-    e = inputs(S=0)
-    assert params(*e)[0] == 0  # nothing to launch
+    assert params(*inputs(S=0))[0] == 0  # nothing to launch
+    assert params(*inputs(S=3, H=0, G=2))[0] == 0  # x_scale [3, 2, 0]: no layout to check either
 
 
 def bad_cases():
