@@ -490,6 +490,16 @@ def kernel_time(res, call, n):
         return None, None
 
 
+def graph_time(record: dict, name: str, call, n: int, reps: int):
+    """``timing.time_graph_us`` rounded, or None with the error kept under ``record["errors"][name]`` (e.g. a
+    programmatic dependent launch the runtime will not capture): one failed timing leaves its cell "-"."""
+    try:
+        return round(timing.time_graph_us(call, n, reps), 3)
+    except RuntimeError as e:
+        record.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:300]
+        return None
+
+
 def launch_floor(res, reps: int = 5, device: str = "cuda") -> dict:
     """What one and two trivial kernels (a 1-element fill) cost per call, by graph replay and by the profiler's
     kernel time: the floor under any fused kernel, and under the two-kernel unfused baseline, on this GPU. Then
@@ -507,11 +517,7 @@ def launch_floor(res, reps: int = 5, device: str = "cuda") -> dict:
              "gather": lambda i: torch.index_select(cache, 0, pos, out=rows)}
     out = {}
     for name, call in calls.items():
-        try:
-            out[f"{name}_graph_us"] = round(timing.time_graph_us(call, SWEEP_SETS, reps), 3)
-        except RuntimeError as e:  # the floor is context: one that fails leaves None, not the sweep undone
-            out[f"{name}_graph_us"] = None
-            out.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:300]
+        out[f"{name}_graph_us"] = graph_time(out, name, call, SWEEP_SETS, reps)
         out[f"{name}_kernel_us"] = kernel_time(res, call, SWEEP_SETS)[0]
     return out
 
@@ -568,11 +574,7 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
                      "triton": api_call(fusedrope.inverse_rope_group_quant, backend="triton"),
                      "unfused": api_call(unfused_inverse_rope_group_quant)}
             for name, call in calls.items():
-                try:
-                    row[f"us_{name}"] = round(timing.time_graph_us(call, len(sets), reps), 3)
-                except RuntimeError as e:  # e.g. a programmatic dependent launch the runtime will not capture
-                    row[f"us_{name}"] = None
-                    row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
+                row[f"us_{name}"] = graph_time(row, name, call, len(sets), reps)
             for name in ("cpt0", "b256", "triton", "unfused"):
                 row[f"kernel_us_{name}"], row[f"kernels_{name}"] = kernel_time(res, calls[name], len(sets))
             rows.append(row)
@@ -599,11 +601,7 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
                 if cache:
                     c, s = cache
                 torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, p, c, s, x, sc, q, u, tw)
-            try:
-                row[f"us_{name}"] = round(timing.time_graph_us(call, len(big), reps), 3)
-            except RuntimeError as e:
-                row[f"us_{name}"] = None
-                row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:300]
+            row[f"us_{name}"] = graph_time(row, name, call, len(big), reps)
         large.append(row)
         big = None  # freed before the next point's inputs are made
         log(f"  sweep S{S}-H{H}-G{G}-g{q}: 1 chunk/thread {us(row['us_cpt1'])} us, 2 {us(row['us_cpt2'])}, "
@@ -824,8 +822,8 @@ def main(argv=None) -> int:
                 max_sets=args.max_sets, reps=args.reps, after_config=lambda: write_reports(results, out))
     if built and not args.skip_sanitize:  # at least 30 s (its minimum) before the sweep's share, if there are 30
         left = deadline - time.time() - TRITON_SUBSET_RESERVE_S
-        reserve = SWEEP_RESERVE_S if built and not args.skip_sweep else 0
-        section("sanitize", section_sanitize, min(120.0, max(left - reserve, 30.0), left))
+        sweep_share = 0 if args.skip_sweep else SWEEP_RESERVE_S
+        section("sanitize", section_sanitize, min(120.0, max(left - sweep_share, 30.0), left))
     if built and not args.skip_sweep:
         section("sweep", section_sweep, deadline - TRITON_SUBSET_RESERVE_S)
     # the fused Triton kernel against the reference on the small subset, for the record

@@ -105,7 +105,9 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
     return true;
   };
   const int64_t lead = Ks > 1 ? x_scale.stride(2) : G > 1 ? x_scale.stride(1) : S;
-  TORCH_CHECK(x_scale.numel() == 0 || same_layout(G * Ks, Ks, 1) || (lead >= S && same_layout(1, Ks * lead, lead)), n.op,
+  TORCH_CHECK(x_scale.numel() == 0 || same_layout(G * Ks, Ks, 1) ||
+                  (lead >= S && same_layout(1, Ks * lead, lead)),
+              n.op,
               ": argument 'x_scale' expected row-major strides (", msg::num(G * Ks), ", ", msg::num(Ks),
               ", 1) or column-major (1, ", msg::num(Ks), "*L, L) with L >= S=", msg::num(S), ", got ",
               msg::shape(x_scale.strides()));
