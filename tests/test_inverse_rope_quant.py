@@ -106,6 +106,25 @@ def test_backend_matches_reference(backend, case, transpose_scale, fp8_dtype):
     assert_quant_close(*got, *ref, rope_blocks(case), backend)
 
 
+@pytest.mark.parametrize("case", SHAPES + [QuantCase(3, 3, 1, head_dim=96, rope_dim=24, quant_group_size=32)],
+                         ids=lambda c: c.id)
+@pytest.mark.parametrize("segments", ["launcher", "gather"])
+def test_triton_rotation_forms_match_reference(case, segments, monkeypatch):
+    """The Triton kernel's two rotations: by rope_dim segments where rope_dim is a power of two dividing
+    head_dim (every shape here but the last, whose 24 is none), and the per-pair cos/sin gather, forced."""
+    import fusedrope.triton_inverse_rope_quant as TK
+
+    reason = REGISTRY.availability(REGISTRY_IMPL["triton"], DEVICE)
+    if reason:
+        pytest.skip(f"triton: {reason}")
+    assert TK.tail_segments(case.head_dim, case.rope_dim, 512) == (case.rope_dim != 24)
+    if segments == "gather":
+        monkeypatch.setattr(TK, "tail_segments", lambda *a: False)
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=13, edge_cases=True)
+    got = run("triton", o, pos, cos, sin, case)
+    assert_quant_close(*got, *reference(o, pos, cos, sin, case), rope_blocks(case), "triton")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("group_size", [32, 64, 128, 256])
 @pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.uint8, torch.float32, torch.int32])

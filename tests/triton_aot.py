@@ -66,7 +66,9 @@ def counts(k, target) -> dict:
         ptx = k.asm["ptx"]
         sass = cuobjdump_sass(k.asm["cubin"])
         mem = re.findall(r"\b(LDG|STG)\.", sass)
+        ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", sass, re.M)
         return {"sass_ldg128": len(re.findall(r"LDG\.E\.128", sass)),
+                "instructions": len(ops), "shared": ops.count("LDS") + ops.count("STS"), "barriers": ops.count("BAR"),
                 "loads_after_first_store": _loads_after_first_store(mem, "LDG", "STG"),
                 "sass_stg128": len(re.findall(r"STG\.E\.128", sass)),
                 "sass_local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
@@ -76,7 +78,10 @@ def counts(k, target) -> dict:
                 "cvt_e4m3": len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2", ptx))}
     asm = k.asm["amdgcn"]
     ops = re.findall(r"\b(?:global|buffer)_(load|store)_(\w+)", asm)
+    code = [ln for ln in asm.splitlines() if re.match(r"\t[a-z]", ln)]  # instructions, not directives or labels
     return {"load_x4": sum(1 for a, b in ops if a == "load" and b == "dwordx4"),
+            "instructions": len(code), "shared": len(re.findall(r"\bds_(?:read|write|load|store)", asm)),
+            "barriers": asm.count("s_barrier"),
             "loads_after_first_store": _loads_after_first_store([a for a, _ in ops], "load", "store"),
             "store_x4": sum(1 for a, b in ops if a == "store" and b == "dwordx4"),
             "loads": sum(1 for a, _ in ops if a == "load"), "stores": sum(1 for a, _ in ops if a == "store"),
@@ -99,7 +104,8 @@ def quant_kernel(tname, fp8, group_size=128, rope=True):
     ptrs = dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", xq_ptr="*u8", xs_ptr="*u8")
     consts = dict(HEAD_DIM=512, ROPE_DIM=64, GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
                   FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == FNUZ, SCALE_FP32=False,
-                  PACKED=False, ROPE=rope, EXACT=irq.integer_fp8_rounding(fp8, tname))
+                  PACKED=False, ROPE=rope, TAIL_SEGMENTS=rope and irq.tail_segments(512, 64, block_n),
+                  EXACT=irq.integer_fp8_rounding(fp8, tname))
     return compile_kernel(irq._group_quant_kernel, ptrs, consts, {"ROW", "NBLK", "cos_stride", "sin_stride"},
                           target, irq.num_warps_for(block_t * block_n, target.warp_size), enable_fp_fusion=False)
 
@@ -117,7 +123,8 @@ def variants(tname) -> int:
             compile_kernel(tts._tts_rope_kernel, ptrs, consts, set(), target, warps)
             n += 1
     fp8 = arch_fp8_dtype(tname)
-    for (heads, head_dim, rope_dim, gs) in ((3, 192, 32, 64), (16, 512, 64, 256)):
+    # (3, 96, 24): a rope_dim that is no power of two, the per-pair cos/sin gather
+    for (heads, head_dim, rope_dim, gs) in ((3, 192, 32, 64), (16, 512, 64, 256), (3, 96, 24, 32)):
         for scale_fp32, packed in ((True, False), (False, True)):
             block_t, block_n = irq._tiles(7, heads * head_dim, gs, packed)
             ptrs = dict(o_ptr="*fp16", pos_ptr="*i32", cos_ptr="*bf16", sin_ptr="*bf16", xq_ptr="*u8",
@@ -125,6 +132,7 @@ def variants(tname) -> int:
             consts = dict(HEAD_DIM=head_dim, ROPE_DIM=rope_dim, GS=gs, BLOCK_T=block_t, BLOCK_N=block_n,
                           FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == FNUZ,
                           SCALE_FP32=scale_fp32, PACKED=packed, ROPE=True,
+                          TAIL_SEGMENTS=irq.tail_segments(head_dim, rope_dim, block_n),
                           EXACT=irq.integer_fp8_rounding(fp8, tname))
             compile_kernel(irq._group_quant_kernel, ptrs, consts, set(), target, 4, enable_fp_fusion=False)
             n += 1
@@ -143,6 +151,8 @@ def main() -> dict:
         for fmt, fp8 in FP8_FORMATS.items():  # every format on every target: fnuz on gfx950 is a real call
             for gs in (32, 128):
                 out[f"inverse_rope_quant_g{gs}_{fmt}/{tname}"] = counts(quant_kernel(tname, fp8, gs), target)
+        for gs in (32, 128):  # the quant alone, in the arch's own format: what the rotation adds to it
+            out[f"quant_only_g{gs}/{tname}"] = counts(quant_kernel(tname, arch_fp8_dtype(tname), gs, False), target)
         out[f"variants/{tname}"] = {"compiled": variants(tname)}
     return out
 
