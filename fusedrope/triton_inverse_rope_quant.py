@@ -129,21 +129,29 @@ def _group_quant_kernel(
 
 
 @triton.jit
-def _rope_tail_inplace_kernel(o_ptr, pos_ptr, cos_ptr, sin_ptr, S, ROW, max_pos, pos_stride, cos_stride,
-                              sin_stride, HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
-                              BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr):
-    """Baseline step 1: rotate the tails of ``o`` back in place, rounded to o's dtype (a bf16 round trip)."""
+def _rope_tail_inplace_kernel(o_ptr, pos_ptr, cos_ptr, sin_ptr, S, H, max_pos, pos_stride, cos_stride,
+                              sin_stride, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr,
+                              BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, EXACT: tl.constexpr):
+    """Baseline step 1: rotate the tails of ``o`` back in place, rounded to o's dtype (a bf16 round trip).
+    A program owns the tails of [BLOCK_T tokens, BLOCK_H heads] and nothing else, as the seed's in-place rope on
+    the tail view does: threads only for the ``rope_dim`` columns that move."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    col0 = tl.program_id(1).to(tl.int64) * BLOCK_N
-    col = col0 + tl.arange(0, BLOCK_N)
+    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    k = tl.arange(0, 2 * HALF_P2)
     t_mask = t < S
-    m = t_mask[:, None] & (col < ROW)[None, :] & ((col % HEAD_DIM) >= HEAD_DIM - ROPE_DIM)[None, :]
-    x = to_f32(tl.load(o_ptr + t[:, None] * ROW + col[None, :], mask=m, other=0.0), EXACT)
+    m = t_mask[:, None, None] & (h < H)[None, :, None] & (k < 2 * HALF)[None, None, :]
+    ptr = (o_ptr + t[:, None, None] * (H * HEAD_DIM) + h[None, :, None] * HEAD_DIM + (HEAD_DIM - 2 * HALF)
+           + k[None, None, :])
+    x = to_f32(tl.load(ptr, mask=m, other=0.0), EXACT)
     p = tl.load(pos_ptr + t * pos_stride, mask=t_mask, other=0).to(tl.int64)
     p = tl.minimum(tl.maximum(p, 0), max_pos - 1)
-    x = _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
-                     HEAD_DIM, ROPE_DIM, BLOCK_T, BLOCK_N, EXACT)
-    tl.store(o_ptr + t[:, None] * ROW + col[None, :], round_to(x, o_ptr.dtype.element_ty, EXACT), mask=m)
+    j = tl.arange(0, HALF_P2)
+    cm = t_mask[:, None] & (j < HALF)[None, :]
+    c = to_f32(tl.load(cos_ptr + p[:, None] * cos_stride + j[None, :], mask=cm, other=1.0), EXACT)[:, None, :]
+    n = to_f32(tl.load(sin_ptr + p[:, None] * sin_stride + j[None, :], mask=cm, other=0.0), EXACT)[:, None, :]
+    e, d = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_H, HALF_P2, 2)))
+    x = tl.reshape(tl.join(e * c + d * n, d * c - e * n), (BLOCK_T, BLOCK_H, 2 * HALF_P2))
+    tl.store(ptr, round_to(x, o_ptr.dtype.element_ty, EXACT), mask=m)
 
 
 def _tiles(S: int, row: int, group_size: int, packed: bool = False) -> tuple[int, int]:
@@ -214,13 +222,15 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
 
 def rope_tail_inplace(o, positions, cos_cache, sin_cache) -> None:
     S, H, D = o.shape
-    rope_dim = 2 * cos_cache.shape[1]
-    block_t, block_n = _tiles(S, H * D, D)
-    grid = (triton.cdiv(S, block_t), triton.cdiv(H * D, block_n))
+    half = cos_cache.shape[1]
+    half_p2 = triton.next_power_of_2(half)
+    block_h = min(triton.next_power_of_2(H), 16)
+    block_t = max(1, min(triton.next_power_of_2(S), 4096 // (block_h * 2 * half_p2)))  # up to 4K tail elements
+    grid = (triton.cdiv(S, block_t), triton.cdiv(H, block_h))
     _rope_tail_inplace_kernel[grid](
-        o, positions, cos_cache, sin_cache, S, H * D, cos_cache.shape[0], positions.stride(0),
-        cos_cache.stride(0), sin_cache.stride(0), HEAD_DIM=D, ROPE_DIM=rope_dim, BLOCK_T=block_t,
-        BLOCK_N=block_n, EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_n), enable_fp_fusion=False,
+        o, positions, cos_cache, sin_cache, S, H, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
+        sin_cache.stride(0), HEAD_DIM=D, HALF=half, HALF_P2=half_p2, BLOCK_T=block_t, BLOCK_H=block_h,
+        EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_h * 2 * half_p2), enable_fp_fusion=False,
     )
 
 

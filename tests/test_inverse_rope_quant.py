@@ -355,21 +355,29 @@ def test_packed_ue8m0_is_deepgemms_layout(backend, transpose_scale):
 
 
 # -- baseline ---------------------------------------------------------------------------------------------
-def test_unfused_baseline_is_the_bf16_round_trip(monkeypatch):
+@pytest.mark.parametrize("case", SHAPES + [QuantCase(5, 3, 1, head_dim=96, rope_dim=24, quant_group_size=32),
+                                  QuantCase(3, 5, 1, head_dim=64, rope_dim=2, quant_group_size=32),
+                                  QuantCase(37, 17, 1, head_dim=64, rope_dim=64, quant_group_size=64)],
+                         ids=lambda c: c.id)
+def test_unfused_baseline_is_the_bf16_round_trip(case, monkeypatch):
     import fusedrope.triton_inverse_rope_quant as TK
 
-    case = SHAPES[0]
-    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=12)
+    if REGISTRY.availability(REGISTRY_IMPL["triton"], DEVICE):
+        pytest.skip(f"triton: {REGISTRY.availability(REGISTRY_IMPL['triton'], DEVICE)}")
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=12, max_pos=64)
+    pos[0] = 10**6  # clamped, as in the fused op
     rotated_bf16 = R.inverse_rope_tail(o, pos, cos, sin).to(o.dtype)
-    o_work = o.clone()
+    o_work, buf = guarded_poison(o.shape, o.dtype, DEVICE)  # in place: nothing outside o may change
+    o_work.copy_(o)
     launch, positions_given = TK._launch_quant, []
     monkeypatch.setattr(TK, "_launch_quant", lambda o, p, *a, **k: positions_given.append(p) or launch(o, p, *a, **k))
-    x, s = unfused_inverse_rope_group_quant(o_work, pos, cos, sin, 2)
+    x, s = unfused_inverse_rope_group_quant(o_work, pos, cos, sin, case.num_groups, case.quant_group_size)
     # the quant step fills its unused positions slot with the caller's tensor: no per-call allocation (and
     # fill kernel) that would add to the baseline's measured time
     assert len(positions_given) == 1 and positions_given[0] is pos
     assert torch.equal(o_work, rotated_bf16)  # step 1 rotated the tails in place, rounded to bf16
-    q, byte = R.group_quant_e8m0(rotated_bf16, 2, 128, torch.float8_e4m3fn)
+    assert bytes_written_outside(buf, o_work) == 0
+    q, byte = R.group_quant_e8m0(rotated_bf16, case.num_groups, case.quant_group_size, torch.float8_e4m3fn)
     assert torch.equal(scale_bytes(s), byte) and torch.equal(x.view(torch.uint8), q.view(torch.uint8))
 
 

@@ -136,11 +136,10 @@ def variants(tname) -> int:
                           EXACT=irq.integer_fp8_rounding(fp8, tname))
             compile_kernel(irq._group_quant_kernel, ptrs, consts, set(), target, 4, enable_fp_fusion=False)
             n += 1
-    block_t, block_n = irq._tiles(7, 16 * 512, 512)
     compile_kernel(irq._rope_tail_inplace_kernel, dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32",
                                                        sin_ptr="*fp32"),
-                   dict(HEAD_DIM=512, ROPE_DIM=64, BLOCK_T=block_t, BLOCK_N=block_n, EXACT=False), set(), target,
-                   4, enable_fp_fusion=False)
+                   dict(HEAD_DIM=512, HALF=32, HALF_P2=32, BLOCK_T=4, BLOCK_H=16, EXACT=False), set(), target,
+                   8, enable_fp_fusion=False)
     return n + 1
 
 
