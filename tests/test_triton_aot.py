@@ -94,7 +94,7 @@ def test_inverse_rope_adds_no_shared_memory_to_the_quant(counts, target, group):
     registers the tile was loaded into, so the fused kernel has the quant alone's shared-memory accesses and
     barriers, and fewer than twice its instructions. (A per-pair cos/sin gather, the form before this check,
     converted the whole tile through shared memory and back: on sm_90 with Triton 3.6, 776 instructions,
-    89 shared-memory accesses and 13 barriers against the quant's 304, 2 and 1.)"""
+    89 shared-memory accesses and 13 barriers, where the quant alone had 304, 2 and 1.)"""
     import torch
 
     from fusedrope.backends import arch_fp8_dtype
