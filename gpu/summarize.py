@@ -101,7 +101,8 @@ def main(argv=None) -> int:
     n_small = sum(S <= targets.QUANT_SMALL_S for S in SWEEP_S) * len(HEAD_GROUPS)
     print(targets.markdown(targets.tts_targets(tts.get("rows", []), tts.get("copy", {}).get("tbps"))
                            + targets.quant_targets(quant_rows, points)
-                           + [targets.quant_small_s_kernel_time(sweep_rows, n_small)]))
+                           + [targets.quant_small_s_kernel_time(sweep_rows, n_small),
+                              targets.quant_triton_vs_unfused(quant_rows, points)]))
     return 0 if len(files) <= MAX_FILES else 1
 
 

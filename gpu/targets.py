@@ -113,6 +113,20 @@ def quant_targets(rows: list[dict], points: list[tuple[QuantCase, bool]]) -> lis
                    1.0, True, "x")]
 
 
+def quant_triton_vs_unfused(rows: list[dict], points: list[tuple[QuantCase, bool]]) -> Target:
+    """Not an issue's target: the fused Triton kernel (the portable path, and the fallback where no compiled
+    kernel serves) faster than the unfused baseline at every point, by device time."""
+    cases = _ok_rows(rows, QUANT)
+    values = []
+    for case, col in points:
+        cr = cases.get((case.id, col), {})
+        fused, unfused = cr.get("triton", {}), cr.get("unfused", {})
+        if fused.get("device_us") and unfused.get("device_us"):
+            values.append((case.id + (" col" if col else ""), unfused["device_us"] / fused["device_us"]))
+    return _judge("triton (no issue's target) faster than the unfused baseline at every (S, group) point", values,
+                  len(points), 1.0, True, "x")
+
+
 def quant_small_s_kernel_time(sweep_rows: list[dict], expected: int) -> Target:
     """Issue #5's S <= 32 target again, by the profiler's kernel time (the op-2 seed's method: each call's kernel
     durations summed, launch gaps not counted) from the op-2 script's sweep rows, ``expected`` of which have

@@ -96,6 +96,19 @@ def test_quant_targets_judge_every_planned_point():
     assert "| MISSED |" in T.markdown(T.quant_targets(rows_for([2.0, 1.5, 0.9]), points))
 
 
+def test_triton_against_unfused_is_judged_like_cuda():
+    points = [(QuantCase(8, 2, 1), False), (QuantCase(8192, 2, 1, quant_group_size=32), True)]
+    rows = []
+    for (case, col), speedup in zip(points, (1.3, 0.95)):
+        r = measured(B.QUANT, case, ("triton", "unfused"), col)
+        rows += [timed(r["triton"], device_us=10.0), timed(r["unfused"], device_us=10.0 * speedup)]
+    got = T.quant_triton_vs_unfused(rows, points)
+    assert got.ok is False and "missed: " + points[1][0].id + " col" in got.detail, got
+    assert T.quant_triton_vs_unfused(rows[:2], points).ok is None  # one point not measured
+    rows[3]["device_us"] = 12.0
+    assert T.quant_triton_vs_unfused(rows, points).ok is True
+
+
 def test_summary_prints_seed_tables_and_targets_from_the_result_files(tmp_path, capsys):
     """gpu/summarize.py (what run_all.sh prints last) reads both scripts' results.json and judges the targets;
     more than the 8 files the device tool brings back fails it."""
@@ -121,6 +134,7 @@ def test_summary_prints_seed_tables_and_targets_from_the_result_files(tmp_path, 
     assert "| #4 per call >= 4.5x faster than compile, every case | not measured |" in out  # 1 of 18 cases
     assert "| #5 cuda >= 1.9x the unfused baseline for S <= 32 | not measured | worst S8-H16-G2" in out
     assert "1/6 points measured" in out
+    assert "| triton (no issue's target) faster than the unfused baseline at every (S, group) point | not " in out
     assert "TB/s from device time from CUDA-graph replay" in out and "fused = cuda" in out
     assert "1/1 checks ok; 2/2 bench rows ok" in out
     # a failed graph capture fails its row, and a skip never reads as a plain ok
