@@ -106,18 +106,20 @@ def test_backend_matches_reference(backend, case, transpose_scale, fp8_dtype):
     assert_quant_close(*got, *ref, rope_blocks(case), backend)
 
 
-@pytest.mark.parametrize("case", SHAPES + [QuantCase(3, 3, 1, head_dim=96, rope_dim=24, quant_group_size=32)],
+@pytest.mark.parametrize("case", SHAPES + [QuantCase(3, 3, 1, head_dim=96, rope_dim=24, quant_group_size=32),
+                                  QuantCase(2, 3, 1, head_dim=1024, rope_dim=1024, quant_group_size=256)],
                          ids=lambda c: c.id)
 @pytest.mark.parametrize("segments", ["launcher", "gather"])
 def test_triton_rotation_forms_match_reference(case, segments, monkeypatch):
     """The Triton kernel's two rotations: by rope_dim segments where rope_dim is a power of two dividing
-    head_dim (every shape here but the last, whose 24 is none), and the per-pair cos/sin gather, forced."""
+    head_dim and the 512-column tile (every shape here but the last two: 24 is no power of two, 1024 is wider
+    than the tile), and the per-pair cos/sin gather, forced."""
     import fusedrope.triton_inverse_rope_quant as TK
 
     reason = REGISTRY.availability(REGISTRY_IMPL["triton"], DEVICE)
     if reason:
         pytest.skip(f"triton: {reason}")
-    assert TK.tail_segments(case.head_dim, case.rope_dim, 512) == (case.rope_dim != 24)
+    assert TK.tail_segments(case.head_dim, case.rope_dim, 512) == (case.rope_dim not in (24, 1024))
     if segments == "gather":
         monkeypatch.setattr(TK, "tail_segments", lambda *a: False)
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=13, edge_cases=True)
@@ -366,9 +368,21 @@ def test_unfused_baseline_is_the_bf16_round_trip(case, monkeypatch):
         pytest.skip(f"triton: {REGISTRY.availability(REGISTRY_IMPL['triton'], DEVICE)}")
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=12, max_pos=64)
     pos[0] = 10**6  # clamped, as in the fused op
+    # No cache row is the identity (row 0, which masked-off tokens read, would rewrite the bytes it read), and
+    # each head opens with the pair (-0.0, inf), which even an identity rotation changes: a kernel that writes
+    # past the tails (padding pairs of a rope_dim that is no power of two spill into the next head) or past
+    # the last token shows in o or in the guard bytes.
+    cos, sin = cos * 0.75 + 0.125, sin * 0.75 - 0.25
+    if case.rope_dim < case.head_dim:
+        o[..., 0], o[..., 1] = -0.0, float("inf")
     rotated_bf16 = R.inverse_rope_tail(o, pos, cos, sin).to(o.dtype)
-    o_work, buf = guarded_poison(o.shape, o.dtype, DEVICE)  # in place: nothing outside o may change
+    # in place: nothing outside o may change, and the guard around it is (-0.0, inf) pairs, which the identity
+    # rotation that masked-off tokens get from the cos/sin loads' defaults changes too
+    o_work, buf = guarded_poison(o.shape, o.dtype, DEVICE)
+    pairs = torch.tensor([-0.0, float("inf")], dtype=o.dtype, device=DEVICE).repeat(buf.numel() // 2 + 1)
+    buf.copy_(pairs[:buf.numel()])
     o_work.copy_(o)
+    guard = buf.view(torch.int16).clone()
     launch, positions_given = TK._launch_quant, []
     monkeypatch.setattr(TK, "_launch_quant", lambda o, p, *a, **k: positions_given.append(p) or launch(o, p, *a, **k))
     x, s = unfused_inverse_rope_group_quant(o_work, pos, cos, sin, case.num_groups, case.quant_group_size)
@@ -376,7 +390,9 @@ def test_unfused_baseline_is_the_bf16_round_trip(case, monkeypatch):
     # fill kernel) that would add to the baseline's measured time
     assert len(positions_given) == 1 and positions_given[0] is pos
     assert torch.equal(o_work, rotated_bf16)  # step 1 rotated the tails in place, rounded to bf16
-    assert bytes_written_outside(buf, o_work) == 0
+    changed = buf.view(torch.int16) != guard
+    changed[o_work.storage_offset():o_work.storage_offset() + o_work.numel()] = False
+    assert not changed.any(), f"{int(changed.sum())} elements written outside o"
     q, byte = R.group_quant_e8m0(rotated_bf16, case.num_groups, case.quant_group_size, torch.float8_e4m3fn)
     assert torch.equal(scale_bytes(s), byte) and torch.equal(x.view(torch.uint8), q.view(torch.uint8))
 
