@@ -12,7 +12,7 @@ its last segment, and one contiguous cos row and sin row per token broadcast ove
 rotation stays in the registers the tile was loaded into (sm_90 SASS with Triton 3.6, the S >= 1024 tile:
 352 instructions, the quant alone 240, both with one small shared-memory exchange for the scales). Otherwise
 each pair gathers its cos/sin by column, which the compiler lays out differently from the tile: about twice
-the instructions and a shared-memory round trip of the whole tile each way (the same tile: 664 instructions,
+the instructions and a shared-memory round trip of the whole tile each way (the same tile: 656 instructions,
 71 shared-memory accesses, 10 barriers).
 
 The scale address of block ``kb`` (= g*Ks + k) of token ``s`` is ``s*stride_s + kb*stride_k`` in both
@@ -33,6 +33,21 @@ _FP8_TL = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e
 
 
 @triton.jit
+def _cos_sin(cos_ptr, sin_ptr, p, cos_stride, sin_stride, j, mask, EXACT: tl.constexpr):
+    """fp32 cos and sin of pair ``j`` at each token's position ``p``: ``[tokens, len(j)]``; (1, 0) where
+    ``mask`` is off."""
+    c = to_f32(tl.load(cos_ptr + p[:, None] * cos_stride + j[None, :], mask=mask, other=1.0), EXACT)
+    n = to_f32(tl.load(sin_ptr + p[:, None] * sin_stride + j[None, :], mask=mask, other=0.0), EXACT)
+    return c, n
+
+
+@triton.jit
+def _inverse_rotation(e, d, c, n):
+    """GPT-J pairs ``(e, d)`` rotated back: multiplied by the conjugate of ``c + i*n``."""
+    return e * c + d * n, d * c - e * n
+
+
+@triton.jit
 def _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
                  HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                  EXACT: tl.constexpr):
@@ -42,12 +57,11 @@ def _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, R
     off = pair_col % HEAD_DIM
     is_rope = (off >= HEAD_DIM - ROPE_DIM) & (pair_col < ROW)
     j = (off - (HEAD_DIM - ROPE_DIM)) // 2
-    m = t_mask[:, None] & is_rope[None, :]
-    c = to_f32(tl.load(cos_ptr + p[:, None] * cos_stride + j[None, :], mask=m, other=1.0), EXACT)
-    n = to_f32(tl.load(sin_ptr + p[:, None] * sin_stride + j[None, :], mask=m, other=0.0), EXACT)
-    e2 = tl.where(is_rope[None, :], e * c + d * n, e)  # where, not c=1/n=0: keeps -0.0 and Inf exact
-    d2 = tl.where(is_rope[None, :], d * c - e * n, d)
-    return tl.reshape(tl.join(e2, d2), (BLOCK_T, BLOCK_N))
+    c, n = _cos_sin(cos_ptr, sin_ptr, p, cos_stride, sin_stride, j, t_mask[:, None] & is_rope[None, :], EXACT)
+    e2, d2 = _inverse_rotation(e, d, c, n)
+    # where, not c=1/n=0: keeps -0.0 and Inf exact
+    return tl.reshape(tl.join(tl.where(is_rope[None, :], e2, e), tl.where(is_rope[None, :], d2, d)),
+                      (BLOCK_T, BLOCK_N))
 
 
 @triton.jit
@@ -60,13 +74,10 @@ def _rotate_back_tails(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, c
     SEGS: tl.constexpr = BLOCK_N // ROPE_DIM
     e, d = tl.split(tl.reshape(x, (BLOCK_T, SEGS, HALF, 2)))
     is_rope = ((col0 + ROPE_DIM * tl.arange(0, SEGS)) % HEAD_DIM == HEAD_DIM - ROPE_DIM)[None, :, None]
-    j = tl.arange(0, HALF)
-    c = to_f32(tl.load(cos_ptr + p[:, None] * cos_stride + j[None, :], mask=t_mask[:, None], other=1.0), EXACT)
-    n = to_f32(tl.load(sin_ptr + p[:, None] * sin_stride + j[None, :], mask=t_mask[:, None], other=0.0), EXACT)
-    c, n = c[:, None, :], n[:, None, :]
-    e2 = tl.where(is_rope, e * c + d * n, e)  # where, not c=1/n=0: keeps -0.0 and Inf exact
-    d2 = tl.where(is_rope, d * c - e * n, d)
-    return tl.reshape(tl.join(e2, d2), (BLOCK_T, BLOCK_N))
+    c, n = _cos_sin(cos_ptr, sin_ptr, p, cos_stride, sin_stride, tl.arange(0, HALF), t_mask[:, None], EXACT)
+    e2, d2 = _inverse_rotation(e, d, c[:, None, :], n[:, None, :])
+    # where, not c=1/n=0: keeps -0.0 and Inf exact
+    return tl.reshape(tl.join(tl.where(is_rope, e2, e), tl.where(is_rope, d2, d)), (BLOCK_T, BLOCK_N))
 
 
 @triton.jit
@@ -148,11 +159,10 @@ def _rope_tail_inplace_kernel(o_ptr, pos_ptr, cos_ptr, sin_ptr, S, H, max_pos, p
     p = tl.load(pos_ptr + t * pos_stride, mask=t_mask, other=0).to(tl.int64)
     p = tl.minimum(tl.maximum(p, 0), max_pos - 1)
     j = tl.arange(0, HALF_P2)
-    cm = t_mask[:, None] & (j < HALF)[None, :]
-    c = to_f32(tl.load(cos_ptr + p[:, None] * cos_stride + j[None, :], mask=cm, other=1.0), EXACT)[:, None, :]
-    n = to_f32(tl.load(sin_ptr + p[:, None] * sin_stride + j[None, :], mask=cm, other=0.0), EXACT)[:, None, :]
+    c, n = _cos_sin(cos_ptr, sin_ptr, p, cos_stride, sin_stride, j, t_mask[:, None] & (j < HALF)[None, :], EXACT)
     e, d = tl.split(tl.reshape(x, (BLOCK_T, BLOCK_H, HALF_P2, 2)))
-    x = tl.reshape(tl.join(e * c + d * n, d * c - e * n), (BLOCK_T, BLOCK_H, 2 * HALF_P2))
+    e2, d2 = _inverse_rotation(e, d, c[:, None, :], n[:, None, :])
+    x = tl.reshape(tl.join(e2, d2), (BLOCK_T, BLOCK_H, 2 * HALF_P2))
     tl.store(ptr, round_to(x, o_ptr.dtype.element_ty, EXACT), mask=m)
 
 
