@@ -86,20 +86,27 @@ def tts_targets(rows: list[dict], copy_tbps: Optional[float], cases=TTS_CASES) -
     return out
 
 
-def quant_targets(rows: list[dict], points: list[tuple[QuantCase, bool]]) -> list[Target]:
-    """Issue #5's targets over ``points``: (case, column-major scale) pairs, what the bench was to measure."""
+def _fused_points(rows: list[dict], points: list[tuple[QuantCase, bool]], fused: str) -> list[tuple]:
+    """``(case, label, fused row, speedup over unfused or None)`` for each point where ``fused`` has a device
+    time, in the order of ``points``."""
     cases = _ok_rows(rows, QUANT)
-    big, small, everywhere = [], [], []
+    out = []
     for case, col in points:
         cr = cases.get((case.id, col), {})
-        fused, unfused = cr.get("cuda", {}), cr.get("unfused", {})
-        if not fused.get("device_us"):
-            continue
-        label = case.id + (" col" if col else "")
+        row, unfused = cr.get(fused, {}), cr.get("unfused", {})
+        if row.get("device_us"):
+            speedup = unfused["device_us"] / row["device_us"] if unfused.get("device_us") else None
+            out.append((case, case.id + (" col" if col else ""), row, speedup))
+    return out
+
+
+def quant_targets(rows: list[dict], points: list[tuple[QuantCase, bool]]) -> list[Target]:
+    """Issue #5's targets over ``points``: (case, column-major scale) pairs, what the bench was to measure."""
+    big, small, everywhere = [], [], []
+    for case, label, fused, speedup in _fused_points(rows, points, "cuda"):
         if case.num_tokens >= QUANT_BIG_S and "frac_copy" in fused:
             big.append((label, fused["frac_copy"]))
-        if unfused.get("device_us"):
-            speedup = unfused["device_us"] / fused["device_us"]
+        if speedup is not None:
             everywhere.append((label, speedup))
             if case.num_tokens <= QUANT_SMALL_S:
                 small.append((label, speedup))
@@ -116,13 +123,8 @@ def quant_targets(rows: list[dict], points: list[tuple[QuantCase, bool]]) -> lis
 def quant_triton_vs_unfused(rows: list[dict], points: list[tuple[QuantCase, bool]]) -> Target:
     """Not an issue's target: the fused Triton kernel (the portable path, and the fallback where no compiled
     kernel serves) faster than the unfused baseline at every point, by device time."""
-    cases = _ok_rows(rows, QUANT)
-    values = []
-    for case, col in points:
-        cr = cases.get((case.id, col), {})
-        fused, unfused = cr.get("triton", {}), cr.get("unfused", {})
-        if fused.get("device_us") and unfused.get("device_us"):
-            values.append((case.id + (" col" if col else ""), unfused["device_us"] / fused["device_us"]))
+    values = [(label, speedup) for _, label, _, speedup in _fused_points(rows, points, "triton")
+              if speedup is not None]
     return _judge("triton (no issue's target) faster than the unfused baseline at every (S, group) point", values,
                   len(points), 1.0, True, "x")
 
