@@ -33,6 +33,13 @@ SHAPES = [  # (H, G) of DeepSeek-V4 TP8, and shapes that are not DeepSeek's (gro
 REGISTRY_IMPL = {i.backend: i for i in REGISTRY.impls}
 
 
+def skip_unless_available(backend):
+    """Skip the test, with the registry's reason, where ``backend`` cannot run on this machine's device."""
+    reason = REGISTRY.availability(REGISTRY_IMPL[backend], DEVICE)
+    if reason:
+        pytest.skip(f"{backend}: {reason}")
+
+
 def skip_unless_served(backend, facts):
     """Skip the test, with the registry's reason, where ``backend`` does not serve these inputs (e.g. the
     compiled kernels serve head_dim 512 / rope_dim 64 only)."""
@@ -116,9 +123,7 @@ def test_triton_rotation_forms_match_reference(case, segments, monkeypatch):
     than the tile), and the per-pair cos/sin gather, forced."""
     import fusedrope.triton_inverse_rope_quant as TK
 
-    reason = REGISTRY.availability(REGISTRY_IMPL["triton"], DEVICE)
-    if reason:
-        pytest.skip(f"triton: {reason}")
+    skip_unless_available("triton")
     assert TK.tail_segments(case.head_dim, case.rope_dim, 512) == (case.rope_dim not in (24, 1024))
     if segments == "gather":
         monkeypatch.setattr(TK, "tail_segments", lambda *a: False)
@@ -364,8 +369,7 @@ def test_packed_ue8m0_is_deepgemms_layout(backend, transpose_scale):
 def test_unfused_baseline_is_the_bf16_round_trip(case, monkeypatch):
     import fusedrope.triton_inverse_rope_quant as TK
 
-    if REGISTRY.availability(REGISTRY_IMPL["triton"], DEVICE):
-        pytest.skip(f"triton: {REGISTRY.availability(REGISTRY_IMPL['triton'], DEVICE)}")
+    skip_unless_available("triton")
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=12, max_pos=64)
     pos[0] = 10**6  # clamped, as in the fused op
     # No cache row is the identity (row 0, which masked-off tokens read, would rewrite the bytes it read), and
@@ -501,9 +505,7 @@ def quant_shapes(draw):
        scale_dtype=st.sampled_from([torch.float8_e8m0fnu, torch.float32]), seed=st.integers(0, 2**16))
 def test_property_triton_matches_reference(case, transpose_scale, fp8_dtype, scale_dtype, seed):
     backend = "triton"
-    impl = next(i for i in REGISTRY.impls if i.backend == backend)
-    if REGISTRY.availability(impl, DEVICE):
-        pytest.skip(f"{backend}: {REGISTRY.availability(impl, DEVICE)}")
+    skip_unless_available(backend)
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=seed, max_pos=64)
     pos[0] = 10**6  # out of range: clamped
     got = run(backend, o, pos, cos, sin, case, transpose_scale, fp8_dtype, scale_dtype)
