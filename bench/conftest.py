@@ -29,7 +29,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from fusedrope import benchmark as B  # noqa: E402
-from fusedrope import bench_timing as timing  # noqa: E402
+from fusedrope.benchmark import timing  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if DEVICE.type == "cpu":

@@ -8,7 +8,7 @@ unfused two-kernel baseline. One pytest-benchmark group per case:
 import pytest
 
 from fusedrope import benchmark as B
-from fusedrope import bench_timing as timing
+from fusedrope.benchmark import timing
 
 pytestmark = pytest.mark.benchmark(timer=timing.synchronized_timer)
 

@@ -7,7 +7,7 @@ fusedrope backend, Liger-Kernel's RoPE. One pytest-benchmark group per case:
 import pytest
 
 from fusedrope import benchmark as B
-from fusedrope import bench_timing as timing
+from fusedrope.benchmark import timing
 from fusedrope.testing import TTS_CASES
 
 pytestmark = pytest.mark.benchmark(timer=timing.synchronized_timer)

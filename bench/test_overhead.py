@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import fusedrope
-from fusedrope.inverse_rope_quant import REGISTRY as QUANT_REGISTRY
-from fusedrope.inverse_rope_quant import validate as quant_validate
-from fusedrope.tts_rope import REGISTRY, _new_out, validate
+from fusedrope.inverse_rope_group_quant import REGISTRY as QUANT_REGISTRY
+from fusedrope.inverse_rope_group_quant import validate as quant_validate
+from fusedrope.qwen3_tts_rope import REGISTRY, _new_out, validate
 
 pytestmark = pytest.mark.benchmark(group="qwen3_tts_rope host overhead", warmup=True, min_rounds=2000)
 

@@ -26,7 +26,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU: Triton kernels only run in the interpreter
 
 import fusedrope  # noqa: E402
-from fusedrope.backends import native_fp8_dtype  # noqa: E402
+from fusedrope._device import native_fp8_dtype  # noqa: E402
 from fusedrope.testing import deepseek_rope_cache  # noqa: E402
 
 HEAD_DIM, ROPE_DIM, QUANT_GROUP = 512, 64, 128

@@ -4,29 +4,22 @@
 * :func:`inverse_rope_group_quant`: DeepSeek-V4 attention output -> inverse RoPE -> FP8 per-group quant with
   power-of-two (e8m0) scales, the wo_a GEMM input, in one pass.
 * :func:`explain`: which backend each op would use for given inputs, and why not the others.
+* :func:`register_backend`: plug in your own kernel, with fusedrope's validation, dispatch and test helpers.
+* ``fusedrope.reference`` (the oracles) and ``fusedrope.testing`` (cases, inputs, contract checks).
 
-Backends: ``cuda`` / ``hip`` (compiled fast paths), ``triton`` (portable), ``reference`` (plain torch, the
+Backends: ``cuda`` / ``hip`` (hand-written kernels), ``triton`` (portable), ``reference`` (plain torch, the
 oracle). ``FUSEDROPE_BACKEND=name`` forces one for every call made with ``backend="auto"``.
 """
 
-from __future__ import annotations
+import importlib as _importlib
+import inspect as _inspect
 
-import inspect
-
-from ._checks import BackendUnavailableError
-from .registry import BACKENDS, ENV_BACKEND, Explanation, registry
-from .tts_rope import qwen3_tts_rope
-from .inverse_rope_quant import empty_quant_outputs, inverse_rope_group_quant, quant_output_shapes
-from . import inverse_rope_quant as _inverse_rope_quant
-from . import tts_rope as _tts_rope
-from . import reference, testing  # noqa: F401  (public: the oracle and the test helpers)
+from ._validation import BackendUnavailableError
+from .inverse_rope_group_quant import empty_quant_outputs, inverse_rope_group_quant, quant_output_shapes
+from .qwen3_tts_rope import qwen3_tts_rope
+from .registry import BACKENDS, ENV_BACKEND, Explanation, register_backend, registry
 
 __version__ = "0.1.0"
-
-_EXPLAINERS = {
-    "qwen3_tts_rope": _tts_rope.explain_args,
-    "inverse_rope_group_quant": _inverse_rope_quant.explain_args,
-}
 
 
 def explain(op, *args, **kwargs) -> Explanation:
@@ -50,8 +43,8 @@ def explain(op, *args, **kwargs) -> Explanation:
     ------
     TypeError, ValueError, RuntimeError
         What the call itself would raise for these arguments (validation, caller buffers, overlap), before any
-        backend runs; with ``FUSEDROPE_CHECK_POSITIONS=1`` that includes op 2's host check of the positions
-        (a device sync, as in the call).
+        backend runs; with ``FUSEDROPE_CHECK_POSITIONS=1`` that includes the positions check of
+        ``inverse_rope_group_quant`` (a device sync, as in the call).
 
     Examples
     --------
@@ -66,14 +59,29 @@ def explain(op, *args, **kwargs) -> Explanation:
         raise ValueError(f"explain: argument 'op' expected one of {sorted(_EXPLAINERS)}, got {name!r}")
     explainer = _EXPLAINERS[name]
     try:
-        inspect.signature(explainer).bind(*args, **kwargs)
+        _inspect.signature(explainer).bind(*args, **kwargs)
     except TypeError as e:  # name the op, not the internal helper
         raise TypeError(f"explain({name!r}, ...): {e}") from None
-    facts, backend = explainer(*args, **kwargs)
-    return registry(name).explain(facts, backend)
+    key, backend = explainer(*args, **kwargs)
+    return registry(name).explain(key, backend)
+
+
+# The op packages (the attributes of the same names are the public functions).
+_EXPLAINERS = {op: _importlib.import_module(f".{op}", __name__).explain_args
+               for op in ("qwen3_tts_rope", "inverse_rope_group_quant")}
+
+
+def __getattr__(name):  # reference and testing load on first use: the ops themselves need neither
+    if name in ("reference", "testing"):
+        return _importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'fusedrope' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__ + ["reference", "testing"])
 
 
 __all__ = [
     "qwen3_tts_rope", "inverse_rope_group_quant", "empty_quant_outputs", "quant_output_shapes", "explain",
-    "BackendUnavailableError", "BACKENDS", "ENV_BACKEND", "__version__",
+    "register_backend", "registry", "BackendUnavailableError", "BACKENDS", "ENV_BACKEND", "__version__",
 ]

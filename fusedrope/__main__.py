@@ -23,8 +23,8 @@ if not HAS_GPU:
 
 import fusedrope  # noqa: E402
 from fusedrope import reference as R  # noqa: E402
-from fusedrope._checks import dtype_name  # noqa: E402
-from fusedrope.backends import gpu_arch, native_fp8_dtype  # noqa: E402
+from fusedrope._device import gpu_arch, native_fp8_dtype  # noqa: E402
+from fusedrope._validation import dtype_name  # noqa: E402
 from fusedrope.testing import (QUANT_CASES, TTS_CASES, QuantCase, TtsCase, assert_quant_close,  # noqa: E402
                                assert_ulp_close, make_quant_inputs, make_tts_inputs, rope_blocks)
 
@@ -76,9 +76,9 @@ def backends() -> None:
     for op in OPS:
         reg = fusedrope.registry(op)
         print(f"  {op}:")
-        for impl in reg.impls:
-            reason = reg.availability(impl, DEVICE)
-            print(f"    {'yes' if reason is None else 'no ':<4}{impl.backend:<10}{reason or ''}")
+        for b in reg.backends:
+            reason = reg.availability(b, DEVICE)
+            print(f"    {'yes' if reason is None else 'no ':<4}{b.name:<10}{reason or ''}")
 
 
 def selection() -> None:
@@ -104,7 +104,7 @@ def selection() -> None:
 
 def _available(op: str) -> list[str]:
     reg = fusedrope.registry(op)
-    return [i.backend for i in reg.impls if reg.availability(i, DEVICE) is None]
+    return [b.name for b in reg.backends if reg.availability(b, DEVICE) is None]
 
 
 def self_check() -> bool:
@@ -231,7 +231,7 @@ def _positive(kind):
 
 def plot(args) -> int:
     """Draw each results file's plots; a file that is missing or not a results.json is named, and exit 2."""
-    from fusedrope import bench_report
+    from fusedrope.benchmark import report as bench_report
 
     for path in args.results:
         try:

@@ -98,7 +98,7 @@ class CudaExtension(jit_ext.Extension):
     def device_reason(self, device: torch.device) -> Optional[str]:
         if device.type == "cuda" and torch.version.hip:
             return self.toolkit_reason()
-        from .backends import cuda_toolkit_reason
+        from ._device import cuda_toolkit_reason
 
         return cuda_toolkit_reason(device)
 

@@ -32,9 +32,9 @@ from typing import Iterator, Optional
 import torch
 
 from . import jit_ext
+from ._device import HIP_ARCHS as ARCHS
 
 NAMESPACE = "fusedrope_hip"
-ARCHS = ("gfx942", "gfx950")
 BUILD_MESSAGE = "fusedrope: building HIP kernels (first use, a few minutes) ..."
 HIPCC_FLAGS = ("-O3", "-std=c++17")
 CXX_FLAGS = ("-O3", "-std=c++17")
@@ -98,7 +98,7 @@ class HipExtension(jit_ext.Extension):
         return None
 
     def device_reason(self, device: torch.device) -> Optional[str]:
-        from .backends import gpu_arch, hip_toolkit_reason
+        from ._device import gpu_arch, hip_toolkit_reason
 
         reason = hip_toolkit_reason(device)
         if reason:

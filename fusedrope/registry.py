@@ -1,41 +1,47 @@
-"""The backend registry: per op, an ordered list of implementations; the first that can serve a call runs it.
+"""The backend registry: per op, an ordered list of backends; the first that can serve a call runs it.
 
-Each implementation answers two questions with ``None`` (yes) or a reason (no):
-  * ``available(device)``: can this backend run on this device of this machine at all? (cached per device)
-  * ``supports(facts)``: does it handle these inputs? ``facts`` is a small hashable tuple the op derives
-    from its arguments (device, dtypes, head_dim, ...), so the decision is cached per layout class and the
-    hot path costs one dict lookup.
+Each backend answers two questions with ``None`` (yes) or a reason (no):
+
+* ``available(device)``: can it run on this device of this machine at all? Asked once per device, cached.
+* ``supports(facts)``: does it handle these inputs? ``facts`` is the op's named tuple of what selection may
+  depend on (device, dtypes, head_dim, ...), so the choice is cached per layout class and costs one dict lookup.
+
 Run-time facts that are not traceable (pointer alignment, exact strides) are decided inside the kernels.
+A backend with an ``opt_in`` reason (a hand-written kernel not yet confirmed on a GPU) runs only when named.
 
-Forcing: ``backend="name"`` on a call, or the environment variable ``FUSEDROPE_BACKEND=name`` for every
-call made with ``backend="auto"`` to an op that has that backend (``hip`` exists for op 2 only; op 1's calls
-then pick as ``auto`` does). A forced backend that cannot serve raises ``BackendUnavailableError``.
+Forcing: ``backend="name"`` on a call, or ``FUSEDROPE_BACKEND=name`` for every ``backend="auto"`` call to an op
+that has that backend. A named backend that cannot serve raises ``BackendUnavailableError``.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
-from ._checks import BackendUnavailableError
+from ._validation import BackendUnavailableError
 
 ENV_BACKEND = "FUSEDROPE_BACKEND"
-BACKENDS = ("cuda", "hip", "triton", "reference")
+BACKENDS = ("cuda", "hip", "triton", "reference")  # the built-in backends, fastest first
 
 Reason = Optional[str]
 
 
+def _yes(_) -> Reason:
+    return None
+
+
 def getenv(name: str) -> str:
-    """The environment variable ``name``, or "" when unset; read on every call (so it can change at run time)
-    but cheaply: ``os.environ.get`` costs ~0.6-1 us, a lookup in its underlying bytes dict ~0.05 us."""
+    """The environment variable ``name``, or "" when unset. Read on every call (it may change at run time) from
+    os.environ's underlying bytes dict: ~0.05 us against ~0.7 us for ``os.environ.get``. Bytes that are not
+    UTF-8 come back as os.environ gives them (surrogate escapes), for the caller to refuse by name."""
     data = getattr(os.environ, "_data", None)
     if isinstance(data, dict):
         value = data.get(name.encode())
-        return value.decode() if value else ""
+        return value.decode("utf-8", "surrogateescape") if value else ""
     return os.environ.get(name) or ""
 
 
@@ -44,35 +50,27 @@ def forced_backend() -> str:
     return getenv(ENV_BACKEND) or "auto"
 
 
-@dataclass
-class Impl:
-    """One backend's implementation of one op. ``run`` is "module:function", imported on first use; it writes
-    into output tensors the caller passes. ``run_alloc``, optional, is a variant that allocates and returns the
-    outputs itself (a compiled op does that in C++, cheaper than Python allocating them first)."""
+@dataclass(eq=False)
+class Backend:
+    """One backend of one op.
 
-    backend: str
-    run: str
-    supports: Callable[[tuple], Reason]
-    available: Callable[[torch.device], Reason]
-    run_alloc: str = ""
-    _fn: Optional[Callable] = field(default=None, repr=False)
-    _fn_alloc: Optional[Callable] = field(default=None, repr=False)
+    ``run(inputs..., outputs...)`` writes into the outputs it is handed; ``run_alloc(inputs...)``, optional,
+    allocates and returns them itself (a compiled op does that in C++, cheaper than Python). ``load``, for a
+    backend whose kernel module needs an optional toolchain: called on first use, it returns ``(run, run_alloc)``.
+    """
 
-    def fn(self) -> Callable:
-        if self._fn is None:
-            self._fn = _resolve(self.run)
-        return self._fn
+    name: str
+    run: Optional[Callable] = None
+    supports: Callable[[tuple], Reason] = _yes
+    available: Callable[[torch.device], Reason] = _yes
+    run_alloc: Optional[Callable] = None
+    load: Optional[Callable[[], tuple]] = None
+    opt_in: Reason = None
 
-    def fn_alloc(self) -> Optional[Callable]:
-        """The allocating variant, or None when the backend has none."""
-        if self._fn_alloc is None and self.run_alloc:
-            self._fn_alloc = _resolve(self.run_alloc)
-        return self._fn_alloc
-
-
-def _resolve(target: str) -> Callable:
-    module, name = target.split(":")
-    return getattr(importlib.import_module(module, __package__), name)
+    def loaded(self) -> "Backend":
+        if self.run is None:
+            self.run, self.run_alloc = self.load()
+        return self
 
 
 @dataclass
@@ -99,55 +97,77 @@ class Explanation(list):
 
 
 class OpRegistry:
-    def __init__(self, op: str):
+    """The backends of one op, in the order ``auto`` tries them: user backends first, then ``BACKENDS``."""
+
+    def __init__(self, op: str, facts: type):
         self.op = op
-        self.impls: list[Impl] = []
+        self.facts = facts  # the op's NamedTuple of selection facts
+        self.backends: list[Backend] = []
         self._available: dict = {}
         self._select: dict = {}
+        self._lock = threading.RLock()
 
-    def register(self, impl: Impl) -> None:
-        """Add an implementation; the list stays in ``BACKENDS`` order (fastest first)."""
-        self.impls = sorted([i for i in self.impls if i.backend != impl.backend] + [impl],
-                            key=lambda i: BACKENDS.index(i.backend))
-        self.clear_cache()
+    def register(self, backend: Backend) -> None:
+        """Add ``backend``, replacing one of the same name."""
+        def rank(b):
+            return BACKENDS.index(b.name) if b.name in BACKENDS else -1
+        with self._lock:
+            self.backends = sorted([b for b in self.backends if b.name != backend.name] + [backend], key=rank)
+            self.clear_cache()
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            self.backends = [b for b in self.backends if b.name != name]
+            self.clear_cache()
+
+    def backend(self, name: str) -> Backend:
+        return next(b for b in self.backends if b.name == name)
 
     def clear_cache(self) -> None:
         self._available.clear()
         self._select.clear()
 
-    def availability(self, impl: Impl, device: torch.device) -> Reason:
-        key = (impl.backend, device)
+    def availability(self, backend: Backend, device: torch.device) -> Reason:
+        key = (backend.name, device)
         if key not in self._available:
-            try:
-                self._available[key] = impl.available(device)
-            except Exception as e:  # a broken toolchain must not break the fallback
-                self._available[key] = f"unavailable: {type(e).__name__}: {e}"
+            with self._lock:  # one probe per (backend, device), even from several threads
+                if key not in self._available:
+                    try:
+                        self._available[key] = backend.available(device)
+                    except Exception as e:  # a broken toolchain must not break the fallback
+                        self._available[key] = f"unavailable: {type(e).__name__}: {e}"
         return self._available[key]
 
-    def decide(self, impl: Impl, facts: tuple) -> Reason:
-        return self.availability(impl, facts[0]) or impl.supports(facts)
+    def decide(self, backend: Backend, key: tuple, auto: bool = False) -> Reason:
+        """None when ``backend`` would run a call with this key (or facts), else why not."""
+        facts = self.facts(*key)
+        reason = self.availability(backend, facts[0]) or backend.supports(facts)
+        if reason is None and auto and backend.opt_in:
+            return f"opt-in ({backend.opt_in}): name it to use it"
+        return reason
 
-    def select(self, facts: tuple, backend: str = "auto") -> Impl:
-        """The implementation for these facts (``facts[0]`` is the device). Cached."""
-        request = forced_backend() if backend == "auto" else backend
-        key = (facts, request, backend == "auto")  # a name from the environment may fall back, an argument not
+    def select(self, key: tuple, backend: str = "auto") -> Backend:
+        """The backend for ``key`` (the op's facts as a plain tuple, device first), cached."""
+        forced = getenv(ENV_BACKEND) if backend == "auto" else ""
         try:
-            impl = self._select.get(key)
+            return self._select[key, backend, forced]
+        except KeyError:
+            pass
         except TypeError:  # unhashable: a list, a dict
             raise TypeError(f"{self.op}: argument 'backend' expected 'auto' or one of "
-                            f"{sorted(i.backend for i in self.impls)}, got {type(backend).__name__} "
+                            f"{sorted(b.name for b in self.backends)}, got {type(backend).__name__} "
                             f"{backend!r}") from None
-        if impl is None:
-            impl = self._select[key] = self._select_uncached(facts, request, backend)
-        return impl
+        chosen = self._select_uncached(self.facts(*key), forced or backend, backend).loaded()
+        self._select[key, backend, forced] = chosen
+        return chosen
 
-    def _select_uncached(self, facts: tuple, request: str, backend: str) -> Impl:
+    def _select_uncached(self, facts: tuple, request: str, backend: str) -> Backend:
         if request == "auto":
-            for impl in self.impls:
-                if self.decide(impl, facts) is None:
-                    return impl
+            for b in self.backends:
+                if self.decide(b, facts, auto=True) is None:
+                    return b
             raise BackendUnavailableError(f"{self.op}: no backend can run these inputs:\n{self.explain(facts)}")
-        by_name = {i.backend: i for i in self.impls}
+        by_name = {b.name: b for b in self.backends}
         if request not in by_name:
             if backend == "auto" and request in BACKENDS:  # set for another op's backend: this op picks itself
                 return self._select_uncached(facts, "auto", backend)
@@ -161,16 +181,17 @@ class OpRegistry:
             raise BackendUnavailableError(f"{self.op}: backend {request!r}{forced} cannot run these inputs: {reason}")
         return by_name[request]
 
-    def explain(self, facts: tuple, backend: str = "auto") -> Explanation:
+    def explain(self, key: tuple, backend: str = "auto") -> Explanation:
+        facts = self.facts(*key)
         out = Explanation(
-            Decision(i.backend, (r := self.decide(i, facts)) is None, r or "supports these inputs")
-            for i in self.impls
+            Decision(b.name, (r := self.decide(b, facts, auto=True)) is None, r or "supports these inputs")
+            for b in self.backends
         )
         out.op = self.op
-        if backend == "auto" and forced_backend() in {i.backend for i in self.impls}:
+        if backend == "auto" and forced_backend() in {b.name for b in self.backends}:
             out.forced = f"{ENV_BACKEND}={forced_backend()}"
         try:
-            out.chosen = self.select(facts, backend).backend
+            out.chosen = self.select(tuple(key), backend).name
         except (BackendUnavailableError, ValueError) as e:
             out.chosen = None
             out.append(Decision("(error)", False, str(e).splitlines()[0]))
@@ -187,6 +208,53 @@ def registry(op: str) -> OpRegistry:
     return REGISTRIES[op]
 
 
-def new_registry(op: str) -> OpRegistry:
-    """An op module's own registry, made when the module is first imported."""
-    return REGISTRIES.setdefault(op, OpRegistry(op))
+def new_registry(op: str, facts: type) -> OpRegistry:
+    """An op's own registry, made when its package is first imported."""
+    return REGISTRIES.setdefault(op, OpRegistry(op, facts))
+
+
+def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Callable] = None,
+                     available: Optional[Callable] = None) -> None:
+    """Plug your own kernel into an op: it gets fusedrope's validation, output allocation, dispatch,
+    ``explain`` and test helpers (:func:`fusedrope.testing.check_backend`).
+
+    Parameters
+    ----------
+    op : str
+        ``"qwen3_tts_rope"`` or ``"inverse_rope_group_quant"``.
+    name : str
+        The backend's name, for ``backend=name`` and ``FUSEDROPE_BACKEND``; not a built-in one. Registering a
+        name again replaces that backend.
+    run : callable
+        Called with validated inputs and allocated outputs, which it writes in place; its return value is
+        ignored. ``qwen3_tts_rope``: ``run(q, k, cos, sin, q_out, k_out)`` (``q_out``/``k_out`` may be ``q``/``k``
+        for ``inplace=True``). ``inverse_rope_group_quant``: ``run(o, positions, cos_cache, sin_cache, x_fp8,
+        x_scale, quant_group_size)``.
+    supports : callable, optional
+        ``supports(facts) -> None or str``: None when it serves the inputs described by ``facts`` (the op's
+        named tuple: ``device``, ``dtype``, ``head_dim``, ...), else why not. Default: every input.
+    available : callable, optional
+        ``available(device) -> None or str``, asked once per device. Default: every device.
+
+    ``backend="auto"`` tries user backends first, in the order registered, then the built-in ones.
+
+    Examples
+    --------
+    >>> import torch, fusedrope
+    >>> def my_rope(q, k, cos, sin, q_out, k_out):
+    ...     fusedrope.reference.qwen3_tts_rope(q, k, cos, sin, q_out, k_out)  # your kernel here
+    >>> fusedrope.register_backend("qwen3_tts_rope", "mine", my_rope,
+    ...                            supports=lambda f: None if f.head_dim == 64 else "head_dim 64 only")
+    >>> q, k = torch.randn(1, 2, 3, 64), torch.randn(1, 1, 3, 64)
+    >>> cos, sin = torch.ones(1, 3, 64), torch.zeros(1, 3, 64)
+    >>> fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen
+    'mine'
+    >>> fusedrope.registry("qwen3_tts_rope").unregister("mine")
+    """
+    reg = registry(op)
+    if not isinstance(name, str) or not name or name == "auto" or name in BACKENDS:
+        raise ValueError(f"register_backend: argument 'name' expected a new backend name (not 'auto' or one of "
+                         f"{list(BACKENDS)}), got {name!r}")
+    if not callable(run):
+        raise TypeError(f"register_backend: argument 'run' expected a callable, got {type(run).__name__}")
+    reg.register(Backend(name, run, supports or _yes, available or _yes))

@@ -98,7 +98,7 @@ TTS_CASES = tuple(TtsCase(n, b, s, hq, hkv) for n, (s, hq, hkv) in TTS_SHAPES.it
 
 def _check_even(who: str, name: str, v) -> None:
     """Rotations pair dims: an odd width would silently come back one narrower or wider."""
-    from ._checks import fail
+    from ._validation import fail
 
     if type(v) is not int:
         fail(who, name, "an even int >= 2", repr(v), TypeError)
@@ -382,8 +382,7 @@ def assert_tts_rope_close(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Ten
     ValueError, TypeError
         Inputs outside the op's shape contract (e.g. a 2-D ``[S, D]`` cos, which would broadcast by head).
     """
-    from .reference import qwen3_tts_rope_oracle, rotate_half
-    from .tts_rope import check_shapes
+    from .qwen3_tts_rope.reference import check_shapes, qwen3_tts_rope_oracle, rotate_half
 
     check_shapes(q, k, cos, sin, "assert_tts_rope_close")
     q_ref, k_ref = oracle if oracle is not None else qwen3_tts_rope_oracle(q, k, cos, sin)

@@ -61,11 +61,11 @@ import torch  # noqa: E402
 
 import fusedrope  # noqa: E402
 from fusedrope import benchmark as B  # noqa: E402
-from fusedrope import bench_report as report  # noqa: E402
-from fusedrope import bench_timing as timing  # noqa: E402
+from fusedrope.benchmark import report  # noqa: E402
+from fusedrope.benchmark import timing  # noqa: E402
 from fusedrope import reference as ref  # noqa: E402
-from fusedrope import cuda_inverse_rope_quant  # noqa: E402
-from fusedrope.inverse_rope_quant import empty_quant_outputs  # noqa: E402
+from fusedrope.inverse_rope_group_quant import cuda as cuda_inverse_rope_quant  # noqa: E402
+from fusedrope.inverse_rope_group_quant import empty_quant_outputs  # noqa: E402
 from fusedrope.testing import (QUANT_HEAD_GROUPS, QUANT_SEQ_LENS, QuantCase, assert_quant_close,  # noqa: E402
                                bytes_written_outside, deepseek_rope_cache, guarded_poison, poison_like,
                                rope_blocks, scale_bytes, ulp_diff)
@@ -537,7 +537,7 @@ def section_sweep(res, deadline: float, reps: int = 5, device: str = "cuda"):
     16-bit copies of the cos/sin cache: fp16 ("gen"), which takes the generic kernel (the one that reads the
     layout per call), and bf16 ("b16"), which takes the fast bf16-cache kernel. The two read the same bytes and
     convert alike, so b16 against gen is what the fast kernels gained."""
-    from fusedrope.baseline import unfused_inverse_rope_group_quant
+    from fusedrope.benchmark.unfused import unfused_inverse_rope_group_quant
 
     res["floor"] = launch_floor(res, reps, device)
     f = res["floor"]

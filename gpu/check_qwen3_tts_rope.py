@@ -49,8 +49,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from fusedrope import benchmark as B  # noqa: E402
-from fusedrope import bench_report as report  # noqa: E402
-from fusedrope import bench_timing as timing  # noqa: E402
+from fusedrope.benchmark import report  # noqa: E402
+from fusedrope.benchmark import timing  # noqa: E402
 from fusedrope.testing import TTS_CASES  # noqa: E402
 import raw_rejects  # noqa: E402  (gpu/raw_rejects.py, beside this script)
 from memcheck import cut_clean, cut_reason, find_sanitizer, run_memcheck  # noqa: E402  (gpu/memcheck.py, beside this script)
@@ -344,7 +344,7 @@ def _extra_inputs(device):
 def correct(res, args):
     import fusedrope
     from fusedrope.testing import TTS_CASES, make_tts_inputs
-    from fusedrope.tts_rope import REGISTRY, validate
+    from fusedrope.qwen3_tts_rope import REGISTRY, validate
 
     dev = torch.device("cuda")
     ex = fusedrope.explain("qwen3_tts_rope", *make_tts_inputs(TTS_CASES[0], device=dev))
@@ -357,7 +357,7 @@ def correct(res, args):
 
     def run(backend, q, k, cos, sin):
         q_out, k_out, written = _guarded_outputs(q, k)
-        REGISTRY.select(validate(q, k, cos, sin, False), backend).fn()(q, k, cos, sin, q_out, k_out)
+        REGISTRY.select(validate(q, k, cos, sin, False), backend).run(q, k, cos, sin, q_out, k_out)
         return q_out, k_out, written
 
     for backend in backends:
@@ -419,11 +419,11 @@ def _correct_backend(res, backend, run, dev):
 
 def _correct_reference_cpu(res, args):
     """--fake: the correctness machinery of _correct_backend, on the CPU with the reference backend."""
-    from fusedrope.tts_rope import REGISTRY, validate
+    from fusedrope.qwen3_tts_rope import REGISTRY, validate
 
     def run(backend, q, k, cos, sin):
         q_out, k_out, written = _guarded_outputs(q, k)
-        REGISTRY.select(validate(q, k, cos, sin, False), backend).fn()(q, k, cos, sin, q_out, k_out)
+        REGISTRY.select(validate(q, k, cos, sin, False), backend).run(q, k, cos, sin, q_out, k_out)
         return q_out, k_out, written
 
     _correct_backend(res, "reference", run, torch.device("cpu"))
@@ -431,7 +431,7 @@ def _correct_reference_cpu(res, args):
 
 def _correct_cuda_only(res, dev):
     """Forced launch shapes / vector widths, a capped grid (token loop), in place with each; bad inputs."""
-    from fusedrope import cuda_tts_rope
+    from fusedrope.qwen3_tts_rope import cuda as cuda_tts_rope
     from fusedrope.testing import TtsCase, make_tts_inputs
 
     cfgs = [dict(vec=8), dict(vec=2), dict(vec=1), dict(warps_per_token=1, tokens_per_cta=1),
@@ -732,7 +732,7 @@ def sanitize_subset_main(args) -> int:
     """Run under compute-sanitizer: small cases on every kernel path, checked against the oracle."""
     from fusedrope import cuda_ext, cuda_tts_rope
     from fusedrope.testing import TtsCase, make_tts_inputs, poison_like
-    from fusedrope.tts_rope import REGISTRY, validate
+    from fusedrope.qwen3_tts_rope import REGISTRY, validate
 
     lib = cuda_ext.load()
     print("loaded", lib, flush=True)
@@ -757,7 +757,7 @@ def sanitize_subset_main(args) -> int:
             if backend == "triton" and not name.startswith(("seed", "strided", "misaligned")):
                 continue
             q_out, k_out = poison_like(q.contiguous()), poison_like(k.contiguous())
-            REGISTRY.select(validate(q, k, cos, sin, False), backend).fn()(q, k, cos, sin, q_out, k_out)
+            REGISTRY.select(validate(q, k, cos, sin, False), backend).run(q, k, cos, sin, q_out, k_out)
             check(f"{backend}/{name}", q_out, k_out, q, k, cos, sin)
     q, k, cos, sin = make_tts_inputs(TtsCase("cfg", 3, 7, 13, 5), device=dev, seed=2, random_cos_sin=True)
     for cfg in (dict(vec=2), dict(vec=1), dict(warps_per_token=8, tokens_per_cta=1),

@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fusedrope import benchmark as B  # noqa: E402
-from fusedrope import bench_report as report  # noqa: E402
+from fusedrope.benchmark import report  # noqa: E402
 import targets  # noqa: E402  (gpu/targets.py, beside this script)
 from check_inverse_rope_group_quant import HEAD_GROUPS, SWEEP_S, bench_configs  # noqa: E402  (the op-2 plan)
 from fusedrope.testing import QuantCase  # noqa: E402

@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 import fusedrope  # noqa: E402
-from fusedrope.backends import triton_interpreting  # noqa: E402
+from fusedrope._device import triton_interpreting  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -20,10 +20,10 @@ def backends_here(op: str) -> list:
     """Backends that can run on DEVICE of this machine, as pytest params (the others skip with the reason)."""
     reg = fusedrope.registry(op)
     out = []
-    for impl in reg.impls:
-        reason = reg.availability(impl, DEVICE)
-        marks = [pytest.mark.skip(reason=f"{impl.backend}: {reason}")] if reason else []
-        out.append(pytest.param(impl.backend, marks=marks, id=impl.backend))
+    for b in reg.backends:
+        reason = reg.availability(b, DEVICE)
+        marks = [pytest.mark.skip(reason=f"{b.name}: {reason}")] if reason else []
+        out.append(pytest.param(b.name, marks=marks, id=b.name))
     return out
 
 

@@ -16,8 +16,8 @@ import torch
 
 import fusedrope
 from fusedrope import benchmark as B
-from fusedrope import bench_report as report
-from fusedrope import bench_timing as timing
+from fusedrope.benchmark import report
+from fusedrope.benchmark import timing
 from fusedrope.__main__ import main
 from fusedrope.testing import TTS_CASES, QuantCase
 
@@ -526,7 +526,7 @@ def test_a_failed_graph_capture_raises_the_calls_error_and_restores_the_stream(m
     an error inside the capture) the stream stays the capture's, and its error hides the call's."""
     import contextlib
 
-    from fusedrope import bench_timing
+    from fusedrope.benchmark import timing as bench_timing
 
     stream = {"now": "caller"}
 

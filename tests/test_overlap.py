@@ -1,6 +1,6 @@
 """Output memory that shares elements with another operand: detected where certain, never a false alarm.
 
-``fusedrope._checks.shares_memory`` is checked against brute force (the byte sets of the two views) on random
+``fusedrope._validation.shares_memory`` is checked against brute force (the byte sets of the two views) on random
 views of one storage; the ops are checked to refuse in-place or caller buffers that overlap, and to accept the
 layouts engines really use (interleaved heads of one fused qkv buffer, outputs carved from one workspace).
 """
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fusedrope
-from fusedrope import _checks as C
+from fusedrope import _validation as C
 from fusedrope.testing import deepseek_rope_cache
 
 STORAGE_BYTES = 96

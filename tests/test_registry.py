@@ -6,7 +6,10 @@ import pytest
 import torch
 
 import fusedrope
-from fusedrope.registry import Impl, OpRegistry
+from typing import NamedTuple
+
+from fusedrope.qwen3_tts_rope import validate
+from fusedrope.registry import Backend, OpRegistry
 from fusedrope.testing import QuantCase, TtsCase, make_quant_inputs, make_tts_inputs
 
 from conftest import DEVICE
@@ -18,11 +21,27 @@ def tts_args():
     return make_tts_inputs(TtsCase("r", 1, 2, 2, 1), device=DEVICE)
 
 
+class Toy(NamedTuple):
+    device: torch.device
+    size: int = 0
+
+
+def toy(*backends) -> OpRegistry:
+    reg = OpRegistry("toy", Toy)
+    for b in backends:
+        reg.register(b)
+    return reg
+
+
+def entry(name, supports=lambda f: None, available=lambda d: None, **kw):
+    return Backend(name, lambda *a: None, supports, available, **kw)
+
+
 def test_backends_are_registered_in_priority_order():
-    assert [i.backend for i in fusedrope.registry("qwen3_tts_rope").impls][-2:] == ["triton", "reference"]
-    assert [i.backend for i in fusedrope.registry("inverse_rope_group_quant").impls][-2:] == ["triton", "reference"]
+    assert [b.name for b in fusedrope.registry("qwen3_tts_rope").backends][-2:] == ["triton", "reference"]
+    assert [b.name for b in fusedrope.registry("inverse_rope_group_quant").backends][-2:] == ["triton", "reference"]
     for op in ("qwen3_tts_rope", "inverse_rope_group_quant"):
-        names = [i.backend for i in fusedrope.registry(op).impls]
+        names = [b.name for b in fusedrope.registry(op).backends]
         assert names == sorted(names, key=fusedrope.BACKENDS.index)
 
 
@@ -51,7 +70,7 @@ def test_auto_on_cpu_uses_triton_interpreter_and_explains_compiled_backends():
 def test_forcing_an_unavailable_backend_says_why():
     q, k, cos, sin = tts_args()
     reg = fusedrope.registry("qwen3_tts_rope")
-    missing = [i.backend for i in reg.impls if reg.availability(i, DEVICE)]
+    missing = [b.name for b in reg.backends if reg.availability(b, DEVICE)]
     for name in missing:
         with pytest.raises(fusedrope.BackendUnavailableError, match=f"backend '{name}' cannot run these inputs: "):
             fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=name)
@@ -61,12 +80,12 @@ def test_backend_argument_forces(monkeypatch):
     q, k, cos, sin = tts_args()
     assert fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, backend="reference").chosen == "reference"
     # The forced backend really runs: make the reference fail loudly.
-    impl = next(i for i in fusedrope.registry("qwen3_tts_rope").impls if i.backend == "reference")
+    impl = fusedrope.registry("qwen3_tts_rope").backend("reference")
 
     def boom(*a):
         raise RuntimeError("reference ran")
 
-    monkeypatch.setattr(impl, "_fn", boom)
+    monkeypatch.setattr(impl, "run", boom)
     with pytest.raises(RuntimeError, match="reference ran"):
         fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
 
@@ -84,9 +103,7 @@ def test_environment_variable_forces_auto_only(monkeypatch):
 
 
 def test_a_backend_forced_by_the_environment_is_named_as_such(monkeypatch):
-    reg = OpRegistry("toy")
-    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
-    reg.register(Impl("triton", "x:y", lambda f: "no odd sizes", lambda d: None))
+    reg = toy(entry("reference"), entry("triton", lambda f: "no odd sizes"))
     facts = (torch.device("cpu"), 3)
     monkeypatch.setenv(fusedrope.ENV_BACKEND, "triton")
     with pytest.raises(fusedrope.BackendUnavailableError,
@@ -103,21 +120,19 @@ def test_a_backend_forced_by_the_environment_is_named_as_such(monkeypatch):
 
 def test_selection_is_cached_and_cheap_to_key():
     reg = fusedrope.registry("qwen3_tts_rope")
-    facts = fusedrope.tts_rope.validate(*tts_args(), False)
+    facts = fusedrope.registry("qwen3_tts_rope").facts(*validate(*tts_args()))
     assert facts == (DEVICE, torch.bfloat16, 128, False)
     assert reg.select(facts) is reg.select(facts)
-    assert (facts, "auto", True) in reg._select  # True: the request came from backend="auto"
+    assert (tuple(facts), "auto", "") in reg._select  # "": FUSEDROPE_BACKEND unset
 
 
 def test_unsupported_inputs_fall_through_to_the_next_backend():
-    reg = OpRegistry("toy")
     calls = []
-    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
-    reg.register(Impl("triton", "x:y", lambda f: "no odd sizes" if f[1] % 2 else None, lambda d: None))
-    reg.register(Impl("cuda", "x:y", lambda f: None, lambda d: calls.append(d) or "no CUDA here"))
+    reg = toy(entry("reference"), entry("triton", lambda f: "no odd sizes" if f.size % 2 else None),
+              entry("cuda", available=lambda d: calls.append(d) or "no CUDA here"))
     dev = torch.device("cpu")
-    assert reg.select((dev, 2)).backend == "triton"
-    assert reg.select((dev, 3)).backend == "reference"
+    assert reg.select((dev, 2)).name == "triton"
+    assert reg.select((dev, 3)).name == "reference"
     assert len(calls) == 1  # availability is asked once per device
     ex = reg.explain((dev, 3))
     assert [(d.backend, d.runs, d.reason) for d in ex] == [
@@ -131,22 +146,18 @@ def test_unsupported_inputs_fall_through_to_the_next_backend():
 
 
 def test_a_broken_backend_probe_becomes_a_reason():
-    reg = OpRegistry("toy")
     probes = []
-    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
-    reg.register(Impl("cuda", "x:y", lambda f: None, lambda d: probes.append(d) or 1 / 0))
-    assert reg.select((torch.device("cpu"),)).backend == "reference"
+    reg = toy(entry("reference"), entry("cuda", available=lambda d: probes.append(d) or 1 / 0))
+    assert reg.select((torch.device("cpu"),)).name == "reference"
     assert "ZeroDivisionError" in reg.explain((torch.device("cpu"),))[0].reason
-    assert reg.select((torch.device("cpu"), "other facts")).backend == "reference"
+    assert reg.select((torch.device("cpu"), 7)).name == "reference"
     assert len(probes) == 1  # the failure is the answer for this device, cached like any other
 
 
 def test_an_unavailable_backend_gives_availability_as_its_reason():
     """Can it run here at all comes first: a backend that is unavailable and would not support the inputs either
     is explained (and refused when forced) by its availability."""
-    reg = OpRegistry("toy")
-    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
-    reg.register(Impl("cuda", "x:y", lambda f: "no odd sizes", lambda d: "no CUDA here"))
+    reg = toy(entry("reference"), entry("cuda", lambda f: "no odd sizes", lambda d: "no CUDA here"))
     facts = (torch.device("cpu"), 3)
     assert [(d.backend, d.reason) for d in reg.explain(facts)] == [("cuda", "no CUDA here"),
                                                                     ("reference", "supports these inputs")]
@@ -156,12 +167,11 @@ def test_an_unavailable_backend_gives_availability_as_its_reason():
 
 
 def test_registering_a_backend_drops_the_cached_choices():
-    reg = OpRegistry("toy")
-    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
+    reg = toy(entry("reference"))
     facts = (torch.device("cpu"), 2)
-    assert reg.select(facts).backend == "reference"
-    reg.register(Impl("triton", "x:y", lambda f: None, lambda d: None))  # faster, registered later
-    assert reg.select(facts).backend == "triton"
+    assert reg.select(facts).name == "reference"
+    reg.register(entry("triton"))  # faster, registered later
+    assert reg.select(facts).name == "triton"
     assert reg.explain(facts).chosen == "triton"
 
 
@@ -193,7 +203,7 @@ def test_device_probes(monkeypatch):
     runs on GPUs and, interpreted, on the CPU only."""
     from types import SimpleNamespace
 
-    from fusedrope import backends as K
+    from fusedrope import _device as K
 
     gpu = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -213,20 +223,18 @@ def test_availability_is_answered_per_device():
     """A GPU host calls with CPU and GPU tensors: one device's answer must not stand for another's (a CPU answer
     would shut cuda out for CUDA tensors, or send CPU tensors to a CUDA kernel)."""
     asked = []
-    reg = OpRegistry("toy")
-    reg.register(Impl("reference", "x:y", lambda f: None, lambda d: None))
-    reg.register(Impl("cuda", "x:y", lambda f: None,
-                      lambda d: asked.append(d.type) or (None if d.type == "meta" else "needs a meta device")))
+    reg = toy(entry("reference"),
+              entry("cuda", available=lambda d: asked.append(d.type) or (None if d.type == "meta" else "needs meta")))
     cpu, meta = torch.device("cpu"), torch.device("meta")
-    assert reg.select((cpu,)).backend == "reference"
-    assert reg.select((meta,)).backend == "cuda"
-    assert reg.select((cpu,)).backend == "reference" and asked == ["cpu", "meta"]  # each asked once, then cached
+    assert reg.select((cpu,)).name == "reference"
+    assert reg.select((meta,)).name == "cuda"
+    assert reg.select((cpu,)).name == "reference" and asked == ["cpu", "meta"]  # each asked once, then cached
 
 
 def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monkeypatch):
-    """``Impl.run_alloc`` (the cuda backend's C++-allocating op): used for new outputs, never for in place, for
+    """``Backend.run_alloc`` (the cuda backend's C++-allocating op): used for new outputs, never for in place, for
     empty inputs or for inputs that require grad; the writing variant serves those."""
-    from fusedrope import tts_rope
+    from fusedrope.qwen3_tts_rope import REGISTRY
 
     calls = []
 
@@ -238,13 +246,8 @@ def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monk
         calls.append(("allocates",))
         return fusedrope.reference.qwen3_tts_rope_oracle(q, k, cos, sin)
 
-    import types
-    mod = types.ModuleType("fake_alloc_backend")
-    mod.writes, mod.allocates = writes, allocates
-    monkeypatch.setitem(__import__("sys").modules, "fake_alloc_backend", mod)
-    impl = Impl("fake", "fake_alloc_backend:writes", lambda f: None, lambda d: None,
-                run_alloc="fake_alloc_backend:allocates")
-    monkeypatch.setattr(tts_rope.REGISTRY, "select", lambda facts, backend: impl)
+    impl = Backend("fake", writes, run_alloc=allocates)
+    monkeypatch.setattr(REGISTRY, "select", lambda facts, backend: impl)
     q, k, cos, sin = tts_args()
     q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin)
     assert calls == [("allocates",)] and q_out.dtype == torch.float64  # the oracle's outputs, returned as is
@@ -263,11 +266,36 @@ def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monk
     assert calls == [] and out[0].shape == q0.shape and out[1].shape == k0.shape
 
 
-def test_registered_entry_points_resolve():
-    """Every registered backend's entry points import and are callables (no extension is built or loaded)."""
+def test_registered_backends_are_functions_or_loaders():
+    """Every backend holds its function, or (an optional toolchain) a loader that is a plain function of its op's
+    package; the Triton loader imports the kernel module and hands back its launcher."""
     for op in ("qwen3_tts_rope", "inverse_rope_group_quant"):
-        for impl in fusedrope.registry(op).impls:
-            assert callable(impl.fn()), impl
-            assert impl.fn_alloc() is None if not impl.run_alloc else callable(impl.fn_alloc()), impl
-    cuda = next(i for i in fusedrope.registry("qwen3_tts_rope").impls if i.backend == "cuda")
-    assert cuda.fn_alloc().__name__ == "qwen3_tts_rope_new"
+        for b in fusedrope.registry(op).backends:
+            assert callable(b.run) or callable(b.load), b
+            assert b.load is None or b.load.__module__.startswith(f"fusedrope.{op}"), b
+    if ON_CPU:
+        run, alloc = fusedrope.registry("qwen3_tts_rope").backend("triton").load()
+        assert run.__module__ == "fusedrope.qwen3_tts_rope.triton" and alloc is None
+
+
+def test_an_opt_in_backend_runs_only_when_named(monkeypatch):
+    """A backend with an opt_in reason (a kernel not yet run on a GPU) is passed over by auto, with the reason,
+    and runs when named by argument or by FUSEDROPE_BACKEND."""
+    reg = toy(entry("reference"), entry("hip", opt_in="never run on AMD hardware"))
+    facts = (torch.device("cpu"), 1)
+    assert reg.select(facts).name == "reference"
+    row = reg.explain(facts)[0]
+    assert (row.backend, row.runs) == ("hip", False)
+    assert row.reason == "opt-in (never run on AMD hardware): name it to use it"
+    assert reg.select(facts, "hip").name == "hip"
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "hip")
+    assert reg.select(facts).name == "hip"
+
+
+def test_a_lazy_backend_loads_once_when_first_chosen():
+    loads = []
+    reg = toy(entry("reference"), Backend("triton", load=lambda: loads.append(1) or (print, None)))
+    assert loads == [] and reg.backend("triton").run is None
+    assert reg.select((torch.device("cpu"), 1)).run is print and loads == [1]
+    reg.select((torch.device("cpu"), 2))
+    assert loads == [1]

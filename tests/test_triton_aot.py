@@ -32,7 +32,7 @@ def counts(request, tmp_path_factory):
     # An empty cache: every kernel really compiles (Triton 3.6's gfx950 fnuz failure shows only after a gfx942
     # compile in the same process, which a cached gfx942 kernel skips).
     env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp(f"triton-cache-{request.param}"))
-    out = subprocess.run([python, str(ROOT / "tests" / "triton_aot.py")], capture_output=True, text=True,
+    out = subprocess.run([python, str(ROOT / "tests" / "support" / "triton_aot.py")], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
@@ -59,7 +59,7 @@ def test_tts_rope_is_all_16_byte_accesses(counts, target):
 def test_tts_launch_shape_takes_every_seed_shape_in_one_pass_of_16_byte_vectors(warp_size):
     """Q's and K's heads of every seed shape fit one tile (one memory round trip per program), and every thread
     owns 8 elements of a half-tile: one 16-byte bf16/fp16 vector per half and tensor."""
-    from fusedrope import triton_tts_rope as tts
+    from fusedrope.qwen3_tts_rope import triton as tts
     from fusedrope.testing import TTS_SHAPES
 
     for _, hq, hkv in TTS_SHAPES.values():
@@ -97,7 +97,7 @@ def test_inverse_rope_adds_no_shared_memory_to_the_quant(counts, target, group):
     89 shared-memory accesses and 13 barriers, where the quant alone had 304, 2 and 1.)"""
     import torch
 
-    from fusedrope.backends import arch_fp8_dtype
+    from fusedrope._device import arch_fp8_dtype
 
     fmt = "fnuz" if arch_fp8_dtype(target) == torch.float8_e4m3fnuz else "fn"
     fused, alone = counts[f"inverse_rope_quant_g{group}_{fmt}/{target}"], counts[f"quant_only_g{group}/{target}"]
@@ -114,7 +114,7 @@ def test_launcher_rounds_with_integer_ops_where_triton_has_no_conversion(monkeyp
     once per device and format."""
     import torch
 
-    from fusedrope import triton_inverse_rope_quant as irq
+    from fusedrope.inverse_rope_group_quant import triton as irq
     from fusedrope.testing import QuantCase, make_quant_inputs
 
     seen, looked_up = [], []

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import fusedrope
-from fusedrope import triton_utils
-from fusedrope.backends import triton_interpreting
+from fusedrope import _triton as triton_utils
+from fusedrope._device import triton_interpreting
 from fusedrope.testing import TtsCase, make_tts_inputs
 
 from conftest import DEVICE

@@ -5,7 +5,7 @@ committed results can be tabulated and plotted again without a GPU.
 
 Examples
 --------
->>> from fusedrope import bench_report as report
+>>> from fusedrope.benchmark import report
 >>> rows = [{"op": "qwen3_tts_rope", "case": "qwen3_tts_b1", "contender": c, "status": "ok", "tbps": t}
 ...         for c, t in (("eager", 0.5), ("cuda", 3.5))]
 >>> print(report.contender_tables(rows, "qwen3_tts_rope"))
@@ -27,9 +27,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .inverse_rope_quant import OP as QUANT
-from .registry import BACKENDS
-from .tts_rope import OP as TTS
+from ..inverse_rope_group_quant import OP as QUANT
+from ..qwen3_tts_rope import OP as TTS
+from ..registry import BACKENDS
 
 
 # ------------------------------------------------------------------------------------------------------------

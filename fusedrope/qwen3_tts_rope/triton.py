@@ -10,7 +10,7 @@ output dtype.
 import triton
 import triton.language as tl
 
-from .triton_utils import INTERPRETED, WARP_SIZE, round_to, to_f32
+from .._triton import INTERPRETED, WARP_SIZE, launch_lock, round_to, to_f32
 
 
 @triton.jit
@@ -80,11 +80,12 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
     # cos/sin broadcast over the batch: stride 0 re-reads batch 0.
     c_sb = cos.stride(0) if cos.shape[0] > 1 else 0
     s_sb = sin.stride(0) if sin.shape[0] > 1 else 0
-    _tts_rope_kernel[(B * S,)](
-        q, k, cos, sin, q_out, k_out,
-        S, HQ, HKV, max(HQ, HKV),
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        c_sb, cos.stride(1), s_sb, sin.stride(1),
-        q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
-        HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EXACT=INTERPRETED, num_warps=num_warps,
-    )
+    with launch_lock():
+        _tts_rope_kernel[(B * S,)](
+            q, k, cos, sin, q_out, k_out,
+            S, HQ, HKV, max(HQ, HKV),
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            c_sb, cos.stride(1), s_sb, sin.stride(1),
+            q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
+            HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EXACT=INTERPRETED, num_warps=num_warps,
+        )

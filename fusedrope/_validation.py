@@ -31,8 +31,9 @@ def shape_str(shape) -> str:
 def check_tensor(op: str, name: str, t, ndim: int | None = None, layout: str = "") -> None:
     if not isinstance(t, torch.Tensor):
         fail(op, name, "a torch.Tensor", type(t).__name__, TypeError)
-    if t.layout != torch.strided:
-        fail(op, name, "a dense (strided) tensor", f"layout {t.layout}", TypeError)
+    if t.layout != torch.strided or t.is_nested:
+        fail(op, name, "a dense (strided) tensor", "a nested tensor" if t.is_nested else f"layout {t.layout}",
+             TypeError)
     if ndim is not None and t.dim() != ndim:
         fail(op, name, f"a {ndim}-D tensor {layout}".rstrip(), f"{t.dim()}-D shape {shape_str(t.shape)}")
 
@@ -185,20 +186,35 @@ def _share(a: torch.Tensor, b: torch.Tensor) -> bool:
                           b.data_ptr() - a.data_ptr())
 
 
+def _storage_bytes(t: torch.Tensor) -> tuple[int, int]:
+    """The address range of the memory ``t``'s storage holds."""
+    storage = t.untyped_storage()
+    start = storage.data_ptr()
+    return start, start + storage.nbytes()
+
+
 def check_apart(op: str, writes: dict, reads: dict, why: str = "") -> None:
     """Each tensor in ``writes`` (name -> tensor the op writes) shares no element with a later one or with any
-    in ``reads``, as far as :func:`shares_memory` can tell. Tensors of different storages are apart (torch's
-    own overlap checks assume so too); that test comes first, so separate allocations cost about 0.1 us each."""
+    in ``reads``, as far as :func:`shares_memory` can tell. Memory is compared by address, not by storage
+    object: two storages may wrap one buffer (numpy, DLPack, ``from_blob``). Storages whose byte ranges are
+    apart are apart; only tensors over common bytes are compared element by element."""
     tensors = (*writes.values(), *reads.values())
     if has_no_data(tensors[0]):
         return
-    storages = [t.untyped_storage().data_ptr() for t in tensors]
-    written = set(storages[:len(writes)])
-    if len(written) == len(writes) and written.isdisjoint(storages[len(writes):]):
-        return
+    spans = [_storage_bytes(t) for t in tensors]
     for i, name in enumerate(writes):
-        t, storage = tensors[i], storages[i]
+        t, (lo, hi) = tensors[i], spans[i]
         for j in range(i + 1, len(tensors)):
-            if storages[j] == storage and (tensors[j] is t or _share(t, tensors[j])):
+            if spans[j][0] < hi and lo < spans[j][1] and (tensors[j] is t or _share(t, tensors[j])):
                 other = [*writes, *reads][j]
                 fail(op, name, f"memory apart from '{other}'{why}", f"a tensor sharing elements with '{other}'")
+
+
+def check_aligned(op: str, named: dict) -> None:
+    """Each tensor's data starts at a multiple of its element size, as a compiled kernel's loads need (torch's
+    own tensors always do; one over a numpy, DLPack or ``frombuffer`` buffer at an odd offset may not)."""
+    for name, t in named.items():
+        size = t.element_size()
+        if t.data_ptr() % size:
+            fail(op, name, f"data aligned to its element size ({size} bytes)",
+                 f"a data pointer {t.data_ptr() % size} bytes past that (e.g. a view at an odd byte offset)")

@@ -1,21 +1,20 @@
-"""Whether each backend can run on a device of this machine (the per-op ``supports`` checks live beside each op)."""
+"""What a device of this machine is and can run: its GPU architecture and native fp8 format, and whether the
+Triton, CUDA and HIP backends can run there at all (the per-op ``supports`` checks live beside each op)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from .registry import Reason
-
-
-def reference_available(device: torch.device) -> Reason:
-    return None
+Reason = Optional[str]
 
 
 def triton_interpreting() -> bool:
     """True when fusedrope's Triton kernels were compiled for the CPU interpreter (TRITON_INTERPRET=1)."""
-    from . import triton_utils
+    from . import _triton
 
-    return triton_utils.INTERPRETED
+    return _triton.INTERPRETED
 
 
 def triton_available(device: torch.device) -> Reason:
@@ -27,7 +26,7 @@ def triton_available(device: torch.device) -> Reason:
         return None
     if device.type == "cpu":
         if triton_interpreting():
-            from .triton_utils import interpreter_defect
+            from ._triton import interpreter_defect
 
             return interpreter_defect()
         return ("Triton runs CPU tensors only in its interpreter: set TRITON_INTERPRET=1 before the process's "
@@ -50,6 +49,7 @@ def gpu_arch(device: torch.device) -> str:
 # OCP float8_e4m3fn on gfx950 (MI350/MI355) and NVIDIA (converted in hardware from sm_89 on); every other device
 # gets e4m3fn, the ops' default.
 NATIVE_FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
+HIP_ARCHS = tuple(NATIVE_FP8)  # what the HIP kernels are written for (their fp8 instructions)
 
 
 def arch_fp8_dtype(arch: str) -> torch.dtype:

@@ -471,7 +471,7 @@ def test_stays_in_bounds_under_asan(tmp_path, vendor):
                     "clang, libasan for g++)")
     here = Path(__file__).resolve().parent
     env = dict(os.environ, LD_PRELOAD=rt, ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0",
-               PYTHONPATH=os.pathsep.join([str(here.parent), str(here)]))
+               PYTHONPATH=os.pathsep.join([str(here.parents[1]), str(here.parent / "support"), str(here)]))
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([sys.executable, "-c", ASAN_SCRIPT, vendor], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=600)
@@ -485,7 +485,7 @@ def test_backend_entry_splits_what_one_launch_cannot_index(transpose, monkeypatc
     of the emulated CUDA kernel, whose bytes (every one written) equal one reference call over all 10: each
     range gets its own positions and scale rows, the column-major scale slice included."""
     from fusedrope import reference as ref
-    from fusedrope.compiled_inverse_rope_quant import CompiledOp
+    from fusedrope.inverse_rope_group_quant.cuda import CompiledOp
 
     emu = emulated_kernel("cuda")
     o, p, c, s = quant_inputs(10, 4, seed=2)

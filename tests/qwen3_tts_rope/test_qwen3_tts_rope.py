@@ -9,7 +9,7 @@ import fusedrope
 from fusedrope.reference import qwen3_tts_rope_oracle, rotate_half
 from fusedrope.testing import (TTS_CASES, TtsCase, assert_tts_rope_close, assert_ulp_close, bytes_written_outside,
                                guarded_poison, make_tts_inputs, round_once)
-from fusedrope.tts_rope import REGISTRY
+from fusedrope.qwen3_tts_rope import REGISTRY, validate
 
 from conftest import DEVICE, backends_here
 
@@ -21,13 +21,13 @@ SMALL_CASES = [c for c in TTS_CASES if c.batch == 1] + [TTS_CASES[1]]
 def run_backend(backend, q, k, cos, sin):
     """Call the backend itself on poisoned outputs inside poisoned guard elements, so an element it does not
     write fails the check, and one it writes out of bounds fails here."""
-    facts = fusedrope.tts_rope.validate(q, k, cos, sin, False)
-    impl = next(i for i in REGISTRY.impls if i.backend == backend)
+    facts = REGISTRY.facts(*validate(q, k, cos, sin))
+    impl = REGISTRY.backend(backend)
     reason = REGISTRY.decide(impl, facts)
     if reason:  # e.g. the cuda kernel serves bf16/fp16 with D in (64, 128, 256) only
         pytest.skip(f"{backend} does not serve these inputs: {reason}")
     (q_out, q_buf), (k_out, k_buf) = (guarded_poison(t.shape, t.dtype, t.device) for t in (q, k))
-    impl.fn()(q, k, cos, sin, q_out, k_out)
+    impl.loaded().run(q, k, cos, sin, q_out, k_out)
     for name, buf, out in (("q_out", q_buf, q_out), ("k_out", k_buf, k_out)):
         assert bytes_written_outside(buf, out) == 0, f"{backend} wrote {name} out of bounds"
     return q_out, k_out
@@ -189,9 +189,9 @@ def test_empty_launches_nothing(backend, shape, monkeypatch):
     def launch(*args):
         raise AssertionError(f"{backend} launched on empty inputs")
 
-    for impl in REGISTRY.impls:
-        monkeypatch.setattr(impl, "_fn", launch)
-        monkeypatch.setattr(impl, "_fn_alloc", launch if impl.run_alloc else None)
+    for b in REGISTRY.backends:
+        monkeypatch.setattr(b, "run", launch)
+        monkeypatch.setattr(b, "run_alloc", launch if b.run_alloc or b.name == "cuda" else None)
     for inplace in (False, True):
         q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=inplace, backend=backend)
         assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.dtype == q.dtype
@@ -276,7 +276,7 @@ def test_property_random_shapes_and_strides(B, S, HQ, HKV, half, pad, perm, bcas
     sin = (torch.rand(nb, S, D + pad, generator=g) * 2 - 1).to(dtype)[..., :D]
     q, k, cos, sin = (t.to(DEVICE) for t in (q, k, cos, sin))
     for backend in ("triton", "reference"):
-        if REGISTRY.availability(next(i for i in REGISTRY.impls if i.backend == backend), DEVICE) is None:
+        if REGISTRY.availability(REGISTRY.backend(backend), DEVICE) is None:
             check(*run_backend(backend, q, k, cos, sin), q, k, cos, sin)
 
 

@@ -1,6 +1,6 @@
 """The benchmark engine for both ops: case matrices, rotating input sets, contenders, the copy roofline,
 measuring, provenance and a whole run (``python -m fusedrope bench``). The timers are in
-:mod:`fusedrope.bench_timing`, the result files, tables and plots in :mod:`fusedrope.bench_report`. The
+:mod:`fusedrope.benchmark.timing`, the result files, tables and plots in :mod:`fusedrope.benchmark.report`. The
 pytest-benchmark suites in ``bench/`` and the one-shot GPU scripts in ``gpu/`` use all three.
 
 Timing on a GPU (both per call, in microseconds, median over ``reps`` samples):
@@ -46,17 +46,17 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from . import __version__
-from . import reference as R
-from .backends import gpu_arch, native_fp8_dtype, triton_available
-from .bench_report import markdown, plot, write_results
-from .bench_timing import time_graph_us, time_per_call_us
-from .inverse_rope_quant import OP as QUANT
-from .inverse_rope_quant import quant_output_shapes
-from .registry import registry
-from .testing import (QUANT_CASES, QUANT_GROUP_SIZE_CASES, QUANT_HEAD_GROUPS, TTS_CASES, QuantCase, TtsCase,
+from .. import __version__
+from .. import reference as R
+from .._device import gpu_arch, native_fp8_dtype, triton_available
+from ..inverse_rope_group_quant import OP as QUANT
+from ..inverse_rope_group_quant import quant_output_shapes
+from ..qwen3_tts_rope import OP as TTS
+from ..registry import registry
+from .report import markdown, plot, write_results
+from .timing import time_graph_us, time_per_call_us
+from ..testing import (QUANT_CASES, QUANT_GROUP_SIZE_CASES, QUANT_HEAD_GROUPS, TTS_CASES, QuantCase, TtsCase,
                       deepseek_rope_cache, qwen3_tts_cos_sin)
-from .tts_rope import OP as TTS
 
 OPS = (TTS, QUANT)
 ENV_GIT_COMMIT = "FUSEDROPE_GIT_COMMIT"
@@ -319,7 +319,7 @@ class Contender:
         """Why this contender cannot run this case (None: it can)."""
         if self.reason or self.backend is None:
             return self.reason
-        from . import explain
+        from .. import explain
 
         ex = explain(self.op, *op_args(self.op, case, sets[0]), backend=self.backend)
         d = next((d for d in ex if d.backend == self.backend), None)
@@ -335,7 +335,7 @@ def _triton_reason(device: torch.device, interpreter: bool) -> Optional[str]:
 
 def _backend_reason(op: str, backend: str, device: torch.device, interpreter: bool) -> Optional[str]:
     reg = registry(op)
-    impl = next(i for i in reg.impls if i.backend == backend)
+    impl = reg.backend(backend)
     reason = reg.availability(impl, device)
     if reason:
         return f"{backend} backend unavailable: {reason}"
@@ -388,7 +388,7 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
     Op 1: eager torch formula, its ``torch.compile``, each registered fusedrope backend (``backend=``),
     Liger's ``LigerRopeFunction`` (in place on its own contiguous copy; reads only the first half of cos/sin).
     Op 2: eager torch formula, its ``torch.compile``, each registered backend, the unfused two-kernel baseline
-    (``fusedrope.baseline``; rotates ``o`` in place, which changes no timing).
+    (``fusedrope.benchmark.unfused``; rotates ``o`` in place, which changes no timing).
 
     Parameters
     ----------
@@ -406,8 +406,8 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
     -------
     list of Contender
     """
-    from . import inverse_rope_group_quant, qwen3_tts_rope
-    from .baseline import unfused_inverse_rope_group_quant
+    from .. import inverse_rope_group_quant, qwen3_tts_rope
+    from .unfused import unfused_inverse_rope_group_quant
 
     out: list[Contender] = []
     no_compile = None if compile else "torch.compile disabled (--no-compile)"
@@ -422,8 +422,7 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
                              _tts_maker(lambda: tts_formula), many_kernels=True))
         out.append(Contender("compile", op, "torch.compile of that formula (default options)",
                              _tts_maker(lambda: compiled(tts_formula)), reason=no_compile, many_kernels=True))
-        for impl in registry(op).impls:
-            b = impl.backend
+        for b in (b.name for b in registry(op).backends):
             out.append(Contender(b, op, f"fusedrope.qwen3_tts_rope(..., backend={b!r}), allocating outputs",
                                  _tts_maker(lambda b=b: functools.partial(qwen3_tts_rope, backend=b)),
                                  reason=_backend_reason(op, b, device, interpreter), backend=b,
@@ -441,14 +440,13 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
         out.append(Contender("compile", op, "torch.compile of that formula (default options)",
                              _quant_formula_maker(lambda: compiled(quant_formula)), reason=no_compile,
                              many_kernels=True))
-        for impl in registry(op).impls:
-            b = impl.backend
+        for b in (b.name for b in registry(op).backends):
             out.append(Contender(b, op, f"fusedrope.inverse_rope_group_quant(..., backend={b!r}) into "
                                         "preallocated outputs",
                                  _quant_api_maker(functools.partial(inverse_rope_group_quant, backend=b)),
                                  reason=_backend_reason(op, b, device, interpreter), backend=b,
                                  many_kernels=b == "reference"))
-        out.append(Contender("unfused", op, "fusedrope.baseline: Triton inverse RoPE in place (bf16), then a "
+        out.append(Contender("unfused", op, "fusedrope.benchmark.unfused: Triton inverse RoPE in place (bf16), then a "
                                             "separate Triton group-quant kernel",
                              _quant_api_maker(unfused_inverse_rope_group_quant),
                              reason=_triton_reason(device, interpreter)))
@@ -515,7 +513,7 @@ def copy_roofline(device: torch.device, nbytes: Optional[int] = None, reps: int 
 # ------------------------------------------------------------------------------------------------------------
 def auto_backend(op: str, case, sets: list) -> Optional[str]:
     """The backend ``backend="auto"`` picks for this case on this machine."""
-    from . import explain
+    from .. import explain
 
     return explain(op, *op_args(op, case, sets[0])).chosen
 

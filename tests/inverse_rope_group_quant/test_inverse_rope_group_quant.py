@@ -4,15 +4,17 @@ reference (scale bytes bit-exact, fp8 within 1 ulp and bit-exact in blocks witho
 import math
 import struct
 
+import importlib
+
 import pytest
 import torch
 from torch._inductor.exc import InductorError
 
 import fusedrope
 from fusedrope import reference as R
-from fusedrope.backends import native_fp8_dtype
-from fusedrope.baseline import unfused_inverse_rope_group_quant
-from fusedrope.inverse_rope_quant import REGISTRY, validate
+from fusedrope._device import native_fp8_dtype
+from fusedrope.benchmark.unfused import unfused_inverse_rope_group_quant
+from fusedrope.inverse_rope_group_quant import ENV_CHECK_POSITIONS, REGISTRY, scale_strides, validate
 from fusedrope.testing import (QuantCase, assert_quant_close, assert_ulp_close, bytes_written_outside,
                                deepseek_rope_cache, guarded_poison, make_quant_inputs, poison_like, rope_blocks,
                                scale_bytes)
@@ -30,7 +32,7 @@ SHAPES = [  # (H, G) of DeepSeek-V4 TP8, and shapes that are not DeepSeek's (gro
 ]
 
 
-REGISTRY_IMPL = {i.backend: i for i in REGISTRY.impls}
+REGISTRY_IMPL = {b.name: b for b in REGISTRY.backends}
 
 
 def skip_unless_available(backend):
@@ -121,7 +123,7 @@ def test_triton_rotation_forms_match_reference(case, segments, monkeypatch):
     """The Triton kernel's two rotations: by rope_dim segments where rope_dim is a power of two dividing
     head_dim and the 512-column tile (every shape here but the last two: 24 is no power of two, 1024 is wider
     than the tile), and the per-pair cos/sin gather, forced."""
-    import fusedrope.triton_inverse_rope_quant as TK
+    from fusedrope.inverse_rope_group_quant import triton as TK
 
     skip_unless_available("triton")
     assert TK.tail_segments(case.head_dim, case.rope_dim, 512) == (case.rope_dim not in (24, 1024))
@@ -367,7 +369,7 @@ def test_packed_ue8m0_is_deepgemms_layout(backend, transpose_scale):
                                   QuantCase(37, 17, 1, head_dim=64, rope_dim=64, quant_group_size=64)],
                          ids=lambda c: c.id)
 def test_unfused_baseline_is_the_bf16_round_trip(case, monkeypatch):
-    import fusedrope.triton_inverse_rope_quant as TK
+    from fusedrope.inverse_rope_group_quant import triton as TK
 
     skip_unless_available("triton")
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=12, max_pos=64)
@@ -571,7 +573,7 @@ def _valid_calls():
 def test_fast_validation_agrees_with_every_check(monkeypatch):
     """validate()'s one-expression path takes every valid call (without falling back to the check-by-check
     path) and returns what the check-by-check path returns."""
-    from fusedrope import inverse_rope_quant as irq
+    irq = importlib.import_module("fusedrope.inverse_rope_group_quant")  # the package (fusedrope.X is the function)
 
     check_by_check = irq._validate_all
 
@@ -673,7 +675,7 @@ def test_fp8_dtype_defaults_to_e4m3fn_on_every_device():
 
 
 def test_position_check_skips_meta_tensors(monkeypatch):
-    monkeypatch.setenv(fusedrope.inverse_rope_quant.ENV_CHECK_POSITIONS, "1")
+    monkeypatch.setenv(ENV_CHECK_POSITIONS, "1")
     o, pos, cos, sin = (t.to("meta") for t in make_quant_inputs(QuantCase(3, 16, 2)))
     x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend="reference")
     assert x.device.type == "meta" and s.shape == (3, 2, 32)
@@ -791,7 +793,7 @@ def test_outputs_inside_poisoned_buffers_write_nothing_outside(backend, case, le
     skip_unless_served(backend, facts)
     fp_shape, sc_shape = fusedrope.quant_output_shapes(case.num_tokens, case.num_heads, case.head_dim,
                                                        case.num_groups, case.quant_group_size, scale_dtype)
-    sc_strides = fusedrope.inverse_rope_quant.scale_strides(sc_shape, transpose_scale, scale_dtype)
+    sc_strides = scale_strides(sc_shape, transpose_scale, scale_dtype)
     fp_strides = (fp_shape[1] * fp_shape[2], fp_shape[2], 1)
     x_fp8, fp_buf = guarded_poison(fp_shape, FP8_HERE, DEVICE, fp_strides, lead, byte=GUARD)
     x_scale, sc_buf = guarded_poison(sc_shape, scale_dtype, DEVICE, sc_strides, lead, byte=GUARD)
@@ -847,8 +849,8 @@ def test_empty_inputs_launch_nothing(backend, S, H, transpose_scale, monkeypatch
     impl = REGISTRY_IMPL[backend]
     facts = validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None, FP8_HERE, None)[0]
     skip_unless_served(backend, facts)
-    monkeypatch.setattr(impl, "fn", lambda: _no_launch)  # what _run calls: impl.fn()(...)
-    monkeypatch.setattr(impl, "fn_alloc", lambda: _no_launch)
+    monkeypatch.setattr(impl, "run", _no_launch)
+    monkeypatch.setattr(impl, "run_alloc", _no_launch)
     one = make_quant_inputs(QuantCase(1, 16, 2), device=DEVICE)
     with pytest.raises(AssertionError, match="called for empty"):  # the patch does intercept a real launch
         fusedrope.inverse_rope_group_quant(*one, 2, backend=backend, fp8_dtype=FP8_HERE)

@@ -1,21 +1,24 @@
-"""inverse_rope_group_quant: the public function, its input contract, output allocation, registry entries
-and torch ops (DeepSeek-V4 attention output -> wo_a FP8 GEMM input)."""
+"""inverse_rope_group_quant: DeepSeek-V4's attention output -> inverse RoPE -> FP8 per-group quant with e8m0
+scales, the wo_a GEMM input, in one pass. The public function, its validation (shared by every backend), output
+allocation, its backends and its torch ops.
+
+Backends: ``cuda`` (:mod:`.cuda`) and ``hip`` (:mod:`.hip`, opt-in), the hand-written kernels; ``triton``
+(:mod:`.triton`); ``reference`` (:mod:`.reference`, plain PyTorch).
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch.autograd.graph import increment_version
 
-from . import _checks as C
-from .backends import reference_available, triton_available
-from .registry import Impl, getenv, new_registry
-from . import cuda_inverse_rope_quant as _cuda  # light: cpp_extension is imported only to build
-from . import hip_inverse_rope_quant as _hip
+from .. import _validation as C
+from .._device import triton_available
+from ..registry import Backend, getenv, new_registry
+from . import cuda, hip, reference
 
 OP = "inverse_rope_group_quant"
-REGISTRY = new_registry(OP)
 O_DTYPES = (torch.bfloat16, torch.float16)
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 POSITION_DTYPES = (torch.int64, torch.int32)
@@ -26,6 +29,38 @@ PACKED_UE8M0 = torch.int32
 QUANT_GROUP_SIZES = (32, 64, 128, 256)
 ENV_CHECK_POSITIONS = "FUSEDROPE_CHECK_POSITIONS"
 SWITCH_OFF = ("", "0", "false", "no", "off")  # FUSEDROPE_CHECK_POSITIONS values that leave the check off
+_Tensor = torch.Tensor
+
+
+class Facts(NamedTuple):
+    """What choosing a backend may depend on (``supports(facts)``)."""
+
+    device: torch.device
+    o_dtype: torch.dtype
+    head_dim: int
+    rope_dim: int
+    quant_group_size: int
+    cache_dtype: torch.dtype
+    positions_dtype: torch.dtype
+    fp8_dtype: torch.dtype
+    scale_dtype: torch.dtype
+    transpose_scale: bool
+
+
+REGISTRY = new_registry(OP, Facts)
+
+
+def _load_triton():  # Triton is optional: its kernel module is imported when the backend is first chosen
+    from . import triton
+
+    return triton.inverse_rope_group_quant, None
+
+
+REGISTRY.register(Backend("cuda", supports=cuda.supports, available=cuda.available, load=cuda.load))
+REGISTRY.register(Backend("hip", supports=hip.supports, available=hip.available, load=hip.load,
+                          opt_in="never run on AMD hardware"))
+REGISTRY.register(Backend("triton", available=triton_available, load=_load_triton))
+REGISTRY.register(Backend("reference", reference.inverse_rope_group_quant))
 
 
 def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_groups: int,
@@ -238,7 +273,9 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
         max_pos, half = cos_cache.shape
         dev, row = o.device, H * D
         ok = (
-            type(num_groups) is int and type(quant_group_size) is int and num_groups > 0
+            type(o) is _Tensor and type(positions) is _Tensor and type(cos_cache) is _Tensor
+            and type(sin_cache) is _Tensor
+            and type(num_groups) is int and type(quant_group_size) is int and num_groups > 0
             and (transpose_scale is True or transpose_scale is False)
             and row % num_groups == 0 and quant_group_size in QUANT_GROUP_SIZES
             and (row // num_groups) % quant_group_size == 0
@@ -265,7 +302,7 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
                       and x_scale.dtype is scale_t and x_scale.shape == sc_shape
                       and buffer_scale_strides(x_scale, bool(transpose_scale), scale_t) is not None
                       and x_fp8.device == dev and x_scale.device == dev)
-    except (AttributeError, TypeError, ValueError, IndexError):
+    except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         ok = False
     if not ok:
         return _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
@@ -352,19 +389,6 @@ def check_positions_on_host(positions: torch.Tensor, num_tokens: int, max_pos: i
                f"positions[{i}]={int(p[i])} ({bad.numel()} out of range)")
 
 
-# -- backends -----------------------------------------------------------------------------------------
-def _supports_any(facts) -> None:
-    return None
-
-
-REGISTRY.register(Impl("reference", ".reference:inverse_rope_group_quant", _supports_any, reference_available))
-REGISTRY.register(Impl("triton", ".triton_inverse_rope_quant:inverse_rope_group_quant", _supports_any,
-                       triton_available))
-REGISTRY.register(Impl("hip", ".hip_inverse_rope_quant:inverse_rope_group_quant", _hip.supports, _hip.available))
-REGISTRY.register(Impl("cuda", ".cuda_inverse_rope_quant:inverse_rope_group_quant", _cuda.supports,
-                       _cuda.available))
-
-
 def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
     """What the call checks beyond :func:`validate` (explain does too): the positions debug switch, and that the
     caller's buffers (None when not given) are writable here and apart from the inputs; returns those buffers."""
@@ -393,7 +417,7 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
         if "x_scale" in mine:
             want = buffer_scale_strides(x_scale, bool(transpose_scale), scale_dtype)
             scale_out = x_scale if x_scale.stride() == want else x_scale.as_strided(x_scale.shape, want)
-        impl.fn()(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size)
+        impl.run(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size)
         if mine:  # written through raw pointers: tell autograd the caller's buffers changed
             increment_version(tuple(mine.values()))
     return x_fp8, x_scale

@@ -20,9 +20,9 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from fusedrope import triton_inverse_rope_quant as irq  # noqa: E402
-from fusedrope import triton_tts_rope as tts  # noqa: E402
-from fusedrope.backends import arch_fp8_dtype  # noqa: E402
+from fusedrope.inverse_rope_group_quant import triton as irq  # noqa: E402
+from fusedrope._device import arch_fp8_dtype  # noqa: E402
+from fusedrope.qwen3_tts_rope import triton as tts  # noqa: E402
 
 TARGETS = {"sm_90": GPUTarget("cuda", 90, 32), "sm_80": GPUTarget("cuda", 80, 32),
            "gfx942": GPUTarget("hip", "gfx942", 64), "gfx950": GPUTarget("hip", "gfx950", 64)}
@@ -157,5 +157,5 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     json.dump(main(), sys.stdout, indent=1)

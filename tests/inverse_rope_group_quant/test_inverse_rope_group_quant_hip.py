@@ -24,7 +24,7 @@ from pathlib import Path
 from compile_cache import torch_syntax_check
 from hip_asm import asm_metadata, compiler_name, hip_asm, hip_code_object, kernel_asm, kernel_notes, mnemonics
 
-SRC = Path(__file__).resolve().parents[1] / "kernels_hip" / "inverse_rope_group_quant.hip"
+SRC = Path(__file__).resolve().parents[2] / "kernels_hip" / "inverse_rope_group_quant.hip"
 # DPP controls of the butterfly: quad_perm [1,0,3,2], quad_perm [2,3,0,1], row_half_mirror, row_mirror
 DPP_STEPS = ("quad_perm:[1,0,3,2]", "quad_perm:[2,3,0,1]", "row_half_mirror", "row_mirror")
 
@@ -144,7 +144,7 @@ def test_torch_binding_compiles_against_torch_headers(tmp_path):
 def test_hip_backend_supports(monkeypatch):
     import torch
 
-    from fusedrope import hip_inverse_rope_quant as hq
+    from fusedrope.inverse_rope_group_quant import hip as hq
 
     dev = torch.device("cuda", 0)
     base = (dev, torch.bfloat16, 512, 64, 128, torch.bfloat16, torch.int64, torch.float8_e4m3fnuz,

@@ -25,9 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .backends import arch_fp8_dtype, gpu_arch
+from .._device import arch_fp8_dtype, gpu_arch
+from .._triton import INTERPRETED, WARP_SIZE, f32_to_fp8_bits, launch_lock, round_to, to_f32
 from .reference import FP8_MAX
-from .triton_utils import INTERPRETED, WARP_SIZE, f32_to_fp8_bits, round_to, to_f32
 
 _FP8_TL = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8}
 
@@ -216,16 +216,17 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size
     xs = x_scale if scale_fp32 or packed else x_scale.view(torch.uint8)
     grid = (triton.cdiv(S, block_t), triton.cdiv(row, block_n))
     rope_dim = 2 * cos_cache.shape[1]
-    _group_quant_kernel[grid](
-        o, positions, cos_cache, sin_cache, x_fp8.view(torch.uint8), xs,
-        S, row, row // group_size, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
-        sin_cache.stride(0), x_scale.stride(0), x_scale.stride(2),
-        HEAD_DIM=D, ROPE_DIM=rope_dim, GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
-        FP8_MAX=FP8_MAX[x_fp8.dtype], FP8_TYPE=_FP8_TL[x_fp8.dtype], FNUZ=fnuz,
-        SCALE_FP32=scale_fp32, PACKED=packed, ROPE=rope, TAIL_SEGMENTS=rope and tail_segments(D, rope_dim, block_n),
-        EXACT=exact, num_warps=num_warps_for(block_t * block_n),
-        enable_fp_fusion=False,  # no FMA: the rope matches the reference bit for bit, so scale bytes do too
-    )
+    with launch_lock():
+        _group_quant_kernel[grid](
+            o, positions, cos_cache, sin_cache, x_fp8.view(torch.uint8), xs,
+            S, row, row // group_size, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
+            sin_cache.stride(0), x_scale.stride(0), x_scale.stride(2),
+            HEAD_DIM=D, ROPE_DIM=rope_dim, GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
+            FP8_MAX=FP8_MAX[x_fp8.dtype], FP8_TYPE=_FP8_TL[x_fp8.dtype], FNUZ=fnuz,
+            SCALE_FP32=scale_fp32, PACKED=packed, ROPE=rope, TAIL_SEGMENTS=rope and tail_segments(D, rope_dim, block_n),
+            EXACT=exact, num_warps=num_warps_for(block_t * block_n),
+            enable_fp_fusion=False,  # no FMA: the rope matches the reference bit for bit, so scale bytes do too
+        )
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size) -> None:
@@ -239,11 +240,12 @@ def rope_tail_inplace(o, positions, cos_cache, sin_cache) -> None:
     block_h = min(triton.next_power_of_2(H), 16)
     block_t = max(1, min(triton.next_power_of_2(S), 4096 // (block_h * 2 * half_p2)))  # up to 4K tail elements
     grid = (triton.cdiv(S, block_t), triton.cdiv(H, block_h))
-    _rope_tail_inplace_kernel[grid](
-        o, positions, cos_cache, sin_cache, S, H, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
-        sin_cache.stride(0), HEAD_DIM=D, HALF=half, HALF_P2=half_p2, BLOCK_T=block_t, BLOCK_H=block_h,
-        EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_h * 2 * half_p2), enable_fp_fusion=False,
-    )
+    with launch_lock():
+        _rope_tail_inplace_kernel[grid](
+            o, positions, cos_cache, sin_cache, S, H, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
+            sin_cache.stride(0), HEAD_DIM=D, HALF=half, HALF_P2=half_p2, BLOCK_T=block_t, BLOCK_H=block_h,
+            EXACT=INTERPRETED, num_warps=num_warps_for(block_t * block_h * 2 * half_p2), enable_fp_fusion=False,
+        )
 
 
 def group_quant(o, positions, cos_cache, x_fp8, x_scale, quant_group_size) -> None:

@@ -2,7 +2,7 @@
 
 Serves bf16 and fp16 with head_dim 64, 128 or 256. The kernel itself picks 16-byte vector accesses when every
 pointer and leading stride allows them, and a narrower path otherwise (alignment is a run-time fact, so it is
-decided inside the compiled op, not here).
+decided inside the compiled op, not here). The extension is loaded on first use (``fusedrope.cuda_ext``).
 """
 
 from __future__ import annotations
@@ -11,44 +11,38 @@ from typing import Optional
 
 import torch
 
-from . import cuda_ext
-from ._checks import dtype_name
+from .._device import cuda_toolkit_reason
+from .._validation import dtype_name
 
 DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128, 256)
 
-_op = None
-_op_new = None
 
-
-def supports(facts: tuple) -> Optional[str]:
-    """``facts`` = ``(device, dtype, D, inplace)`` from ``fusedrope.tts_rope.validate``."""
-    _, dtype, d, _ = facts
-    if dtype in DTYPES and d in HEAD_DIMS:
+def supports(facts) -> Optional[str]:
+    if facts.dtype in DTYPES and facts.head_dim in HEAD_DIMS:
         return None
-    return f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {dtype_name(dtype)} D={d}"
+    return (f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {dtype_name(facts.dtype)} "
+            f"D={facts.head_dim}")
 
 
 def available(device: torch.device) -> Optional[str]:
+    reason = cuda_toolkit_reason(device)
+    if reason:
+        return reason
+    from .. import cuda_ext  # builds or loads the extension
+
     return cuda_ext.available(device)
 
 
-def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
-    """Rotate ``q``/``k`` into ``q_out``/``k_out`` (which may be ``q``/``k`` themselves) in one launch."""
-    global _op
-    if _op is None:
-        cuda_ext.load()
-        _op = torch.ops.fusedrope_cuda.qwen3_tts_rope_out.default
-    _op(q, k, cos, sin, q_out, k_out)
+def load() -> tuple:
+    """The backend's ``(run, run_alloc)``: the compiled ops ``qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out)``,
+    which writes the outputs (``q``/``k`` themselves for in place) in one launch, and ``qwen3_tts_rope(q, k, cos,
+    sin) -> (q_out, k_out)``, which allocates them in C++ (one Python -> C++ call fewer per output)."""
+    from .. import cuda_ext
 
-
-def qwen3_tts_rope_new(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate ``q``/``k`` into new contiguous tensors, allocated by the compiled op (one Python -> C++ call)."""
-    global _op_new
-    if _op_new is None:
-        cuda_ext.load()
-        _op_new = torch.ops.fusedrope_cuda.qwen3_tts_rope.default
-    return _op_new(q, k, cos, sin)
+    cuda_ext.load()
+    ops = torch.ops.fusedrope_cuda
+    return ops.qwen3_tts_rope_out.default, ops.qwen3_tts_rope.default
 
 
 def qwen3_tts_rope_config(q, k, cos, sin, q_out, k_out, *, vec: int = 0, warps_per_token: int = 0,
@@ -58,6 +52,8 @@ def qwen3_tts_rope_config(q, k, cos, sin, q_out, k_out, *, vec: int = 0, warps_p
     ``vec`` 8/2/1 forces the 16-byte / 4-byte / scalar path (it may not be wider than the layout allows);
     ``warps_per_token`` and ``tokens_per_cta`` shape the blocks; ``max_blocks`` caps the grid.
     """
+    from .. import cuda_ext
+
     cuda_ext.load()
     torch.ops.fusedrope_cuda.qwen3_tts_rope_out_config(q, k, cos, sin, q_out, k_out, vec, warps_per_token,
                                                        tokens_per_cta, max_blocks)

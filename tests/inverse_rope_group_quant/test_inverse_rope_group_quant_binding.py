@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from compile_cache import build_once, content_key, host_cxx, quoted_includes
-from fusedrope.inverse_rope_quant import buffer_scale_strides
+from fusedrope.inverse_rope_group_quant import buffer_scale_strides
 from fusedrope.testing import deepseek_rope_cache
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parent / "irgq_binding_host.cpp"
 BINDING = ROOT / "kernels_cuda" / "inverse_rope_group_quant_binding.h"
 OP = "fusedrope_host::params"

@@ -25,7 +25,7 @@ import torch
 from compile_cache import CUDA_CPU_WHEEL_STUBS, cuda_include_dir, torch_syntax_check
 from kernel_asm import nvcc_cubin, opcodes, resource_usage, sass, sass_functions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KERNEL = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cu"
 HEADER = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cuh"
 GROUPS = (32, 64, 128, 256)
@@ -156,23 +156,24 @@ def test_torch_binding_compiles_against_torch_headers(tmp_path):
 
 
 def test_cuda_backend_supports(monkeypatch):
-    from fusedrope import cuda_inverse_rope_quant as cq
+    from fusedrope.inverse_rope_group_quant import Facts
+    from fusedrope.inverse_rope_group_quant import cuda as cq
 
     dev = torch.device("cuda", 0)
     base = (dev, torch.bfloat16, 512, 64, 128, torch.bfloat16, torch.int64, torch.float8_e4m3fn,
             torch.float8_e8m0fnu, False)
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "sm_90")
-    assert cq.supports(base) is None
-    assert cq.supports(base[:4] + (32,) + base[5:9] + (True,)) is None
-    assert cq.supports(base[:8] + (torch.float32, False)) is None
-    assert "e4m3fn" in cq.supports(base[:7] + (torch.float8_e4m3fnuz,) + base[8:])
-    assert "packed UE8M0" in cq.supports(base[:8] + (torch.int32, False))
-    assert "head_dim 512" in cq.supports((dev, torch.bfloat16, 256, 64) + base[4:])
-    assert "rope_dim 64" in cq.supports((dev, torch.bfloat16, 512, 128) + base[4:])
+    assert cq.supports(Facts(*base)) is None
+    assert cq.supports(Facts(*base[:4] + (32,) + base[5:9] + (True,))) is None
+    assert cq.supports(Facts(*base[:8] + (torch.float32, False))) is None
+    assert "e4m3fn" in cq.supports(Facts(*base[:7] + (torch.float8_e4m3fnuz,) + base[8:]))
+    assert "packed UE8M0" in cq.supports(Facts(*base[:8] + (torch.int32, False)))
+    assert "head_dim 512" in cq.supports(Facts(*(dev, torch.bfloat16, 256, 64) + base[4:]))
+    assert "rope_dim 64" in cq.supports(Facts(*(dev, torch.bfloat16, 512, 128) + base[4:]))
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "sm_75")
-    assert "sm_80" in cq.supports(base)
+    assert "sm_80" in cq.supports(Facts(*base))
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "gfx942")
-    assert "NVIDIA" in cq.supports(base)
+    assert "NVIDIA" in cq.supports(Facts(*base))
 
 
 def test_gpu_check_script_cpu_selftest(tmp_path):
@@ -200,7 +201,7 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     import importlib
     import sys
 
-    import fusedrope.baseline
+    from fusedrope.benchmark import unfused
 
     sys.path.insert(0, str(ROOT / "gpu"))
     script = importlib.import_module("check_inverse_rope_group_quant")
@@ -227,7 +228,7 @@ def test_gpu_check_script_launch_shape_sweep_on_cpu(monkeypatch):
     monkeypatch.setattr(script.torch.ops.fusedrope_cuda, "inverse_rope_group_quant_out_config", fake_op,
                         raising=False)
     monkeypatch.setattr(script.fusedrope, "inverse_rope_group_quant", fake_api("triton"))
-    monkeypatch.setattr(fusedrope.baseline, "unfused_inverse_rope_group_quant", fake_api("unfused"))
+    monkeypatch.setattr(unfused, "unfused_inverse_rope_group_quant", fake_api("unfused"))
     monkeypatch.setattr(script, "launch_floor", lambda res, reps, device: {"one_graph_us": 0.5, "one_kernel_us": 0.25,
                                                                    "two_graph_us": 1.0, "two_kernel_us": 0.5,
                                                                    "copy_graph_us": 0.75, "copy_kernel_us": 0.5,

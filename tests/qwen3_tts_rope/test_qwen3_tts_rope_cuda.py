@@ -26,7 +26,9 @@ import pytest
 import torch
 
 import fusedrope
-from fusedrope import cuda_ext, cuda_tts_rope
+from fusedrope import cuda_ext
+from fusedrope.qwen3_tts_rope import Facts
+from fusedrope.qwen3_tts_rope import cuda as cuda_tts_rope
 from fusedrope.reference import qwen3_tts_rope_oracle
 from fusedrope.testing import (TTS_CASES, TtsCase, assert_tts_rope_close, assert_ulp_close, bytes_written_outside,
                                guarded_poison, make_tts_inputs, own_batch_strides)
@@ -35,10 +37,10 @@ import kernel_asm as K
 from compile_cache import (ASAN_FLAGS, CUDA_CPU_WHEEL_STUBS, build_once, content_key, cuda_include_dir, host_cxx,
                            torch_syntax_check)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "kernels_cuda" / "qwen3_tts_rope.cu"
 BINDING = ROOT / "kernels_cuda" / "qwen3_tts_rope_torch.cpp"
-EMUL = Path(__file__).resolve().parent / "cuda_emul"
+EMUL = ROOT / "tests" / "support" / "cuda_emul"
 VECS = {8: "Li8EE", 2: "Li2EE", 1: "Li1EE"}  # the VEC template argument, as mangled in the kernel names
 
 
@@ -387,12 +389,12 @@ def test_registry_falls_back_from_cuda_on_cpu_and_explains_why():
 
 def test_cuda_supports_reasons():
     dev = torch.device("cuda")
-    assert cuda_tts_rope.supports((dev, torch.bfloat16, 128, False)) is None
-    assert cuda_tts_rope.supports((dev, torch.float16, 64, True)) is None
-    assert cuda_tts_rope.supports((dev, torch.bfloat16, 256, False)) is None
-    r = cuda_tts_rope.supports((dev, torch.float32, 96, False))
+    assert cuda_tts_rope.supports(Facts(dev, torch.bfloat16, 128, False)) is None
+    assert cuda_tts_rope.supports(Facts(dev, torch.float16, 64, True)) is None
+    assert cuda_tts_rope.supports(Facts(dev, torch.bfloat16, 256, False)) is None
+    r = cuda_tts_rope.supports(Facts(dev, torch.float32, 96, False))
     assert r == "cuda kernel serves bfloat16/float16 with D in (64, 128, 256), got float32 D=96"
-    assert "D=2" in cuda_tts_rope.supports((dev, torch.bfloat16, 2, False))
+    assert "D=2" in cuda_tts_rope.supports(Facts(dev, torch.bfloat16, 2, False))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU reasons")
@@ -457,7 +459,7 @@ def test_gpu_check_script_cpu_parts(tmp_path):
 
 ASAN_SCRIPT = r"""
 import ctypes, sys, torch
-import test_cuda_kernels as T
+import test_qwen3_tts_rope_cuda as T
 from fusedrope.testing import TTS_CASES, TtsCase, make_tts_inputs, own_batch_strides
 lib = ctypes.CDLL(sys.argv[1])
 def exact(t, offset=0):  # a copy in its own allocation of exactly offset + numel elements
@@ -505,7 +507,7 @@ def test_emulated_kernel_stays_in_bounds_under_asan(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(Path(__file__).parent)]))
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(EMUL.parent), str(Path(__file__).parent)]))
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([os.sys.executable, "-c", ASAN_SCRIPT, str(so)], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=600)

@@ -6,7 +6,7 @@ ends a round when the GPU has drained. On a CPU the wall clock stands in for CUD
 Examples
 --------
 >>> import torch
->>> from fusedrope.bench_timing import time_per_call_us
+>>> from fusedrope.benchmark.timing import time_per_call_us
 >>> x = torch.randn(1024)
 >>> time_per_call_us(lambda i: x.mul(2.0), 4, torch.device("cpu"), reps=3) > 0
 True

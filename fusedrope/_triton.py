@@ -7,7 +7,9 @@ interpreting, that swaps in the integer-bit conversions below; compiled GPU code
 except for fp8 formats the GPU has none for (``triton_inverse_rope_quant.integer_fp8_rounding``).
 """
 
+import contextlib
 import functools
+import threading
 from typing import Optional
 
 import torch
@@ -25,6 +27,14 @@ def _probe():
 
 # What the kernels of this process really are (decided when @triton.jit ran, i.e. at import).
 INTERPRETED = type(_probe).__name__ == "InterpretedFunction"
+# The interpreter patches triton.language for the duration of a launch: two threads launching at once break each
+# other (InterpreterError). Interpreted launches take turns; compiled ones need no lock.
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def launch_lock():
+    """A context for one kernel launch: the interpreter's lock when interpreting, else nothing."""
+    return _INTERPRETER_LOCK if INTERPRETED else contextlib.nullcontext()
 
 
 @triton.jit
@@ -46,7 +56,8 @@ def interpreter_defect() -> Optional[str]:
         return None
     out = torch.zeros(1, dtype=torch.int32, device="cpu")
     try:
-        _runtime_loop[(1,)](out, 5)
+        with launch_lock():
+            _runtime_loop[(1,)](out, 5)
     except Exception as e:  # noqa: BLE001 - whatever breaks, the reason says it and the registry falls back
         cause = e.__cause__ or e
         known = isinstance(cause, TypeError) and "0-dimensional" in str(cause)

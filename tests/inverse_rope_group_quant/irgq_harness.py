@@ -32,15 +32,16 @@ import torch
 from compile_cache import ASAN_FLAGS, CLANG_NAMES, build_once, content_key, host_cxx
 from fusedrope import reference as ref
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+SUPPORT = ROOT / "tests" / "support"  # the emulators and what they share
 HARNESS = Path(__file__).resolve().parent / "irgq_host_harness.cpp"
 COMMON_H = ROOT / "kernels_cuda" / "inverse_rope_group_quant_common.h"  # shared by both kernels
 CUDA_H = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cuh"
 HIP_H = ROOT / "kernels_hip" / "inverse_rope_group_quant.h"
 HIP_SRC = ROOT / "kernels_hip" / "inverse_rope_group_quant.hip"
 CUDA_SRC = ROOT / "kernels_cuda" / "inverse_rope_group_quant.cu"
-HIP_EMUL = Path(__file__).resolve().parent / "hip_emul"
-CUDA_EMUL = Path(__file__).resolve().parent / "cuda_emul"
+HIP_EMUL = SUPPORT / "hip_emul"
+CUDA_EMUL = SUPPORT / "cuda_emul"
 DT = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 
@@ -97,8 +98,8 @@ def asan_runtime(vendor: str) -> str | None:
 
 
 def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False) -> ctypes.CDLL:
-    """The whole kernel and its launcher, unchanged, built for lockstep host emulation (tests/lockstep.h with
-    tests/cuda_emul or tests/hip_emul). ``vendor``: "cuda" / "hip" (the kernels' software fp8 paths);
+    """The whole kernel and its launcher, unchanged, built for lockstep host emulation (tests/support/lockstep.h with
+    tests/support/cuda_emul or tests/support/hip_emul). ``vendor``: "cuda" / "hip" (the kernels' software fp8 paths);
     "cuda-sm90" (the sm_89+ path through tests/cuda_emul's model of __nv_cvt_float2_to_fp8x2); "hip-gfx942" /
     "hip-gfx950" (the hardware path through tests/hip_emul's model of v_cvt_pk_fp8_f32).
     ``source`` defaults to the repository's file (tests pass a mutated copy)."""
@@ -117,9 +118,9 @@ def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False)
         flags += ["-Wno-unknown-pragmas", "-x", "c++"] + (["-DFUSEDROPE_IRGQ_HW_E4M3=1"] if vendor != "cuda" else [])
     here = HARNESS.parent
     deps = [source, source.with_suffix(".h"), source.with_suffix(".cuh"), common, harness_cpp,
-            *emul.glob("*.h"), here / "lockstep.h", here / "irgq_params.h", here / "emul_stats.inc"]
+            *emul.glob("*.h"), SUPPORT / "lockstep.h", here / "irgq_params.h", SUPPORT / "emul_stats.inc"]
     out = _build([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-Wall",
-                  "-Werror", *flags, "-I", str(here), "-I", str(emul), "-I", str(common.parent),
+                  "-Werror", *flags, "-I", str(SUPPORT), "-I", str(here), "-I", str(emul), "-I", str(common.parent),
                   f'-DKERNEL_SOURCE="{source}"', str(harness_cpp)],
                  [d for d in deps if d.exists()], f"{vendor}-emul{'-asan' if asan else ''}")
     lib = ctypes.CDLL(str(out))
@@ -183,7 +184,7 @@ def quant_inputs(S, H, *, dtype=torch.bfloat16, cache_dtype=torch.bfloat16, pos_
 
 
 def quant_outputs(o, G, q, transpose, fp8_dtype=torch.float8_e4m3fn, scale_dtype=torch.float8_e8m0fnu):
-    from fusedrope.inverse_rope_quant import empty_quant_outputs
+    from fusedrope.inverse_rope_group_quant import empty_quant_outputs
 
     x, s = empty_quant_outputs(o, G, q, transpose, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
     x.view(torch.uint8).fill_(0xA5)  # poison: every byte must be written

@@ -1,0 +1,100 @@
+"""inverse_rope_group_quant on the hand-written CUDA kernel (kernels_cuda/inverse_rope_group_quant.cu), and what
+it shares with the HIP one (:mod:`.hip`): the envelope both are compiled for and the call into the extension.
+
+Serves NVIDIA sm_80+ (hardware packed E4M3 conversion on sm_89+, exact software RNE on sm_80/sm_86), FP8 =
+float8_e4m3fn, head_dim 512 with rope_dim 64 (DeepSeek-V4), quant groups 32/64/128/256, bf16/fp16 ``o``,
+bf16/fp16/fp32 caches, int64/int32 positions, the float8_e8m0fnu, uint8 and float32 scale formats and both scale
+layouts. Other shapes, float8_e4m3fnuz (an AMD format) and packed int32 UE8M0 scales go to Triton. Pointer
+alignment is decided inside the compiled op (16-byte vector path or a narrow one).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._device import cuda_toolkit_reason, gpu_arch
+from .._validation import dtype_name
+
+O_DTYPES = (torch.bfloat16, torch.float16)
+GROUP_SIZES = (32, 64, 128, 256)
+SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)  # not DeepGEMM's packed int32 UE8M0
+
+
+def envelope_reason(kernel: str, facts) -> Optional[str]:
+    """Why the compiled ``kernel`` ("cuda kernel", "hip kernel") does not serve ``facts`` whatever the device."""
+    if facts.head_dim != 512 or facts.rope_dim != 64:
+        return f"{kernel} is compiled for head_dim 512 / rope_dim 64, got {facts.head_dim} / {facts.rope_dim}"
+    if facts.quant_group_size not in GROUP_SIZES:
+        return f"{kernel} serves quant_group_size in {GROUP_SIZES}, got {facts.quant_group_size}"
+    if facts.o_dtype not in O_DTYPES:
+        return f"{kernel} serves bfloat16/float16 o, got {dtype_name(facts.o_dtype)}"
+    if facts.scale_dtype not in SCALE_DTYPES:
+        return (f"{kernel} writes float8_e8m0fnu / uint8 / float32 scales, got scale_dtype="
+                f"{dtype_name(facts.scale_dtype)} (packed UE8M0: Triton serves it)")
+    return None
+
+
+def supports(facts) -> Optional[str]:
+    arch = gpu_arch(facts.device)
+    if not arch.startswith("sm_") or int(arch[3:]) < 80:
+        return f"cuda kernel needs an NVIDIA GPU of sm_80 or newer, this device is {arch or facts.device}"
+    if facts.fp8_dtype != torch.float8_e4m3fn:
+        return f"cuda kernel writes float8_e4m3fn, got fp8_dtype={dtype_name(facts.fp8_dtype)} (Triton serves it)"
+    return envelope_reason("cuda kernel", facts)
+
+
+def available(device: torch.device) -> Optional[str]:
+    reason = cuda_toolkit_reason(device)
+    if reason:
+        return reason
+    from .. import cuda_ext  # builds or loads the extension
+
+    return cuda_ext.available(device)
+
+
+class CompiledOp:
+    """``op.inverse_rope_group_quant_out`` of a vendor's extension: writes ``x_fp8`` / ``x_scale`` in place, one
+    launch on the current stream (a few, token ranges in turn, past what one launch can index)."""
+
+    max_chunks = 2**31 - 1  # the kernels number 16-element chunks of o with 32-bit ints (S*H*head_dim/16)
+
+    def __init__(self, op) -> None:
+        self.op = op
+
+    def __call__(self, o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size) -> None:
+        S, H, D = o.shape
+        step = max(self.max_chunks // max(H * D // 16, 1), 1)  # a token past the limit: the binding says so
+        if S <= step:
+            self.op(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size)
+            return
+        # Token slices keep every layout the kernels take: o, x_fp8 and row-major scales stay contiguous, and a
+        # column-major scale slice keeps stride(1) == Ks * stride(2).
+        for i in range(0, S, step):
+            j = min(i + step, S)
+            self.op(o[i:j], positions[i:j], cos_cache, sin_cache, x_fp8[i:j], x_scale[i:j], quant_group_size)
+
+
+def load() -> tuple:
+    """The backend's ``(run, None)``, once the extension is loaded."""
+    from .. import cuda_ext
+
+    cuda_ext.load()
+    return CompiledOp(torch.ops.fusedrope_cuda.inverse_rope_group_quant_out.default), None
+
+
+def inverse_rope_group_quant_config(o, positions, cos, sin, x_fp8, x_scale, quant_group_size: int, *,
+                                    tail_warps: int = 0, fast_layout: int = 0, block_threads: int = 0,
+                                    pdl: int = 0) -> None:
+    """The raw CUDA op with the launch experiments of kernels_cuda/README.md switched on, for tests and the
+    benchmarks that decide them: ``tail_warps=1`` (every head's rope-tail chunks in warps of their own),
+    ``fast_layout=1`` (the kernels for the common 16-byte-aligned layout, where the layout allows),
+    ``block_threads`` threads per block (a multiple of 32 up to 256; 0 = 256), ``pdl=1`` (a programmatic
+    dependent launch, sm_90+). No validation beyond the binding's checks."""
+    from .. import cuda_ext
+
+    cuda_ext.load()
+    torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, positions, cos, sin, x_fp8, x_scale,
+                                                                 quant_group_size, tail_warps, fast_layout,
+                                                                 block_threads, pdl)

@@ -1,0 +1,242 @@
+"""inverse_rope_group_quant in plain PyTorch, written to be read: the ``reference`` backend, its steps (each usable
+alone), and an independent float64 formulation of the rotation."""
+
+from __future__ import annotations
+
+import torch
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
+AMAX_FLOOR = 1e-8  # an all-zero block gets scale byte 92 (e4m3fn) or 93 (e4m3fnuz)
+E8M0_NAN = 0xFF  # the scale byte of a block that holds NaN or +-Inf
+
+
+def clamp_positions(positions: torch.Tensor, num_tokens: int, max_pos: int) -> torch.Tensor:
+    """``positions[:num_tokens]`` as int64, clamped to ``[0, max_pos - 1]`` (as every backend treats them)."""
+    return positions[:num_tokens].long().clamp(0, max_pos - 1)
+
+
+def inverse_rope_tail(o: torch.Tensor, positions, cos_cache, sin_cache) -> torch.Tensor:
+    """fp32 copy of ``o [S, H, head_dim]`` whose last ``rope_dim`` dims of every head are rotated back:
+    pair j = (e, d) = (x[2j], x[2j+1]) of the tail, ``e' = e*c + d*n``, ``d' = d*c - e*n`` (GPT-J layout,
+    multiplication by the complex conjugate of ``c + i*n``)."""
+    S, _, head_dim = o.shape
+    rope_dim = 2 * cos_cache.shape[1]
+    p = clamp_positions(positions, S, cos_cache.shape[0])
+    c = cos_cache[p].float()[:, None, :]  # [S, 1, rope_dim/2], shared by all heads of a token
+    n = sin_cache[p].float()[:, None, :]
+    x = o.float().clone()
+    tail = x[..., head_dim - rope_dim:]
+    e, d = tail[..., 0::2].clone(), tail[..., 1::2].clone()
+    tail[..., 0::2] = e * c + d * n
+    tail[..., 1::2] = d * c - e * n
+    return x
+
+
+def e8m0_scale_bytes(amax: torch.Tensor, fp8_max: float) -> torch.Tensor:
+    """The e8m0 byte of ``scale = 2^ceil(log2(amax / fp8_max))``, read off fp32 bits (exact at powers of two):
+    the biased exponent of ``t = amax * fp32(1/fp8_max)``, plus one when t's mantissa is non-zero.
+
+    ``amax`` is first raised to ``AMAX_FLOOR`` (1e-8), so an all-zero block gets byte 92 (fp8_max 448) or 93
+    (240); a NaN or +-Inf ``amax`` gets ``E8M0_NAN`` (0xFF).
+
+    Parameters
+    ----------
+    amax : torch.Tensor
+        Block maxima ``max|v| >= 0``, any shape, any floating dtype (computed in fp32).
+    fp8_max : float
+        The largest finite value of the fp8 type: ``FP8_MAX[fp8_dtype]``, 448.0 (e4m3fn) or 240.0 (e4m3fnuz).
+
+    Returns
+    -------
+    torch.Tensor
+        uint8, ``amax``'s shape: ``scale = 2^(byte - 127)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.reference import e8m0_scale_bytes
+    >>> e8m0_scale_bytes(torch.tensor([448.0, 449.0, 1.0, 0.0, float("nan")]), 448.0)
+    tensor([127, 128, 119,  92, 255], dtype=torch.uint8)
+    """
+    t = amax.float().clamp_min(AMAX_FLOOR) * torch.tensor(1.0 / fp8_max, dtype=torch.float32)
+    bits = t.view(torch.int32)
+    byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).int()
+    return torch.where(torch.isfinite(amax), byte, E8M0_NAN).to(torch.uint8)
+
+
+def e8m0_to_float(byte: torch.Tensor) -> torch.Tensor:
+    """``2^(byte - 127)`` as fp32, ``byte``'s shape (NaN for 0xFF): the scales of uint8 e8m0 bytes."""
+    return torch.where(byte == E8M0_NAN, float("nan"), torch.exp2(byte.float() - 127.0))
+
+
+def group_quant_e8m0(x: torch.Tensor, num_groups: int, group_size: int, fp8_dtype: torch.dtype):
+    """Per-block FP8 quant of ``x [S, ...]`` viewed as ``[S, G, Dg]``: returns ``(fp8 [S, G, Dg], byte
+    [S, G, Dg/group_size])``. A block with NaN or Inf gets byte 0xFF and NaN in all its fp8 values.
+
+    Each block of ``group_size`` consecutive elements of a group row gets ``byte = e8m0_scale_bytes(amax,
+    FP8_MAX[fp8_dtype])`` and ``fp8 = fp8_rne(clamp(v / 2^(byte - 127), -FP8_MAX, FP8_MAX))``, in fp32.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[S, ...]``, any floating dtype; each token's ``numel / S`` elements are split into ``num_groups``
+        rows of ``Dg``. The inverse-RoPE step gives ``[S, H, head_dim]`` fp32 (:func:`inverse_rope_tail`).
+    num_groups : int
+        ``G``; must divide the elements per token.
+    group_size : int
+        Elements per scale block; must divide ``Dg``.
+    fp8_dtype : torch.dtype
+        ``torch.float8_e4m3fn`` (FP8_MAX 448) or ``torch.float8_e4m3fnuz`` (240).
+
+    Returns
+    -------
+    (fp8, byte) : tuple of torch.Tensor
+        ``[S, G, Dg]`` in ``fp8_dtype`` and ``[S, G, Dg/group_size]`` uint8 e8m0 bytes, contiguous.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.reference import group_quant_e8m0
+    >>> x = torch.zeros(2, 256)
+    >>> x[0, :128] = 448.0; x[0, 128] = 1.0  # token 1 stays all zero
+    >>> fp8, byte = group_quant_e8m0(x, 1, 128, torch.float8_e4m3fn)
+    >>> fp8.shape, fp8.dtype, byte.shape
+    (torch.Size([2, 1, 256]), torch.float8_e4m3fn, torch.Size([2, 1, 2]))
+    >>> byte.flatten().tolist(), fp8[0, 0, 0].item(), fp8[0, 0, 128].item()
+    ([127, 119, 92, 92], 448.0, 256.0)
+    """
+    fp8_max = FP8_MAX[fp8_dtype]
+    S = x.shape[0]
+    blocks = x.float().reshape(S, num_groups, -1, group_size)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)  # NaN propagates
+    byte = e8m0_scale_bytes(amax, fp8_max)
+    q = (blocks / e8m0_to_float(byte)).clamp(-fp8_max, fp8_max)  # exact: dividing by a power of two
+    q = torch.where(byte == E8M0_NAN, float("nan"), q)
+    return q.to(fp8_dtype).reshape(S, num_groups, -1), byte.reshape(S, num_groups, -1)
+
+
+def pack_ue8m0(byte: torch.Tensor) -> torch.Tensor:
+    """``[..., Ks]`` bytes -> ``[..., Ks/4]`` int32, byte ``i`` of word ``j`` = ``byte[4j+i]`` (DeepGEMM's UE8M0
+    packing: word = b0 | b1 << 8 | b2 << 16 | b3 << 24; the view relies on little-endian memory, as on every
+    GPU and x86 / Arm host).
+
+    Parameters
+    ----------
+    byte : torch.Tensor
+        uint8 e8m0 bytes ``[..., Ks]``, ``Ks`` a multiple of 4; any strides.
+
+    Returns
+    -------
+    torch.Tensor
+        int32 ``[..., Ks/4]`` (a view of ``byte``'s memory when ``byte`` is contiguous).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.reference import pack_ue8m0
+    >>> words = pack_ue8m0(torch.tensor([[127, 0, 0, 0, 1, 2, 3, 4]], dtype=torch.uint8))
+    >>> words, hex(int(words[0, 1]))
+    (tensor([[     127, 67305985]], dtype=torch.int32), '0x4030201')
+    """
+    return byte.reshape(*byte.shape[:-1], -1, 4).contiguous().view(torch.int32).squeeze(-1)
+
+
+def store_scale(byte: torch.Tensor, x_scale: torch.Tensor) -> None:
+    """Write scale bytes ``byte [S, G, Ks]`` (uint8) into ``x_scale`` through its strides, in its format: e8m0 or
+    raw uint8 ``[S, G, Ks]`` (the bytes), fp32 ``[S, G, Ks]`` (:func:`e8m0_to_float`) or packed int32
+    ``[S, G, Ks/4]`` (:func:`pack_ue8m0`)."""
+    if x_scale.dtype == torch.float32:
+        x_scale.copy_(e8m0_to_float(byte))
+    elif x_scale.dtype == torch.int32:
+        x_scale.copy_(pack_ue8m0(byte))
+    else:
+        x_scale.view(torch.uint8).copy_(byte)
+
+
+def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size) -> None:
+    """Reference backend: inverse RoPE of each head's tail, then per-block e8m0 FP8 quant, fp32 throughout.
+
+    Step 1 is :func:`inverse_rope_tail`, step 2 :func:`group_quant_e8m0` with ``G = x_fp8.shape[1]`` and
+    ``FP8_MAX[x_fp8.dtype]``; the results are written into ``x_fp8`` and ``x_scale`` (:func:`store_scale`).
+
+    Parameters
+    ----------
+    o : torch.Tensor
+        ``[S, H, head_dim]``, bf16 or fp16 (DeepSeek-V4: head_dim 512).
+    positions : torch.Tensor
+        int64 or int32, 1-D, at least ``S`` elements; the first ``S`` are used, clamped to ``[0, max_pos)``.
+    cos_cache, sin_cache : torch.Tensor
+        ``[max_pos, rope_dim/2]``, bf16 / fp16 / fp32; ``rope_dim = 2 * cos_cache.shape[1] <= head_dim``.
+    x_fp8 : torch.Tensor
+        Output ``[S, G, Dg]``, ``Dg = H * head_dim / G``, ``torch.float8_e4m3fn`` or ``torch.float8_e4m3fnuz``.
+    x_scale : torch.Tensor
+        Output ``[S, G, Ks]``, ``Ks = Dg / quant_group_size``, ``torch.float8_e8m0fnu``, ``torch.uint8`` or
+        ``torch.float32``, or ``[S, G, Ks/4]`` ``torch.int32`` (packed UE8M0); row- or column-major.
+    quant_group_size : int
+        Elements per scale block; divides ``Dg``.
+
+    Returns
+    -------
+    None
+
+    Examples
+    --------
+    >>> import torch, fusedrope
+    >>> from fusedrope.reference import inverse_rope_group_quant
+    >>> from fusedrope.testing import deepseek_rope_cache
+    >>> o = torch.randn(4, 2, 128, dtype=torch.bfloat16)
+    >>> cos_cache, sin_cache = deepseek_rope_cache(64)  # [64, 32] fp32 each
+    >>> x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2, 64)
+    >>> inverse_rope_group_quant(o, torch.arange(4), cos_cache, sin_cache, x_fp8, x_scale, 64)
+    >>> x_fp8.shape, x_fp8.dtype, x_scale.shape, x_scale.dtype
+    (torch.Size([4, 2, 128]), torch.float8_e4m3fn, torch.Size([4, 2, 2]), torch.float8_e8m0fnu)
+    """
+    x = inverse_rope_tail(o, positions, cos_cache, sin_cache)
+    q, byte = group_quant_e8m0(x, x_fp8.shape[1], quant_group_size, x_fp8.dtype)
+    x_fp8.copy_(q)
+    store_scale(byte, x_scale)
+
+
+def inverse_rope_oracle(o, positions, cos_cache, sin_cache) -> torch.Tensor:
+    """Independent float64 formulation of step 1, as DeepSeek-V4 writes it: view the tail as complex
+    numbers ``x[2j] + i*x[2j+1]`` and multiply by ``conj(cos + i*sin)``. Returns ``[S, H, head_dim]`` fp64.
+
+    Parameters
+    ----------
+    o : torch.Tensor
+        ``[S, H, head_dim]``, any floating dtype.
+    positions : torch.Tensor
+        int64 or int32, 1-D, at least ``S`` elements; the first ``S`` are used, clamped to ``[0, max_pos)``.
+    cos_cache, sin_cache : torch.Tensor
+        ``[max_pos, rope_dim/2]``, any floating dtype; ``rope_dim = 2 * cos_cache.shape[1] <= head_dim``.
+
+    Returns
+    -------
+    torch.Tensor
+        float64 ``[S, H, head_dim]``: ``o`` with the last ``rope_dim`` dims of every head rotated back; the
+        other ``head_dim - rope_dim`` dims are ``o``'s values.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.reference import inverse_rope_oracle, inverse_rope_tail
+    >>> from fusedrope.testing import deepseek_rope_cache
+    >>> o = torch.randn(4, 2, 128, dtype=torch.bfloat16)
+    >>> cos_cache, sin_cache = deepseek_rope_cache(64)  # rope_dim 64
+    >>> positions = torch.tensor([0, 5, 63, 99])  # 99 is clamped to 63
+    >>> ref = inverse_rope_oracle(o, positions, cos_cache, sin_cache)
+    >>> ref.shape, ref.dtype
+    (torch.Size([4, 2, 128]), torch.float64)
+    >>> torch.equal(ref[..., :64], o[..., :64].double()), torch.equal(ref[0], o[0].double())  # position 0: identity
+    (True, True)
+    >>> torch.allclose(inverse_rope_tail(o, positions, cos_cache, sin_cache).double(), ref, rtol=0, atol=1e-5)
+    True
+    """
+    S, _, head_dim = o.shape
+    rope_dim = 2 * cos_cache.shape[1]
+    p = clamp_positions(positions, S, cos_cache.shape[0])
+    freqs = torch.complex(cos_cache[p].double(), sin_cache[p].double())[:, None, :]
+    x = o.double().clone()
+    tail = torch.view_as_complex(x[..., head_dim - rope_dim:].reshape(*x.shape[:-1], -1, 2).contiguous())
+    x[..., head_dim - rope_dim:] = torch.view_as_real(tail * freqs.conj()).flatten(-2)
+    return x

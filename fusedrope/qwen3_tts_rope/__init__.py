@@ -1,0 +1,297 @@
+"""qwen3_tts_rope: NeoX RoPE on standalone Q and K in one launch. The public function, its validation (shared by
+every backend), its backends and its torch ops.
+
+Backends: ``cuda`` (:mod:`.cuda`, the hand-written kernel), ``triton`` (:mod:`.triton`), ``reference``
+(:mod:`.reference`, plain PyTorch and the float64 oracle).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch.autograd.graph import increment_version
+
+from .. import _validation as V
+from .._device import triton_available
+from ..registry import Backend, new_registry
+from . import cuda, reference
+
+OP = "qwen3_tts_rope"
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
+class Facts(NamedTuple):
+    """What choosing a backend may depend on (``supports(facts)``)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    head_dim: int
+    inplace: bool
+
+
+REGISTRY = new_registry(OP, Facts)
+
+
+def _load_triton():  # Triton is optional: its kernel module is imported when the backend is first chosen
+    from . import triton
+
+    return triton.qwen3_tts_rope, None
+
+
+REGISTRY.register(Backend("cuda", supports=cuda.supports, available=cuda.available, load=cuda.load))
+REGISTRY.register(Backend("triton", available=triton_available, load=_load_triton))
+REGISTRY.register(Backend("reference", reference.qwen3_tts_rope))
+
+
+# -- validation ----------------------------------------------------------------------------------------------
+def validate(q, k, cos, sin, inplace: bool = False) -> tuple:
+    """Check the inputs (and, for ``inplace``, that q and k can be written); return the selection key, the
+    :class:`Facts` as a plain tuple. Valid inputs take one boolean expression; the others, :func:`_diagnose`'s
+    precise error."""
+    try:
+        qs, ks, cs = q.shape, k.shape, cos.shape
+        dt, dev = q.dtype, q.device
+        d = qs[3]
+        ok = (
+            type(q) is _Tensor and type(k) is _Tensor and type(cos) is _Tensor and type(sin) is _Tensor
+            and len(qs) == 4 and len(ks) == 4 and len(cs) == 3
+            and ks[0] == qs[0] and ks[2] == qs[2] and ks[3] == d
+            and (cs[0] == qs[0] or cs[0] == 1) and cs[1] == qs[2] and cs[2] == d and sin.shape == cs
+            and d % 2 == 0 and d >= 2
+            and dt in DTYPES and k.dtype is dt and cos.dtype is dt and sin.dtype is dt
+            and k.device == dev and cos.device == dev and sin.device == dev
+            and q.stride()[3] == 1 and k.stride()[3] == 1 and cos.stride()[2] == 1 and sin.stride()[2] == 1
+        )
+    except (AttributeError, TypeError, IndexError, RuntimeError):
+        ok = False
+    if not ok:
+        _diagnose(q, k, cos, sin)
+    if inplace:
+        _check_inplace(q, k, cos, sin)
+    return dev, dt, d, bool(inplace)
+
+
+def _diagnose(q, k, cos, sin) -> None:
+    """The precise error for inputs :func:`validate`'s expression refused (or none, for tensor subclasses)."""
+    reference.check_shapes(q, k, cos, sin)
+    named = {"k": k, "cos": cos, "sin": sin}
+    V.check_dtype(OP, "q", q, DTYPES)
+    V.check_same_dtype(OP, "q", q, named)
+    V.check_same_device(OP, "q", q, named)
+    for name, t in (("q", q), *named.items()):
+        V.check_last_dim_contiguous(OP, name, t)
+
+
+def _check_inplace(q, k, cos, sin) -> None:
+    """What in-place writes need beyond valid inputs, as torch's own in-place ops demand it."""
+    V.check_writable_no_overlap(OP, "q", q)
+    V.check_writable_no_overlap(OP, "k", k)
+    V.check_apart(OP, {"k": k, "q": q}, {"cos": cos, "sin": sin}, " for inplace=True")
+    if V.needs_grad(q, k, cos, sin):
+        V.refuse_grad(OP, "inplace=True has", {"q": q, "k": k, "cos": cos, "sin": sin}, "use inplace=False")
+    V.check_writable_here(OP, {"q": q, "k": k}, " (inplace=True)")
+
+
+def _check_outputs(q, k, cos, sin, q_out, k_out) -> dict:
+    """Caller buffers (either or both): shaped, typed and placed like ``q`` / ``k``, writable, last dim
+    contiguous, sharing no element with each other or an input. Returns them by name."""
+    given = {}
+    for name, out, src, src_name in (("q_out", q_out, q, "q"), ("k_out", k_out, k, "k")):
+        if out is None:
+            continue
+        V.check_tensor(OP, name, out, 4)
+        V.check_shape(OP, name, out, tuple(src.shape))
+        V.check_same_dtype(OP, src_name, src, {name: out})
+        V.check_same_device(OP, src_name, src, {name: out})
+        V.check_last_dim_contiguous(OP, name, out)
+        V.check_writable_no_overlap(OP, name, out)
+        if out is src:
+            V.fail(OP, name, f"a buffer apart from '{src_name}' (inplace=True writes into q and k)",
+                   f"'{src_name}' itself")
+        given[name] = out
+    V.check_apart(OP, given, {"q": q, "k": k, "cos": cos, "sin": sin})
+    V.check_writable_here(OP, given)
+    return given
+
+
+def _check_call(q, k, cos, sin, inplace, q_out, k_out) -> tuple:
+    """The checks of a call in place or with buffers that come before choosing a backend (the buffers' own come
+    after, :func:`_check_outputs`); returns the selection key."""
+    if inplace is not False and inplace is not True:
+        V.check_bool(OP, "inplace", inplace)
+    if q_out is None and k_out is None:
+        return validate(q, k, cos, sin, inplace)
+    if inplace:
+        V.fail(OP, "q_out" if q_out is not None else "k_out", "None with inplace=True (which writes into q and k)",
+               "a tensor")
+    if V.needs_grad(q, k, cos, sin, q_out, k_out):  # torch's out= refuses autograd too
+        V.refuse_grad(OP, "q_out= / k_out= have", dict(q=q, k=k, cos=cos, sin=sin, q_out=q_out, k_out=k_out),
+                      "without buffers")
+    return validate(q, k, cos, sin)
+
+
+# -- the public function ----------------------------------------------------------------------------------------
+def _new_out(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
+    """NeoX (rotate_half) RoPE on standalone query and key tensors, fused into one launch.
+
+    Computes, per row ``x`` of length ``D`` with ``h = D/2``, in fp32 and rounded once (RNE)::
+
+        out[i]   = x[i]   * cos[i]   - x[i+h] * sin[i]        (i < h)
+        out[i+h] = x[i+h] * cos[i+h] + x[i]   * sin[i+h]
+
+    i.e. ``x * cos + rotate_half(x) * sin``. Both halves of ``cos``/``sin`` are read.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[B, Hq, S, D]``, bf16 / fp16 / fp32. Leading dims may have any strides; last dim stride 1.
+    k : torch.Tensor
+        ``[B, Hkv, S, D]``, same dtype and device as ``q``; ``Hkv`` is independent of ``Hq``.
+    cos, sin : torch.Tensor
+        ``[B, S, D]`` or ``[1, S, D]`` (broadcast over the batch), both the same shape, dtype and device.
+    inplace : bool, default False
+        Write the results into ``q`` and ``k`` through their own strides and return them.
+    q_out, k_out : torch.Tensor, optional
+        Buffers to write the results into (either or both; the other is allocated), shaped, typed and placed
+        like ``q`` / ``k``, any strides with the last one 1, sharing no memory with an input: e.g. ``k_out`` a
+        slice of a static KV cache, so rotated keys land there without a copy. Not with ``inplace=True``, and,
+        as torch's ``out=``, not with grad mode on and an input or buffer that requires grad.
+    backend : str, default "auto"
+        ``"auto"``, ``"cuda"``, ``"triton"``, ``"reference"`` or one of yours
+        (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``.
+
+    Returns
+    -------
+    (q_out, k_out) : tuple of torch.Tensor
+        New contiguous tensors shaped like ``q`` and ``k``, or the buffers passed, or ``q`` and ``k``
+        themselves when ``inplace``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Bad shapes, strides, dtypes or devices, or a flag that is not a bool; the message names the argument.
+    fusedrope.BackendUnavailableError
+        An explicitly requested backend cannot run these inputs.
+    RuntimeError
+        ``inplace=True`` or buffers with grad mode on and a tensor that requires grad, or writing into an
+        inference tensor outside ``torch.inference_mode()``.
+
+    Examples
+    --------
+    >>> import torch, fusedrope
+    >>> q = torch.randn(1, 16, 8, 128, dtype=torch.bfloat16)
+    >>> k = torch.randn(1, 8, 8, 128, dtype=torch.bfloat16)
+    >>> cos, sin = torch.ones(1, 8, 128, dtype=torch.bfloat16), torch.zeros(1, 8, 128, dtype=torch.bfloat16)
+    >>> q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
+    >>> torch.equal(q_out, q)
+    True
+    """
+    if inplace is False and q_out is None and k_out is None and not _is_compiling():
+        key = validate(q, k, cos, sin)
+        if not (_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad)):
+            impl = REGISTRY.select(key, backend)
+            if not (q.numel() or k.numel()):
+                return _new_out(q), _new_out(k)
+            if impl.run_alloc is not None:
+                return impl.run_alloc(q, k, cos, sin)  # the compiled op allocates (in C++: cheaper)
+            q_out, k_out = _new_out(q), _new_out(k)
+            impl.run(q, k, cos, sin, q_out, k_out)
+            return q_out, k_out
+        # Inputs that require grad: the torch op, whose outputs raise on backward (no derivative) instead of
+        # silently cutting the graph; the backend name is checked first, for the same errors as without grad.
+        REGISTRY.select(key, backend)
+        return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
+    if torch.compiler.is_compiling():
+        # Traced: the torch ops. Their fakes validate, but storage overlap cannot be traced here, so the
+        # cheap checks eager gives first come first.
+        if q_out is None and k_out is None:
+            if inplace is not False and inplace is not True:
+                V.check_bool(OP, "inplace", inplace)
+            if not inplace:
+                return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
+            if V.needs_grad(q, k, cos, sin):
+                V.refuse_grad(OP, "inplace=True has", {"q": q, "k": k, "cos": cos, "sin": sin}, "use inplace=False")
+            torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend)
+            return q, k
+        _check_call(q, k, cos, sin, inplace, q_out, k_out)  # the buffers: the _out op's fake checks them
+        q_out = _new_out(q) if q_out is None else q_out
+        k_out = _new_out(k) if k_out is None else k_out
+        torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, backend)
+        return q_out, k_out
+    return _run(q, k, cos, sin, inplace, q_out, k_out, backend)
+
+
+def _run(q, k, cos, sin, inplace, q_out, k_out, backend):
+    """In place, or into the caller's buffers (eager; also what the torch ops run)."""
+    impl = REGISTRY.select(_check_call(q, k, cos, sin, inplace, q_out, k_out), backend)
+    if inplace:
+        q_out, k_out = q, k
+    else:
+        _check_outputs(q, k, cos, sin, q_out, k_out)
+    written = (q, k) if inplace else tuple(t for t in (q_out, k_out) if t is not None)
+    q_out = _new_out(q) if q_out is None else q_out
+    k_out = _new_out(k) if k_out is None else k_out
+    if q.numel() or k.numel():
+        impl.run(q, k, cos, sin, q_out, k_out)
+        increment_version(written)  # written through raw pointers: saved copies are now stale
+    return q_out, k_out
+
+
+def explain_args(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
+    """The selection key and backend of a call with these arguments, after every check the call makes."""
+    key = _check_call(q, k, cos, sin, inplace, q_out, k_out)
+    if q_out is not None or k_out is not None:
+        _check_outputs(q, k, cos, sin, q_out, k_out)
+    return key, backend
+
+
+# -- torch ops: opaque to torch.compile, capturable in CUDA graphs -----------------------------------------
+@torch.library.custom_op("fusedrope::qwen3_tts_rope", mutates_args=())
+def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    impl = REGISTRY.select(validate(q, k, cos, sin), backend)
+    if impl.run_alloc is not None and (q.numel() or k.numel()) and not (q.requires_grad or k.requires_grad):
+        return impl.run_alloc(q, k, cos, sin)
+    q_out, k_out = _new_out(q), _new_out(k)
+    if q.numel() or k.numel():
+        impl.run(q, k, cos, sin, q_out, k_out)
+    return q_out, k_out
+
+
+@_op.register_fake
+def _op_fake(q, k, cos, sin, backend="auto"):
+    validate(q, k, cos, sin)
+    return _new_out(q), _new_out(k)
+
+
+@torch.library.custom_op("fusedrope::qwen3_tts_rope_", mutates_args=("q", "k"))
+def _op_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                backend: str = "auto") -> None:
+    _run(q, k, cos, sin, True, None, None, backend)
+
+
+@_op_inplace.register_fake
+def _op_inplace_fake(q, k, cos, sin, backend="auto"):
+    validate(q, k, cos, sin, True)
+
+
+@torch.library.custom_op("fusedrope::qwen3_tts_rope_out", mutates_args=("q_out", "k_out"))
+def _op_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
+            k_out: torch.Tensor, backend: str = "auto") -> None:
+    for name, t in (("q_out", q_out), ("k_out", k_out)):
+        V.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
+    _run(q, k, cos, sin, False, q_out, k_out, backend)
+
+
+@_op_out.register_fake
+def _op_out_fake(q, k, cos, sin, q_out, k_out, backend="auto"):
+    validate(q, k, cos, sin)
+    _check_outputs(q, k, cos, sin, q_out, k_out)
