@@ -22,7 +22,7 @@ def wheel(tmp_path_factory):
 
 def test_wheel_holds_python_and_kernel_sources(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    want = {f"fusedrope/{p.relative_to(ROOT / 'fusedrope')}" for p in (ROOT / "fusedrope").glob("*.py")}
+    want = {f"fusedrope/{p.relative_to(ROOT / 'fusedrope')}" for p in (ROOT / "fusedrope").rglob("*.py")}
     for folder in ("kernels_cuda", "kernels_hip"):
         for p in (ROOT / folder).iterdir():
             if p.suffix in (".cu", ".cuh", ".cpp", ".h", ".hip", ".md"):
@@ -41,7 +41,11 @@ def test_installed_wheel_imports_and_finds_its_kernels(wheel, tmp_path):
         "spec = u.find_spec('fusedrope.kernels_cuda');"
         "d = pathlib.Path(list(spec.submodule_search_locations)[0]);"
         "assert str(d).startswith(%r), d;"
-        "print(sorted(x.name for x in d.iterdir() if x.suffix in ('.cu', '.cpp')))"
+        "print(sorted(x.name for x in d.iterdir() if x.suffix in ('.cu', '.cpp')));"
+        "import torch; q = torch.randn(1, 2, 3, 8); c = torch.randn(1, 3, 8);"
+        "fusedrope.qwen3_tts_rope(q, q[:, :1], c, c, backend='reference');"
+        "o = torch.randn(2, 2, 128, dtype=torch.bfloat16); cs = torch.ones(4, 32);"
+        "fusedrope.inverse_rope_group_quant(o, torch.arange(2), cs, cs, 2, backend='reference')"
     ) % (str(target), str(target))
     env = dict(os.environ, PYTHONPATH=str(target))
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env,
