@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 from typing import Iterator, Optional
 
 import torch
@@ -59,6 +60,10 @@ class CudaExtension(jit_ext.Extension):
 
     def toolkit_version(self) -> Optional[str]:
         return torch.version.cuda
+
+    def compiler_version(self) -> str:
+        root = toolkit_root()
+        return jit_ext.version_output((os.path.join(root, "bin", "nvcc"), "--version")) if root else ""
 
     def build_tag(self) -> str:
         return "cu" + torch.version.cuda.replace(".", "") if torch.version.cuda else "cpu"
@@ -113,9 +118,9 @@ def _is_toolkit(root: Optional[str]) -> bool:
 
 def toolkit_root() -> Optional[str]:
     """The CUDA toolkit to build with: torch's CUDA_HOME when it holds the headers and nvcc, else (without an
-    explicit CUDA_HOME / CUDA_PATH) the first of /usr/local/cuda, /usr/local/cuda-* that does. torch guesses
-    CUDA_HOME from the folder of the nvcc on PATH, which is wrong where that nvcc is a wrapper script (e.g.
-    /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc: the guess is /usr/local)."""
+    explicit CUDA_HOME / CUDA_PATH) the first that does of /usr/local/cuda, then /usr/local/cuda-* newest first.
+    torch guesses CUDA_HOME from the folder of the nvcc on PATH, which is wrong where that nvcc is a wrapper
+    script (e.g. /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc: the guess is /usr/local)."""
     from torch.utils import cpp_extension
 
     if _is_toolkit(cpp_extension.CUDA_HOME):
@@ -123,10 +128,16 @@ def toolkit_root() -> Optional[str]:
     if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
         return None  # the user's choice stands; toolkit_reason says what is missing
     for pattern in TOOLKIT_CANDIDATES:
-        for root in sorted(glob.glob(pattern), reverse=True):
+        for root in sorted(glob.glob(pattern), key=_version_key, reverse=True):  # the newest first
             if _is_toolkit(root):
                 return root
     return None
+
+
+def _version_key(path: str) -> tuple:
+    """``/usr/local/cuda-12.10`` -> (12, 10): toolkits ordered by version number, not as strings (12.10 is
+    newer than 12.9, 13.0 than 9.2)."""
+    return tuple(int(n) for n in re.findall(r"\d+", os.path.basename(path)))
 
 
 EXT = CudaExtension()

@@ -73,6 +73,12 @@ class HipExtension(jit_ext.Extension):
     def toolkit_version(self) -> Optional[str]:
         return torch.version.hip
 
+    def compiler_version(self) -> str:
+        from torch.utils import cpp_extension
+
+        home = getattr(cpp_extension, "ROCM_HOME", None)
+        return jit_ext.version_output((os.path.join(home, "bin", "hipcc"), "--version")) if home else ""
+
     def build_tag(self) -> str:
         return "rocm" + str(torch.version.hip or "").replace(".", "")[:4] if torch.version.hip else "cpu"
 

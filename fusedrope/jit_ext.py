@@ -14,9 +14,11 @@ compiler flags and toolkit checks, and exposes the instance's methods as module 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -66,6 +68,11 @@ class Extension:
     def toolkit_version(self) -> Optional[str]:
         """torch.version.cuda / torch.version.hip (part of the build's hash)."""
         raise NotImplementedError
+
+    def compiler_version(self) -> str:
+        """What the device compiler says of its own version (part of the build's hash: a toolkit upgrade under
+        the same torch must not load a stale build); "" when there is none to ask."""
+        return ""
 
     def build_tag(self) -> str:
         """The toolkit part of torch's extension subfolder (``cu130``, ``rocm62``, ``cpu``)."""
@@ -131,7 +138,8 @@ class Extension:
         for p in self.hashed_files():
             h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
         archs = archs or self.arch_list()
-        key = f"{torch.__version__}|{self.toolkit_version()}|{archs}|{self.device_flags}|{self.cxx_flags}"
+        key = (f"{torch.__version__}|{self.toolkit_version()}|{self.compiler_version()}|{archs}|{self.device_flags}|"
+               f"{self.cxx_flags}")
         h.update(key.encode())
         return f"{self.namespace}_{h.hexdigest()[:12]}"
 
@@ -244,6 +252,15 @@ class Extension:
         except RuntimeError as e:
             return str(e)
         return None
+
+
+@functools.lru_cache(maxsize=None)
+def version_output(argv: tuple) -> str:
+    """``argv``'s output (e.g. ``nvcc --version``), cached for the process; "" when it cannot run."""
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def short_error(e: BaseException) -> str:

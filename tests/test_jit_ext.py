@@ -106,3 +106,44 @@ def test_no_build_env_refuses_to_compile_but_loads_a_cached_build(tmp_path, monk
     ext.loaded = None
     lib.unlink()
     assert ext.load() == str(lib) and len(builds) == 2  # "0" allows building
+
+
+def test_ext_name_changes_with_the_compiler_version(tmp_path, monkeypatch):
+    """A toolkit upgraded under the same torch must not load the build the old compiler made."""
+    ext, _ = _fake_extension(tmp_path, monkeypatch)
+    monkeypatch.setattr(type(ext), "compiler_version", lambda self: "Cuda compilation tools, release 12.8")
+    old = ext.ext_name()
+    monkeypatch.setattr(type(ext), "compiler_version", lambda self: "Cuda compilation tools, release 13.0")
+    assert ext.ext_name() != old
+
+
+def test_cuda_toolkit_discovery_takes_the_newest_version_by_number(tmp_path, monkeypatch):
+    """/usr/local/cuda-* ordered by version, not as strings: 12.10 after 12.9, 13.0 after 9.2."""
+    from torch.utils import cpp_extension
+
+    from fusedrope import cuda_ext
+
+    for name in ("cuda-9.2", "cuda-12.9", "cuda-12.10", "cuda-11.8"):
+        (tmp_path / name / "include").mkdir(parents=True)
+        (tmp_path / name / "include" / "cuda_runtime.h").write_text("")
+        (tmp_path / name / "bin").mkdir()
+        (tmp_path / name / "bin" / "nvcc").write_text("")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    monkeypatch.setattr(cuda_ext, "TOOLKIT_CANDIDATES", (str(tmp_path / "cuda"), str(tmp_path / "cuda-*")))
+    assert cuda_ext.toolkit_root() == str(tmp_path / "cuda-12.10")
+
+
+def test_compiler_version_is_read_from_the_toolkit_once(tmp_path, monkeypatch):
+    from fusedrope import cuda_ext, jit_ext
+
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 42.1'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(cuda_ext, "toolkit_root", lambda: str(tmp_path))
+    jit_ext.version_output.cache_clear()
+    assert cuda_ext.EXT.compiler_version() == "Cuda compilation tools, release 42.1"
+    nvcc.write_text("#!/bin/sh\necho other\n")
+    assert cuda_ext.EXT.compiler_version().endswith("42.1")  # asked once per process
