@@ -437,3 +437,71 @@ def test_explain_names_the_op_for_missing_arguments():
 def test_explain_rejects_unknown_op():
     with pytest.raises(ValueError, match="explain: argument 'op' expected one of"):
         fusedrope.explain("rope_everything")
+
+
+NOT_DENSE = {  # name: (a [B, S, D] cos made into it, a 1-D positions made into it, what the message says)
+    "csr": (lambda t: t[0].to_sparse_csr(), lambda p: p[None].to_sparse_csr(), "layout torch.sparse_csr"),
+    "nested": (lambda t: torch.nested.nested_tensor([t[0], t[0]]), lambda p: torch.nested.nested_tensor([p, p]),
+               "a nested tensor"),
+    "jagged": (lambda t: torch.nested.nested_tensor([t[0], t[0]], layout=torch.jagged),
+               lambda p: torch.nested.nested_tensor([p, p], layout=torch.jagged), "a nested tensor"),
+}
+
+
+@pytest.mark.parametrize("kind", NOT_DENSE)
+def test_sparse_csr_and_nested_tensors_get_the_usual_type_error(kind):
+    """Not a RuntimeError from deep inside torch: the usual TypeError naming the argument."""
+    make_cos, make_positions, got = NOT_DENSE[kind]
+    q, k, cos, sin = tts_inputs()
+    with pytest.raises(TypeError, match=f"^qwen3_tts_rope: argument 'cos' expected a dense \\(strided\\) tensor, got {got}"):
+        fusedrope.qwen3_tts_rope(q, k, make_cos(cos), sin, backend="reference")
+    (args, _), = [quant_bad()]
+    args["positions"] = make_positions(args["positions"])
+    with pytest.raises(TypeError, match="^inverse_rope_group_quant: argument 'positions' expected a dense"):
+        fusedrope.inverse_rope_group_quant(**args, backend="reference")
+
+
+def test_a_backend_name_that_is_not_utf8_is_a_value_error(monkeypatch):
+    import os
+
+    if not hasattr(os, "environb"):
+        pytest.skip("no bytes environment on this platform")
+    q, k, cos, sin = tts_inputs()
+    monkeypatch.setitem(os.environb, b"FUSEDROPE_BACKEND", b"trit\xffon")
+    with pytest.raises(ValueError, match="environment variable FUSEDROPE_BACKEND expected 'auto' or one of .*, got "
+                                         "'trit\\\\udcffon'"):
+        fusedrope.qwen3_tts_rope(q, k, cos, sin)
+    (args, _), = [quant_bad()]
+    with pytest.raises(ValueError, match="environment variable FUSEDROPE_BACKEND"):
+        fusedrope.inverse_rope_group_quant(**args)
+
+
+def _at_byte_offset(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """``t``'s values in a new tensor whose data starts ``offset`` bytes into a buffer (as a numpy or DLPack
+    buffer at an odd offset can): misaligned for its element size when ``offset`` is not a multiple of it."""
+    raw = bytearray(t.numel() * t.element_size() + offset)
+    out = torch.frombuffer(raw, dtype=t.dtype, offset=offset, count=t.numel()).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="frombuffer makes CPU tensors")
+def test_misaligned_data_is_refused_before_a_kernel_reads_it():
+    """An int64 positions view at an odd byte offset, a bf16 q one byte off: the Triton kernels (and, in their
+    bindings, the compiled ones) refuse them by name instead of faulting on a GPU; the reference reads them."""
+    from conftest import backends_here
+
+    if not any(p.values[0] == "triton" and not p.marks for p in backends_here("qwen3_tts_rope")):
+        pytest.skip("triton is not available here")
+    (args, _), = [quant_bad()]
+    pos = _at_byte_offset(args["positions"], 1)
+    assert pos.data_ptr() % 8 == 1 and torch.equal(pos, args["positions"])
+    with pytest.raises(ValueError, match="^inverse_rope_group_quant: argument 'positions' expected data aligned to "
+                                         "its element size \\(8 bytes\\), got a data pointer 1 bytes past that"):
+        fusedrope.inverse_rope_group_quant(**dict(args, positions=pos), backend="triton")
+    want = fusedrope.inverse_rope_group_quant(**args, backend="reference")
+    got = fusedrope.inverse_rope_group_quant(**dict(args, positions=pos), backend="reference")
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want))
+    q, k, cos, sin = tts_inputs()
+    with pytest.raises(ValueError, match="^qwen3_tts_rope: argument 'q' expected data aligned to its element size"):
+        fusedrope.qwen3_tts_rope(_at_byte_offset(q, 1), k, cos, sin, backend="triton")

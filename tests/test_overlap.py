@@ -184,3 +184,35 @@ def test_buffers_sharing_memory_are_refused(case, how):
         else:  # explain raises what the call would
             fusedrope.explain("inverse_rope_group_quant", **args, num_groups=2)
     assert all(torch.equal(args[n], t) for n, t in before.items())
+
+
+# -- one buffer behind several storage objects (numpy, DLPack, from_blob) -----------------------------------
+def _other_storage(t: torch.Tensor, skip: int = 0) -> torch.Tensor:
+    """``t``'s bytes from the ``skip``-th on, in a tensor torch does not know shares them: a new storage object
+    from DLPack, which starts where that view starts."""
+    alias = torch.from_dlpack(t.view(torch.uint8).reshape(-1)[skip:])
+    assert alias.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() + skip
+    return alias
+
+
+def test_buffers_over_an_inputs_bytes_are_refused_whatever_storage_object_holds_them():
+    """x_fp8 over o's bytes through DLPack (numpy's and from_blob's storages are new objects the same way): found
+    by address, not by storage identity; before, such a buffer was accepted and the results were wrong."""
+    o, pos, cos, sin = _quant_args()
+    x_fp8 = _other_storage(o, skip=2)[: o.numel()].view(torch.float8_e4m3fn).view(3, 2, 512)
+    x_scale = torch.empty(3, 2, 4, dtype=torch.float8_e8m0fnu)
+    before = o.clone()
+    with pytest.raises(ValueError, match="argument 'x_fp8' expected memory apart from 'o', got a tensor sharing "
+                                         "elements with 'o'"):
+        fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, False, x_fp8, x_scale, backend="reference")
+    assert torch.equal(o, before)
+    qkv, q, k = _qkv()
+    shifted = _other_storage(qkv, skip=2).view(torch.bfloat16)  # qkv from its second element on
+    k_out = shifted.as_strided(k.shape, k.stride(), k.storage_offset() - 1)  # k's own bytes
+    with pytest.raises(ValueError, match="argument 'k_out' expected memory apart from 'k'"):
+        fusedrope.qwen3_tts_rope(q, k, *torch.randn(2, 2, 3, 16, dtype=torch.bfloat16), k_out=k_out,
+                                 backend="reference")
+    v = qkv[:, :, 6:].transpose(1, 2)
+    v_out = shifted.as_strided(v.shape, v.stride(), v.storage_offset() - 1)  # v's bytes: apart from q and k
+    fusedrope.qwen3_tts_rope(q, k, *torch.randn(2, 2, 3, 16, dtype=torch.bfloat16), k_out=v_out,
+                             backend="reference")

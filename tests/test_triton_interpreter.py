@@ -41,6 +41,45 @@ def _forget():
         fusedrope.registry(op).clear_cache()
 
 
+def test_calls_from_several_threads_neither_fail_nor_poison_the_choice():
+    """The interpreter patches triton.language while it runs a kernel: two threads at once broke each other
+    (InterpreterError), and a probe that failed that way left auto on the reference for the rest of the
+    process. Launches now take turns; every call is right and auto still picks triton afterwards."""
+    import threading
+
+    from fusedrope.testing import QuantCase, make_quant_inputs
+
+    _forget()
+    tts = make_tts_inputs(TtsCase("t", 1, 2, 2, 1, 64))
+    quant = (*make_quant_inputs(QuantCase(2, 2, 1, head_dim=128, rope_dim=32, quant_group_size=64)), 1, 64)
+    want_tts = fusedrope.qwen3_tts_rope(*tts, backend="reference")
+    want_quant = fusedrope.inverse_rope_group_quant(*quant, backend="reference")
+    _forget()
+    errors, start = [], threading.Barrier(4)
+
+    def work(i):
+        try:
+            start.wait()
+            for _ in range(3):
+                if i % 2:
+                    got = fusedrope.qwen3_tts_rope(*tts)
+                    assert all(torch.equal(a, b) for a, b in zip(got, want_tts))
+                else:
+                    got = fusedrope.inverse_rope_group_quant(*quant)
+                    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want_quant))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"thread {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert fusedrope.explain("qwen3_tts_rope", *tts).chosen == "triton"
+    assert fusedrope.explain("inverse_rope_group_quant", *quant).chosen == "triton"
+
+
 def test_a_defective_interpreter_leaves_triton_out_with_the_reason():
     probe, triton_utils._runtime_loop = triton_utils._runtime_loop, _Broken()
     triton_utils.interpreter_defect.cache_clear()

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from .._device import arch_fp8_dtype, gpu_arch
 from .._triton import INTERPRETED, WARP_SIZE, f32_to_fp8_bits, launch_lock, round_to, to_f32
+from .._validation import check_aligned
 from .reference import FP8_MAX
 
 _FP8_TL = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8}
@@ -230,6 +231,8 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size) -> None:
+    check_aligned("inverse_rope_group_quant", {"o": o, "positions": positions, "cos_cache": cos_cache,
+                                               "sin_cache": sin_cache, "x_scale": x_scale})
     _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, rope=True)
 
 

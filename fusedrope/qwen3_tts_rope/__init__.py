@@ -20,6 +20,7 @@ from . import cuda, reference
 OP = "qwen3_tts_rope"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _Tensor = torch.Tensor
+_empty_like = torch.empty_like
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 
@@ -50,29 +51,30 @@ REGISTRY.register(Backend("reference", reference.qwen3_tts_rope))
 # -- validation ----------------------------------------------------------------------------------------------
 def validate(q, k, cos, sin, inplace: bool = False) -> tuple:
     """Check the inputs (and, for ``inplace``, that q and k can be written); return the selection key, the
-    :class:`Facts` as a plain tuple. Valid inputs take one boolean expression; the others, :func:`_diagnose`'s
-    precise error."""
+    :class:`Facts` as a plain tuple. Valid inputs take one boolean expression (this is the hot path: every
+    attribute read counts); the others, :func:`_diagnose`'s precise error."""
     try:
-        qs, ks, cs = q.shape, k.shape, cos.shape
+        cos_shape = cos.shape
+        B, _, S, D = q.shape
+        kb, _, ks, kd = k.shape
+        cb, cs, cd = cos_shape
         dt, dev = q.dtype, q.device
-        d = qs[3]
         ok = (
             type(q) is _Tensor and type(k) is _Tensor and type(cos) is _Tensor and type(sin) is _Tensor
-            and len(qs) == 4 and len(ks) == 4 and len(cs) == 3
-            and ks[0] == qs[0] and ks[2] == qs[2] and ks[3] == d
-            and (cs[0] == qs[0] or cs[0] == 1) and cs[1] == qs[2] and cs[2] == d and sin.shape == cs
-            and d % 2 == 0 and d >= 2
+            and kb == B and ks == S and kd == D and (cb == B or cb == 1) and cs == S and cd == D
+            and sin.shape == cos_shape and D % 2 == 0 and D > 0
             and dt in DTYPES and k.dtype is dt and cos.dtype is dt and sin.dtype is dt
             and k.device == dev and cos.device == dev and sin.device == dev
             and q.stride()[3] == 1 and k.stride()[3] == 1 and cos.stride()[2] == 1 and sin.stride()[2] == 1
         )
-    except (AttributeError, TypeError, IndexError, RuntimeError):
+    except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         ok = False
     if not ok:
         _diagnose(q, k, cos, sin)
+        dt, dev, D = q.dtype, q.device, q.shape[3]  # a tensor subclass the expression passed over
     if inplace:
         _check_inplace(q, k, cos, sin)
-    return dev, dt, d, bool(inplace)
+    return dev, dt, D, inplace is True
 
 
 def _diagnose(q, k, cos, sin) -> None:
@@ -135,8 +137,11 @@ def _check_call(q, k, cos, sin, inplace, q_out, k_out) -> tuple:
 
 
 # -- the public function ----------------------------------------------------------------------------------------
+_CONTIGUOUS = torch.contiguous_format
+
+
 def _new_out(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+    return torch.empty_like(t, memory_format=_CONTIGUOUS)
 
 
 def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
@@ -196,14 +201,14 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
     """
     if inplace is False and q_out is None and k_out is None and not _is_compiling():
         key = validate(q, k, cos, sin)
-        if not (_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad)):
+        if not (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad) or not _grad_enabled():
             impl = REGISTRY.select(key, backend)
-            if not (q.numel() or k.numel()):
-                return _new_out(q), _new_out(k)
-            if impl.run_alloc is not None:
+            if impl.run_alloc is not None and (q.numel() or k.numel()):
                 return impl.run_alloc(q, k, cos, sin)  # the compiled op allocates (in C++: cheaper)
-            q_out, k_out = _new_out(q), _new_out(k)
-            impl.run(q, k, cos, sin, q_out, k_out)
+            q_out = _empty_like(q, memory_format=_CONTIGUOUS)
+            k_out = _empty_like(k, memory_format=_CONTIGUOUS)
+            if q.numel() or k.numel():
+                impl.run(q, k, cos, sin, q_out, k_out)
             return q_out, k_out
         # Inputs that require grad: the torch op, whose outputs raise on backward (no derivative) instead of
         # silently cutting the graph; the backend name is checked first, for the same errors as without grad.

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .._triton import INTERPRETED, WARP_SIZE, launch_lock, round_to, to_f32
+from .._validation import check_aligned
 
 
 @triton.jit
@@ -73,6 +74,7 @@ def launch_shape(hq: int, hkv: int, head_dim: int, warp_size: int = WARP_SIZE) -
 
 
 def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
+    check_aligned("qwen3_tts_rope", {"q": q, "k": k, "cos": cos, "sin": sin, "q_out": q_out, "k_out": k_out})
     B, HQ, S, D = q.shape
     HKV = k.shape[1]
     half = D // 2
