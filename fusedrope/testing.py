@@ -19,6 +19,8 @@
 * ``scale_bytes`` / ``rope_blocks`` / ``assert_quant_close``: e8m0 bytes of any scale format, which quant blocks
   hold rope dims, and the op's accuracy contract (scales bit-exact; fp8 within 1 ulp, bit-exact in blocks
   without rope dims).
+* ``check_backend``: a registered backend (yours: ``fusedrope.register_backend``) over a case matrix of layouts,
+  dtypes and edge values, on poisoned outputs, against the oracle.
 
 docs/oracle.md says which inputs expose which bugs.
 
@@ -716,3 +718,117 @@ def assert_quant_close(x_fp8, x_scale, ref_fp8, ref_scale, rope_block_mask: torc
         raise AssertionError(f"{what} fp8 bytes differ in {off} elements of rope blocks (at most {allowed} may, for "
                              f"rounding ties); first at [s, g, block, i] = {idx}: got {int(got[idx]):#04x}, expected "
                              f"{int(ref[idx]):#04x} (a kernel that truncates or rounds the rotation is off in many)")
+
+
+# --------------------------------------------------------------------------------------------------------
+# a whole backend against the contract
+# --------------------------------------------------------------------------------------------------------
+def check_backend(op: str, backend: str, device="cpu") -> int:
+    """Run ``backend`` of ``op`` through the public function over a small matrix of the contract's cases and
+    raise at the first one it gets wrong; cases its ``supports`` refuses are passed over.
+
+    ``qwen3_tts_rope``: every seed shape (batch 1) with q/k as strided views of one projection and cos/sin
+    halves that differ, cos broadcast over a batch of 2, bf16/fp16/fp32, head_dim 64 and 256, subnormal inputs,
+    in place and into poisoned buffers. ``inverse_rope_group_quant``: both seed (H, G), all group sizes, both scale
+    layouts, the e8m0, uint8, float32 and packed int32 scale formats, both fp8 formats, edge values (clamped
+    positions, a zero block, exact scale boundaries, NaN and Inf), into poisoned buffers, against the reference.
+
+    Parameters
+    ----------
+    op : str
+        ``"qwen3_tts_rope"`` or ``"inverse_rope_group_quant"``.
+    backend : str
+        A backend of ``op`` that can run on ``device``.
+    device : str or torch.device, default "cpu"
+
+    Returns
+    -------
+    int
+        How many cases ran (at least one, or it raises).
+
+    Raises
+    ------
+    AssertionError
+        Naming the case and what is wrong.
+
+    Examples
+    --------
+    >>> import fusedrope
+    >>> from fusedrope.testing import check_backend
+    >>> check_backend("qwen3_tts_rope", "reference") > 0
+    True
+    """
+    from . import registry
+
+    reg, device = registry(op), torch.device(device)
+    cases = _tts_backend_cases(device) if op == "qwen3_tts_rope" else _quant_backend_cases(device)
+    ran = 0
+    for name, key, check in cases:
+        if reg.decide(reg.backend(backend), key) is None:
+            try:
+                check(backend)
+            except AssertionError as e:
+                raise AssertionError(f"{op} backend {backend!r}, case {name}: {e}") from None
+            ran += 1
+    if not ran:
+        raise AssertionError(f"{op} backend {backend!r} serves none of check_backend's cases on {device}")
+    return ran
+
+
+def _tts_backend_cases(device):
+    import fusedrope
+    from .qwen3_tts_rope import validate
+
+    def case(name, inputs, inplace=False):
+        def check(backend):
+            q, k, cos, sin = inputs
+            if inplace:
+                q_in, k_in = q.clone(), k.clone()
+                fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True, backend=backend)
+                assert_tts_rope_close(q, k, q_in, k_in, cos, sin, "in place")
+                q.copy_(q_in), k.copy_(k_in)
+                return
+            q_out, k_out = poison_like(torch.empty_like(q)), poison_like(torch.empty_like(k))
+            fusedrope.qwen3_tts_rope(q, k, cos, sin, q_out=q_out, k_out=k_out, backend=backend)
+            assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
+        return name, validate(*inputs, inplace), check
+
+    out = [case(c.id, make_tts_inputs(c, device=device, seed=c.seed, random_cos_sin=True))
+           for c in TTS_CASES if c.batch == 1]
+    small = TtsCase("small", 2, 5, 4, 2)
+    out.append(case("small-cos-broadcast", make_tts_inputs(small, device=device, seed=2, cos_batch=1)))
+    for dtype in (torch.float16, torch.float32):
+        out.append(case(f"small-{dtype}", make_tts_inputs(small, dtype, device, seed=3, layout="contiguous")))
+    for d in (64, 256):
+        out.append(case(f"small-D{d}", make_tts_inputs(TtsCase("d", 1, 3, 2, 1, d), device=device, seed=d)))
+    out.append(case("subnormal", make_tts_inputs(TtsCase("sub", 1, 4, 2, 1, 64), device=device, seed=5,
+                                                 subnormal=True)))
+    out.append(case("in place", make_tts_inputs(small, device=device, seed=6, random_cos_sin=True), inplace=True))
+    return out
+
+
+def _quant_backend_cases(device):
+    import fusedrope
+    from .inverse_rope_group_quant import validate
+
+    def case(name, c, fp8=torch.float8_e4m3fn, scale=torch.float8_e8m0fnu, transpose=False):
+        args = (*make_quant_inputs(c, device=device, seed=c.num_tokens, edge_cases=True), c.num_groups,
+                c.quant_group_size, transpose)
+
+        def check(backend):
+            x_fp8, x_scale = fusedrope.empty_quant_outputs(args[0], *args[4:], fp8_dtype=fp8, scale_dtype=scale)
+            x_fp8, x_scale = poison_like(x_fp8), poison_like(x_scale)
+            fusedrope.inverse_rope_group_quant(*args, x_fp8, x_scale, backend=backend)
+            ref = fusedrope.inverse_rope_group_quant(*args, fp8_dtype=fp8, scale_dtype=scale, backend="reference")
+            assert_quant_close(x_fp8, x_scale, *ref, rope_blocks(c))
+        return f"{name}-{c.id}", validate(*args, None, None, fp8, scale)[0], check
+
+    out = []
+    for h, g in QUANT_HEAD_GROUPS.values():
+        for gs in (32, 64, 128):
+            out.append(case("seed", QuantCase(3, h, g, quant_group_size=gs), transpose=gs == 64))
+    out.append(case("fnuz", QuantCase(2, 16, 2), fp8=torch.float8_e4m3fnuz))
+    for scale in (torch.uint8, torch.float32, torch.int32):
+        out.append(case(str(scale).replace("torch.", ""), QuantCase(2, 8, 1), scale=scale, transpose=True))
+    out.append(case("other head_dim", QuantCase(3, 2, 2, head_dim=192, rope_dim=32, quant_group_size=64)))
+    return out

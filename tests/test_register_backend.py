@@ -1,0 +1,90 @@
+"""A backend from a file outside the package (examples/custom_backend.py) plugged in with
+``fusedrope.register_backend``: it gets the validation, dispatch, ``explain`` and ``check_backend``, and
+``check_backend`` catches a kernel that breaks the contract."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import fusedrope
+from fusedrope.testing import TtsCase, check_backend, make_tts_inputs
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "custom_backend.py"
+
+
+@pytest.fixture
+def custom(monkeypatch):
+    spec = importlib.util.spec_from_file_location("custom_backend", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.register()
+    yield module
+    fusedrope.registry("qwen3_tts_rope").unregister(module.NAME)
+
+
+def test_it_passes_the_contract_checks_and_auto_tries_it_first(custom):
+    assert check_backend("qwen3_tts_rope", custom.NAME) >= 10
+    q, k, cos, sin = make_tts_inputs(TtsCase("c", 1, 4, 4, 2, 64))
+    ex = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin)
+    assert ex.chosen == custom.NAME and [d.backend for d in ex][0] == custom.NAME
+    fp32 = fusedrope.explain("qwen3_tts_rope", *(t.float() for t in (q, k, cos, sin)))
+    assert fp32.chosen != custom.NAME and "serves bf16 and fp16 only" in str(fp32)  # its supports() is asked
+    with pytest.raises(fusedrope.BackendUnavailableError, match="backend 'mine' cannot run these inputs: serves bf16"):
+        fusedrope.qwen3_tts_rope(*(t.float() for t in (q, k, cos, sin)), backend="mine")
+
+
+def test_it_gets_fusedrope_validation_before_it_runs(custom, monkeypatch):
+    calls = []
+    monkeypatch.setattr(fusedrope.registry("qwen3_tts_rope").backend(custom.NAME), "run",
+                        lambda *a: calls.append(a))
+    q, k, cos, sin = make_tts_inputs(TtsCase("c", 2, 4, 4, 2, 64))
+    with pytest.raises(ValueError, match="^qwen3_tts_rope: argument 'k' expected shape"):
+        fusedrope.qwen3_tts_rope(q, k[:1], cos, sin, backend="mine")
+    assert calls == []
+    fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="mine")
+    assert len(calls) == 1 and calls[0][4].is_contiguous() and calls[0][4].shape == q.shape
+
+
+def test_check_backend_catches_a_kernel_that_breaks_the_contract(custom, monkeypatch):
+    """A kernel that rounds an intermediate to bf16 (within 1 ulp almost everywhere, but not correctly rounded),
+    and one that assumes cos[i] == cos[i + D/2]: both fail."""
+    def rounds_twice(q, k, cos, sin, q_out, k_out):
+        custom.my_qwen3_tts_rope(q, k, cos, sin, q_out, k_out)
+        q_out.copy_((q.float() * cos.float()[:, None]).to(q.dtype).float()
+                    + (q_out.float() - q.float() * cos.float()[:, None]))
+
+    def one_half_of_cos(q, k, cos, sin, q_out, k_out):
+        h = cos.shape[-1] // 2
+        custom.my_qwen3_tts_rope(q, k, cos[..., :h].repeat(1, 1, 2), sin, q_out, k_out)
+
+    for broken in (rounds_twice, one_half_of_cos):
+        fusedrope.register_backend("qwen3_tts_rope", "broken", broken)
+        try:
+            with pytest.raises(AssertionError, match="qwen3_tts_rope backend 'broken', case"):
+                check_backend("qwen3_tts_rope", "broken")
+        finally:
+            fusedrope.registry("qwen3_tts_rope").unregister("broken")
+
+
+def test_register_backend_refuses_built_in_names_and_non_callables():
+    with pytest.raises(ValueError, match="register_backend: argument 'name' expected a new backend name"):
+        fusedrope.register_backend("qwen3_tts_rope", "triton", print)
+    with pytest.raises(TypeError, match="register_backend: argument 'run' expected a callable, got int"):
+        fusedrope.register_backend("qwen3_tts_rope", "x", 3)
+    with pytest.raises(ValueError, match="registry: argument 'op' expected one of"):
+        fusedrope.register_backend("rope", "x", print)
+    assert "x" not in [b.name for b in fusedrope.registry("qwen3_tts_rope").backends]
+
+
+def test_the_example_runs(capsys):
+    spec = importlib.util.spec_from_file_location("custom_backend_main", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        module.main()
+    finally:
+        fusedrope.registry("qwen3_tts_rope").unregister(module.NAME)
+    out = capsys.readouterr().out
+    assert "cases within the contract" in out and "chosen backend = mine" in out
