@@ -6,7 +6,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 
 import fusedrope
 from fusedrope.testing import TtsCase, check_backend, make_tts_inputs
