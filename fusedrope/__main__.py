@@ -1,9 +1,10 @@
-"""``python -m fusedrope``: what this machine can run, which backend each op picks for the seed shapes and
-why, a self-check of every available backend against the oracle, and a short timing table.
+"""fusedrope's command line (``fusedrope`` or ``python -m fusedrope``): what this machine can run, which
+backend each op picks for the seed shapes and why, a self-check of every available backend against the oracle,
+and a short timing table.
 
-    python -m fusedrope            # the report (same as `report`)
-    python -m fusedrope build      # build the compiled CUDA / HIP kernels ahead of time
-    python -m fusedrope bench      # benchmark both ops: the seed tables, JSON/CSV/markdown and plots
+    fusedrope            # the report (same as `report`)
+    fusedrope build      # build the compiled CUDA / HIP kernels ahead of time
+    fusedrope bench      # benchmark both ops: the seed tables, JSON/CSV/markdown and plots
 """
 
 from __future__ import annotations
@@ -160,6 +161,16 @@ def _time(fn, reps: int) -> float:
 
 
 def timing() -> None:
+    threads = torch.get_num_threads()
+    if not HAS_GPU:
+        torch.set_num_threads(1)  # on a shared CPU, parallel regions wait for a descheduled thread (ms per call)
+    try:
+        _timing_table()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _timing_table() -> None:
     columns = list(reversed(fusedrope.BACKENDS))  # every backend an op can register, slowest first
     where = "GPU, CUDA events around back-to-back calls" if HAS_GPU else "CPU wall clock; triton = interpreter"
     print(f"\n== timing, us per call ({where}; bench/ holds the real benchmarks)")
@@ -245,7 +256,9 @@ def plot(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fusedrope", description=" ".join(__doc__.split("\n\n")[0].split()))
+    prog = "fusedrope" if os.path.basename(sys.argv[0]) == "fusedrope" else "python -m fusedrope"
+    about = " ".join(__doc__.split("\n\n")[0].split()).replace("``", "")
+    parser = argparse.ArgumentParser(prog=prog, description=about)
     # --no-timing works with and without the word `report`: the default command takes its options too.
     parser.add_argument("--no-timing", action="store_true", help="skip the timing table of the report")
     sub = parser.add_subparsers(dest="command")

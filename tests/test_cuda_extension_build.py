@@ -1,11 +1,11 @@
-"""The CUDA extension, both kernels and both torch bindings, built, linked and loaded for real on this CPU
-machine against the H200 image's torch (2.11.0+cu130 on Python 3.12, the device tool's KINDS.md) with this
-machine's nvcc, through ``fusedrope.cuda_ext.build()`` as ``python -m fusedrope build`` does. This catches what
-the syntax-only binding checks cannot: link errors, nvcc / torch header mismatches, the op schemas. Running a
-kernel still needs a GPU (gpu/).
+"""The CUDA extension, both kernels and both torch bindings, built, linked and loaded for real on a CPU machine
+against a CUDA build of torch (2.11.0+cu130 on Python 3.12, the stack of the GPU machines we test on) with nvcc,
+through ``fusedrope.cuda_ext.build()`` as ``python -m fusedrope build`` does. This catches what the syntax-only
+binding checks cannot: link errors, nvcc / torch header mismatches, the op schemas. Running a kernel still needs
+a GPU (gpu/).
 
-.ci/run makes that environment (about 5 GB, when the disk has room) and names its python in
-``FUSEDROPE_CUDA_TORCH_PYTHON``; without it this test skips and says so.
+``FUSEDROPE_CUDA_TORCH_PYTHON`` names that environment's python (`bash .ci/run` makes it, about 5 GB, where the
+disk has room); without it this test skips and says so.
 """
 
 import json
@@ -32,8 +32,8 @@ print(json.dumps({"path": path, "torch": torch.__version__, "cuda": torch.versio
 def test_cuda_extension_builds_links_and_registers_its_ops(tmp_path):
     python = os.environ.get(ENV)
     if not python:
-        pytest.skip(f"{ENV} is not set: .ci/run sets it to a Python 3.12 venv with torch==2.11.0 (CUDA 13.0), "
-                    "the H200 image's stack, where the disk has room")
+        pytest.skip(f"set {ENV} to a Python with a CUDA build of torch (2.11.0+cu130) to build the extension "
+                    "here; `bash .ci/run` makes one where the disk has room")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(ROOT), TORCH_CUDA_ARCH_LIST="9.0", TORCH_EXTENSIONS_DIR=str(tmp_path),
                MAX_JOBS=env.get("MAX_JOBS", "2"))
@@ -46,5 +46,5 @@ def test_cuda_extension_builds_links_and_registers_its_ops(tmp_path):
     assert ops["qwen3_tts_rope"].endswith("(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)")
     assert "Tensor(a!) q_out, Tensor(b!) k_out) -> ()" in ops["qwen3_tts_rope_out"]
     assert "int quant_group_size) -> ()" in ops["inverse_rope_group_quant_out"]
-    assert ("int quant_group_size, int chunks_per_thread=0, int tail_warps=0, int block_threads=0, int pdl=0) -> ()"
+    assert ("int quant_group_size, int tail_warps=0, int fast_layout=0, int block_threads=0, int pdl=0) -> ()"
             in ops["inverse_rope_group_quant_out_config"])

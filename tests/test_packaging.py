@@ -62,3 +62,5 @@ def test_wheel_leaves_triton_to_torch(wheel):
     hard = [r for r in requires if "extra ==" not in r]
     assert hard and all(r.startswith("torch") for r in hard), hard
     assert any(r.startswith("triton") and 'extra == "triton"' in r for r in requires), requires
+    # a CPU torch with the extra runs Triton's interpreter, which imports numpy
+    assert any(r.startswith("numpy") and 'extra == "triton"' in r for r in requires), requires

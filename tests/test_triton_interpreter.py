@@ -112,11 +112,12 @@ for op, args, extra in (("qwen3_tts_rope", tts, ()), ("inverse_rope_group_quant"
 
 
 def test_the_device_images_triton_falls_back_or_runs():
-    """Under the H200 image's Triton 3.6 (with this environment's numpy), every op runs, on triton or on the
-    reference with the reason; never the interpreter's TypeError."""
+    """Under Triton 3.6 (the oldest tested on GPUs; with this environment's numpy), every op runs, on triton or
+    on the reference with the reason; never the interpreter's TypeError."""
     python = os.environ.get("FUSEDROPE_DEVICE_TRITON_PYTHON", "")
     if not python:
-        pytest.skip("FUSEDROPE_DEVICE_TRITON_PYTHON is not set: .ci/run sets it to a python with triton==3.6.0")
+        pytest.skip("set FUSEDROPE_DEVICE_TRITON_PYTHON to a Python with triton==3.6.0 to run this; "
+                    "`bash .ci/run` makes one")
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")
     out = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
