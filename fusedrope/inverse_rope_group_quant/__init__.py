@@ -14,9 +14,9 @@ import torch
 from torch.autograd.graph import increment_version
 
 from .. import _validation as C
-from .._device import triton_available
+from .._device import cuda_toolkit_reason, hip_toolkit_reason, triton_available
 from ..registry import Backend, getenv, new_registry
-from . import cuda, hip, reference
+from . import reference
 
 OP = "inverse_rope_group_quant"
 O_DTYPES = (torch.bfloat16, torch.float16)
@@ -56,8 +56,22 @@ def _load_triton():  # Triton is optional: its kernel module is imported when th
     return triton.inverse_rope_group_quant, None
 
 
-REGISTRY.register(Backend("cuda", supports=cuda.supports, available=cuda.available, load=cuda.load))
-REGISTRY.register(Backend("hip", supports=hip.supports, available=hip.available, load=hip.load,
+def _cuda():  # the compiled kernels' glue, imported once a GPU is seen
+    from . import cuda
+
+    return cuda
+
+
+def _hip():
+    from . import hip
+
+    return hip
+
+
+REGISTRY.register(Backend("cuda", supports=lambda facts: _cuda().supports(facts), load=lambda: _cuda().load(),
+                          available=lambda device: cuda_toolkit_reason(device) or _cuda().available(device)))
+REGISTRY.register(Backend("hip", supports=lambda facts: _hip().supports(facts), load=lambda: _hip().load(),
+                          available=lambda device: hip_toolkit_reason(device) or _hip().available(device),
                           opt_in="never run on AMD hardware"))
 REGISTRY.register(Backend("triton", available=triton_available, load=_load_triton))
 REGISTRY.register(Backend("reference", reference.inverse_rope_group_quant))

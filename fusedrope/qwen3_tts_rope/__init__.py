@@ -13,9 +13,9 @@ import torch
 from torch.autograd.graph import increment_version
 
 from .. import _validation as V
-from .._device import triton_available
+from .._device import cuda_toolkit_reason, triton_available
 from ..registry import Backend, new_registry
-from . import cuda, reference
+from . import reference
 
 OP = "qwen3_tts_rope"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -43,7 +43,14 @@ def _load_triton():  # Triton is optional: its kernel module is imported when th
     return triton.qwen3_tts_rope, None
 
 
-REGISTRY.register(Backend("cuda", supports=cuda.supports, available=cuda.available, load=cuda.load))
+def _cuda():  # the compiled kernel's glue, imported once a CUDA device is seen
+    from . import cuda
+
+    return cuda
+
+
+REGISTRY.register(Backend("cuda", supports=lambda facts: _cuda().supports(facts), load=lambda: _cuda().load(),
+                          available=lambda device: cuda_toolkit_reason(device) or _cuda().available(device)))
 REGISTRY.register(Backend("triton", available=triton_available, load=_load_triton))
 REGISTRY.register(Backend("reference", reference.qwen3_tts_rope))
 
