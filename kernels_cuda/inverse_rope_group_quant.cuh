@@ -9,8 +9,8 @@
 // compiles with g++ against tests/cuda_emul and runs on the CPU in tests/test_emulated_quant_kernels.py
 // (bit-exact scale bytes and fp8 bytes against fusedrope.reference).
 //
-// Contract: fusedrope.reference.inverse_rope_group_quant (SPEC.md "Op 2"); the parameters are described at
-// Params in inverse_rope_group_quant_common.h. e4m3fnuz output takes the software path only.
+// Contract: fusedrope.reference.inverse_rope_group_quant (docs/inverse_rope_group_quant.md); the parameters are
+// described at Params in inverse_rope_group_quant_common.h. e4m3fnuz output takes the software path only.
 #pragma once
 
 #include "inverse_rope_group_quant_common.h"

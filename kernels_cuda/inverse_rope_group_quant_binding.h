@@ -35,6 +35,16 @@ inline void check_device(const BindingNames& n, const at::Tensor& t, const char*
               " (same device as 'o'), got ", t.device());
 }
 
+// A data pointer off its element size (a view of a numpy / DLPack / frombuffer buffer at an odd byte offset)
+// would make the kernels' element loads and stores misaligned: a fault on the GPU.
+inline void check_aligned(const BindingNames& n, const at::Tensor& t, const char* name) {
+  const int64_t esz = static_cast<int64_t>(t.element_size());
+  const int64_t off = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(esz));
+  TORCH_CHECK(t.numel() == 0 || off == 0, n.op, ": argument '", name,
+              "' expected a data pointer aligned to its element size (", msg::num(esz), " bytes), got one ",
+              msg::num(off), " bytes past");
+}
+
 inline int dtype_code(at::ScalarType t) { return t == at::kBFloat16 ? kBF16 : t == at::kHalf ? kF16 : kF32; }
 
 // Check the arguments of inverse_rope_group_quant_out (TORCH_CHECK errors name n.op) and fill *p from them.
@@ -111,6 +121,12 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
               ": argument 'x_scale' expected row-major strides (", msg::num(G * Ks), ", ", msg::num(Ks),
               ", 1) or column-major (1, ", msg::num(Ks), "*L, L) with L >= S=", msg::num(S), ", got ",
               msg::shape(x_scale.strides()));
+  check_aligned(n, o, "o");
+  check_aligned(n, positions, "positions");
+  check_aligned(n, cos, "cos");
+  check_aligned(n, sin, "sin");
+  check_aligned(n, x_fp8, "x_fp8");
+  check_aligned(n, x_scale, "x_scale");
   TORCH_CHECK(S * H * D / 16 <= INT32_MAX, n.op, ": expected S*H*head_dim/16 < 2^31, got S=",
               msg::num(S), " H=", msg::num(H));
   if (S == 0 || H == 0) return false;

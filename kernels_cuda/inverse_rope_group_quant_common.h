@@ -9,10 +9,10 @@
 // fusedrope.reference. The HIP sources include this file as "../kernels_cuda/inverse_rope_group_quant_common.h"
 // (the wheel ships both folders as siblings: fusedrope/kernels_cuda and fusedrope/kernels_hip).
 //
-// Contract (fusedrope.reference.inverse_rope_group_quant; SPEC.md "Op 2"), per block of Q = quant_group_size
-// consecutive elements: amax = max(max|v|, 1e-8), t = amax * fp32(1/FP8_MAX), byte = exponent field of t +
-// (mantissa(t) != 0), fp8 = RNE(clamp(v * 2^(127 - byte), +-FP8_MAX)). A block with NaN or Inf gets byte 0xFF
-// and fp8 NaN (0x7F; 0x80 for fnuz) in every value.
+// Contract (fusedrope.reference.inverse_rope_group_quant; docs/inverse_rope_group_quant.md), per block of
+// Q = quant_group_size consecutive elements: amax = max(max|v|, 1e-8), t = amax * fp32(1/FP8_MAX),
+// byte = exponent field of t + (mantissa(t) != 0), fp8 = RNE(clamp(v * 2^(127 - byte), +-FP8_MAX)). A block with
+// NaN or Inf gets byte 0xFF and fp8 NaN (0x7F; 0x80 for fnuz) in every value.
 #pragma once
 
 #include <stdint.h>
@@ -42,8 +42,8 @@ enum Status : int {
   kBadDtype = 3,
   kTooLarge = 4,          // S * H * 512 / 16 >= 2^31
   kLaunchFailed = 5,      // the runtime's kernel launch failed (the launcher also returns its error code)
-  kBadConfig = 6,         // chunks_per_thread not 0, 1 or 2, tail_warps not 0 or 1 (or 1 with 2 chunks per thread),
-                          // block_threads not 0 or a multiple of 32 in [32, 256], or pdl not 0 or 1
+  kBadConfig = 6,         // tail_warps, fast_layout or pdl not 0 or 1, tail_warps and fast_layout both 1, or
+                          // block_threads not 0 or a multiple of 32 in [32, 256]
   kPdlUnsupported = 7,    // pdl 1, but the kernel image the device runs was not compiled for sm_90+ (no wait in it)
 };
 
@@ -80,16 +80,15 @@ struct Params {
   int32_t scale_is_f32 = 0;
   int64_t scale_stride_s = 0;  // elements of the scale type
   int64_t scale_stride_b = 0;
-  // CUDA launcher only (the HIP one ignores them): 16-element chunks per thread, 1 or 2; 0 = the launcher picks;
-  // tail_warps 1: every head's rope-tail chunks in warps of their own (one chunk per thread; the CUDA kernel's
-  // TailSplit), 0: the plain layout; block_threads: threads per block, a multiple of 32 up to 256, 0 = the
-  // launcher picks from num_sms, the device's SM count (0 = ask the CUDA runtime); pdl 1: a programmatic
+  // CUDA launcher only (the HIP one ignores them): the launch experiments listed in kernels_cuda/README.md; all 0
+  // is the default launch. tail_warps 1: every head's rope-tail chunks in warps of their own (generic layout);
+  // fast_layout 1: the kernels compiled for the common 16-byte-aligned layout, where the call has that layout;
+  // not both. block_threads: threads per block, a multiple of 32 up to 256, 0 = 256. pdl 1: a programmatic
   // dependent launch (sm_90+: the kernel may start while the stream's previous kernel finishes, and waits for it
   // before its first global load).
-  int32_t chunks_per_thread = 0;
   int32_t tail_warps = 0;
+  int32_t fast_layout = 0;
   int32_t block_threads = 0;
-  int32_t num_sms = 0;
   int32_t pdl = 0;
 };
 
@@ -98,7 +97,6 @@ struct Params {
 // head, one token and one quant block, and a block is Q/16 adjacent lanes (2..16: inside one warp / DPP row).
 // ------------------------------------------------------------------------------------------------------------
 constexpr int kThreads = 256;
-constexpr int kUnroll = 2;
 constexpr int kChunk = 16;
 constexpr int kHeadDim = 512;
 constexpr int kRopeDim = 64;

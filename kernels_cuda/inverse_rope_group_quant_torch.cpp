@@ -2,11 +2,10 @@
 //
 //   torch.ops.fusedrope_cuda.inverse_rope_group_quant_out(o, positions, cos, sin, x_fp8, x_scale,
 //                                                         quant_group_size) -> ()
-//   torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(..., quant_group_size, chunks_per_thread=0,
-//                                                                tail_warps=0, block_threads=0, pdl=0) -> ()
-//     the same with a forced launch shape (chunks_per_thread 1 or 2, 0 = automatic; tail_warps 1: the rope-tail
-//     chunks in warps of their own; block_threads a multiple of 32 up to 256, 0 = automatic; pdl 1: a
-//     programmatic dependent launch, sm_90+), for tests and tuning
+//   torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(..., quant_group_size, tail_warps=0,
+//                                                                fast_layout=0, block_threads=0, pdl=0) -> ()
+//     the same with the launch experiments of README.md switched on (all 0: the default launch), for tests and
+//     the benchmarks that decide them
 //
 // Writes x_fp8 [S, G, Dg] and x_scale [S, G, Dg/Q] in place (the layout of x_scale, row-major or the column-major
 // view with strides (1, Ks*L, L), L >= S, is read from its strides; its dtype picks the format: float8_e8m0fnu or uint8
@@ -38,24 +37,24 @@ constexpr fusedrope::irgq::BindingNames kNamesConfig{"fusedrope_cuda::inverse_ro
 
 void run(const fusedrope::irgq::BindingNames& names, const at::Tensor& o, const at::Tensor& positions,
          const at::Tensor& cos, const at::Tensor& sin, at::Tensor& x_fp8, at::Tensor& x_scale,
-         int64_t quant_group_size, int64_t chunks_per_thread, int64_t tail_warps, int64_t block_threads,
-         int64_t pdl) {
-  TORCH_CHECK(chunks_per_thread >= 0 && chunks_per_thread <= 2, names.op,
-              ": argument 'chunks_per_thread' expected 0 (automatic), 1 or 2, got ",
-              fusedrope::msg::num(chunks_per_thread));
-  TORCH_CHECK(tail_warps == 0 || (tail_warps == 1 && chunks_per_thread != 2), names.op,
-              ": argument 'tail_warps' expected 0, or 1 with chunks_per_thread 0 or 1, got tail_warps ",
-              fusedrope::msg::num(tail_warps), " with chunks_per_thread ", fusedrope::msg::num(chunks_per_thread));
+         int64_t quant_group_size, int64_t tail_warps, int64_t fast_layout, int64_t block_threads, int64_t pdl) {
+  // Range checks before the int32 Params fields take them (the launcher checks the rest).
+  TORCH_CHECK(tail_warps == 0 || tail_warps == 1, names.op, ": argument 'tail_warps' expected 0 or 1, got ",
+              fusedrope::msg::num(tail_warps));
+  TORCH_CHECK(fast_layout == 0 || fast_layout == 1, names.op, ": argument 'fast_layout' expected 0 or 1, got ",
+              fusedrope::msg::num(fast_layout));
+  TORCH_CHECK(tail_warps == 0 || fast_layout == 0, names.op,
+              ": arguments 'tail_warps' and 'fast_layout' are separate experiments: expected at most one of them 1");
   TORCH_CHECK(block_threads == 0 || (block_threads >= 32 && block_threads <= 256 && block_threads % 32 == 0),
-              names.op, ": argument 'block_threads' expected 0 (automatic) or a multiple of 32 from 32 to 256, got ",
+              names.op, ": argument 'block_threads' expected 0 (256) or a multiple of 32 from 32 to 256, got ",
               fusedrope::msg::num(block_threads));
   TORCH_CHECK(pdl == 0 || pdl == 1, names.op, ": argument 'pdl' expected 0 or 1, got ", fusedrope::msg::num(pdl));
   fusedrope::irgq::Params p;
   if (!fusedrope::irgq::params_from_tensors(names, o, positions, cos, sin, x_fp8, x_scale, quant_group_size, &p)) {
     return;  // S == 0 or H == 0: nothing to write
   }
-  p.chunks_per_thread = static_cast<int32_t>(chunks_per_thread);
   p.tail_warps = static_cast<int32_t>(tail_warps);
+  p.fast_layout = static_cast<int32_t>(fast_layout);
   p.block_threads = static_cast<int32_t>(block_threads);
   p.pdl = static_cast<int32_t>(pdl);
   const c10::cuda::CUDAGuard guard(o.device());
@@ -74,15 +73,14 @@ void inverse_rope_group_quant_out(const at::Tensor& o, const at::Tensor& positio
   run(kNames, o, positions, cos, sin, x_fp8, x_scale, quant_group_size, 0, 0, 0, 0);
 }
 
-// The same with a forced launch shape (for tests and tuning on a GPU): chunks_per_thread 1 or 2, 0 = automatic;
-// tail_warps 1 for the rope-tail chunks in warps of their own (the kernel's TailSplit), 0 for the plain layout;
-// block_threads the threads per block, 0 = automatic (fewer than 256 only for a grid smaller than the SM count);
-// pdl 1 for a programmatic dependent launch (sm_90+: it may start while the stream's previous kernel finishes).
+// The same with the launch experiments of README.md switched on: tail_warps 1 (the rope-tail chunks in warps of
+// their own), fast_layout 1 (the fast-layout kernels, where the layout allows), block_threads (0 = 256), pdl 1
+// (a programmatic dependent launch, sm_90+).
 void inverse_rope_group_quant_out_config(const at::Tensor& o, const at::Tensor& positions, const at::Tensor& cos,
                                          const at::Tensor& sin, at::Tensor& x_fp8, at::Tensor& x_scale,
-                                         int64_t quant_group_size, int64_t chunks_per_thread, int64_t tail_warps,
+                                         int64_t quant_group_size, int64_t tail_warps, int64_t fast_layout,
                                          int64_t block_threads, int64_t pdl) {
-  run(kNamesConfig, o, positions, cos, sin, x_fp8, x_scale, quant_group_size, chunks_per_thread, tail_warps,
+  run(kNamesConfig, o, positions, cos, sin, x_fp8, x_scale, quant_group_size, tail_warps, fast_layout,
       block_threads, pdl);
 }
 
@@ -91,8 +89,8 @@ void inverse_rope_group_quant_out_config(const at::Tensor& o, const at::Tensor& 
 TORCH_LIBRARY_FRAGMENT(fusedrope_cuda, m) {
   m.def(fusedrope::irgq::kOpSchema);
   m.def("inverse_rope_group_quant_out_config(Tensor o, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) x_fp8, "
-        "Tensor(b!) x_scale, int quant_group_size, int chunks_per_thread=0, int tail_warps=0, "
-        "int block_threads=0, int pdl=0) -> ()");
+        "Tensor(b!) x_scale, int quant_group_size, int tail_warps=0, int fast_layout=0, int block_threads=0, "
+        "int pdl=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fusedrope_cuda, CUDA, m) {

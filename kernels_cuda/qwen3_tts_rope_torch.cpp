@@ -44,6 +44,13 @@ void check_tensor(const char* op, const at::Tensor& t, const char* name, int64_t
               "-D shape ", msg::shape(t.sizes()));
   TORCH_CHECK(t.size(dim - 1) <= 1 || t.stride(dim - 1) == 1, op, ": argument '", name,
               "' expected a contiguous last dimension (stride 1), got strides ", msg::shape(t.strides()));
+  // A data pointer off its element size (a view of a numpy / DLPack / frombuffer buffer at an odd byte offset)
+  // would make the kernel's element accesses misaligned: a fault on the GPU.
+  const int64_t esz = static_cast<int64_t>(t.element_size());
+  const int64_t off = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) % static_cast<uintptr_t>(esz));
+  TORCH_CHECK(t.numel() == 0 || off == 0, op, ": argument '", name,
+              "' expected a data pointer aligned to its element size (", msg::num(esz), " bytes), got one ",
+              msg::num(off), " bytes past");
 }
 
 void run(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
@@ -108,7 +115,7 @@ void qwen3_tts_rope_out(const at::Tensor& q, const at::Tensor& k, const at::Tens
 }
 
 // Allocating the outputs here rather than in Python saves two Python calls per call, a large part of the
-// host cost of the small, launch-bound Qwen3-TTS shapes (by design; not yet measured on a GPU).
+// host cost of the small, launch-bound Qwen3-TTS shapes.
 std::tuple<at::Tensor, at::Tensor> qwen3_tts_rope_new(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                                       const at::Tensor& sin) {
   TORCH_CHECK(q.defined() && k.defined(), kOpNew, ": arguments 'q' and 'k' must be defined tensors");

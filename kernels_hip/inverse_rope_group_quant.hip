@@ -50,6 +50,7 @@ namespace {
 typedef unsigned int u32x4 __attribute__((ext_vector_type(4)));
 #define FR_GLOBAL __attribute__((address_space(1)))
 using namespace fusedrope::irgq;  // Params, constants, KArgs, make_kargs, scalar math (shared with CUDA)
+constexpr int kUnroll = 2;         // chunks per lane, kThreads lanes apart
 
 __device__ inline float clamp_fp8(float y, float fp8_max) { return __builtin_amdgcn_fmed3f(y, -fp8_max, fp8_max); }
 
@@ -145,8 +146,8 @@ __device__ inline unsigned pack4(float v0, float v1, float v2, float v3) {
     int w = __builtin_amdgcn_cvt_pk_fp8_f32(v0, v1, 0, false);
     w = __builtin_amdgcn_cvt_pk_fp8_f32(v2, v3, w, true);
     // FNUZ has no -0: 0x80 is its NaN, and these values are finite (a non-finite block is replaced by the
-    // caller). Should the hardware keep the sign of a negative value that rounds to zero (not observed on
-    // silicon yet), byte 0x80 becomes 0x00 here: per byte, bit 7 is kept only when bits 6:0 are not all zero.
+    // caller). Should the hardware keep the sign of a negative value that rounds to zero, byte 0x80 becomes 0x00
+    // here: per byte, bit 7 is kept only when bits 6:0 are not all zero.
     const unsigned t = (unsigned)w & 0x7F7F7F7Fu;
     return (unsigned)w & (((t + 0x7F7F7F7Fu) & 0x80808080u) | 0x7F7F7F7Fu);
   }

@@ -140,17 +140,16 @@ def emul_stats(lib) -> dict:
 
 
 def emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q, *, head_dim=None, rope_dim=None,
-            chunks_per_thread=0, tail_warps=0, block_threads=0, num_sms=0, pdl=0) -> int:
-    """The launcher's status code; the launch-shape arguments are the CUDA launcher's (the HIP one ignores them):
-    ``num_sms`` 0 makes it ask the emulated runtime, which says 132."""
+            tail_warps=0, fast_layout=0, block_threads=0, pdl=0) -> int:
+    """The launcher's status code; the launch experiments are the CUDA launcher's (the HIP one ignores them), all
+    0 the default launch."""
     S, H, D = o.shape
     ptrs = (ctypes.c_void_p * 6)(o.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  x_fp8.data_ptr(), x_scale.data_ptr())
     ints = [S, H, head_dim or D, DT[o.dtype], int(positions.dtype == torch.int64), positions.stride(0),
             DT[cos.dtype], cos.stride(0), sin.stride(0), cos.shape[0], rope_dim or 2 * cos.shape[1],
             int(x_fp8.dtype == torch.float8_e4m3fnuz), x_fp8.shape[1], q, int(x_scale.dtype == torch.float32),
-            x_scale.stride(0), x_scale.stride(2), chunks_per_thread, tail_warps, block_threads, num_sms,
-            pdl]
+            x_scale.stride(0), x_scale.stride(2), tail_warps, fast_layout, block_threads, pdl]
     return lib.irgq_host_run(ptrs, (ctypes.c_longlong * len(ints))(*ints))
 
 

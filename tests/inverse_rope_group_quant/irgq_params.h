@@ -12,8 +12,8 @@ using fusedrope::irgq::Params;
 // ptrs: o, positions, cos, sin, x_fp8, x_scale.
 // ints: S, H, head_dim, o_dtype, pos_is_int64, pos_stride, cache_dtype, cos_stride, sin_stride, max_pos,
 //       rope_dim, fp8_fnuz, num_groups, quant_group_size, scale_is_f32, scale_stride_s, scale_stride_b,
-//       chunks_per_thread (the CUDA launcher's; 0 = automatic), tail_warps, block_threads (0 = automatic),
-//       num_sms (0 = ask the runtime), pdl (the CUDA launcher's too).
+//       tail_warps, fast_layout, block_threads (0 = 256), pdl (the CUDA launcher's experiments; 0 = the default
+//       launch).
 inline Params params_from(void** ptrs, const long long* ints) {
   Params p;
   p.o = ptrs[0];
@@ -39,11 +39,10 @@ inline Params params_from(void** ptrs, const long long* ints) {
   p.scale_is_f32 = (int32_t)ints[14];
   p.scale_stride_s = ints[15];
   p.scale_stride_b = ints[16];
-  p.chunks_per_thread = (int32_t)ints[17];
-  p.tail_warps = (int32_t)ints[18];
+  p.tail_warps = (int32_t)ints[17];
+  p.fast_layout = (int32_t)ints[18];
   p.block_threads = (int32_t)ints[19];
-  p.num_sms = (int32_t)ints[20];
-  p.pdl = (int32_t)ints[21];
+  p.pdl = (int32_t)ints[20];
   return p;
 }
 

@@ -5,7 +5,9 @@ library, on CPU tensors. Without it they would run only where a GPU builds the e
 * every scale layout the binding accepts is one the kernels address exactly: the (stride_s, stride_b) it hands
   them reach the view's own elements, no two alike; and it accepts what fusedrope's own validation
   (``buffer_scale_strides``) does, the row-major or the column-major layout, over a grid of strides;
-* bad arguments raise a RuntimeError naming the op and the argument, with the integers in the message.
+* bad arguments raise a RuntimeError naming the op and the argument, with the integers in the message; among them
+  a tensor whose data pointer is off its element size (a frombuffer / numpy / DLPack view at an odd byte offset),
+  which the kernels' element loads and stores would fault on.
 """
 
 from __future__ import annotations
@@ -56,6 +58,16 @@ def inputs(S=4, H=16, G=2, q=128):
     x = torch.empty(S, G, dg, dtype=torch.float8_e4m3fn)
     sc = torch.empty(S, G, dg // q, dtype=torch.uint8)
     return o, torch.arange(S), cos, sin, x, sc, q
+
+
+def at_byte_offset(t, offset):
+    """A contiguous copy of ``t`` whose data pointer lies ``offset`` bytes past a 64-byte boundary, as a view of a
+    frombuffer / numpy / DLPack buffer can."""
+    base = torch.zeros(t.numel() * t.element_size() + 64, dtype=torch.uint8)
+    assert base.data_ptr() % 64 == 0
+    view = torch.frombuffer(base.numpy(), dtype=t.dtype, offset=offset, count=t.numel()).view(t.shape)
+    assert view.data_ptr() % 64 == offset
+    return view.copy_(t)
 
 
 def addresses(shape, strides):
@@ -109,6 +121,10 @@ def test_accepted_launch_parameters(params):
         return t.as_strided(t.shape, [huge if n == 1 else st for n, st in zip(t.shape, t.stride())])
 
     assert params(o1, one(p1), one(c1[:1]), one(s1[:1]), x1, one(sc1), 256) == [1, 1, 1, 2, 256, 0, 1, 0, 0, 0]
+    # data pointers aligned to their elements but not to 16 bytes: the kernels' narrow paths take them
+    f32 = [at_byte_offset(t.float(), 4) for t in (c, s)]
+    assert params(at_byte_offset(o, 2), at_byte_offset(p, 8), *f32, at_byte_offset(x, 1),
+                  at_byte_offset(sc.float(), 4), q) == [1, 4, 16, 2, 128, 64, 1, 1, 32, 32]
     assert params(*inputs(S=0))[0] == 0  # nothing to launch
     assert params(*inputs(S=3, H=0, G=2))[0] == 0  # x_scale [3, 2, 0]: no layout to check either
 
@@ -128,7 +144,19 @@ def bad_cases():
                           "argument 'x_fp8' expected a contiguous tensor, got strides [8192, 1, 2]"),
         "cos rope_dim": ((o, p, c[:, :16], s[:, :16], x, sc, q),
                          "argument 'cos' expected shape [max_pos >= 1, 32] (rope_dim 64), got [64, 16]"),
+        "o misaligned": ((at_byte_offset(o, 1), p, c, s, x, sc, q), misaligned("o", 2, 1)),
+        "positions misaligned": ((o, at_byte_offset(p, 1), c, s, x, sc, q), misaligned("positions", 8, 1)),
+        "int32 positions misaligned": ((o, at_byte_offset(p.int(), 6), c, s, x, sc, q),
+                                       misaligned("positions", 4, 2)),
+        "cos misaligned": ((o, p, at_byte_offset(c.float(), 2), s.float(), x, sc, q), misaligned("cos", 4, 2)),
+        "sin misaligned": ((o, p, c, at_byte_offset(s, 3), x, sc, q), misaligned("sin", 4, 3)),
+        "x_scale misaligned": ((o, p, c, s, x, at_byte_offset(sc.float(), 7), q), misaligned("x_scale", 4, 3)),
     }
+
+
+def misaligned(name, size, off):
+    return (f"argument '{name}' expected a data pointer aligned to its element size ({size} bytes), got one {off} "
+            "bytes past")
 
 
 @pytest.mark.parametrize("name", list(bad_cases()))

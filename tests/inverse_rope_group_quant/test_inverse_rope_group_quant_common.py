@@ -82,10 +82,10 @@ def test_token_division_magic_numbers(seed):
 
 def _kargs(lib, ptrs=(4096, 8192, 16384, 16384 + 128, 65536, 131072), **kw):
     ints = dict(S=5, H=16, D=512, o_dtype=0, pos64=1, pos_stride=1, cache_dtype=2, cos_stride=64,
-                sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1, cpt=0, tail=0,
-                block=0, sms=0, pdl=0)
+                sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1, tail=0, fast=0,
+                block=0, pdl=0)
     ints.update(kw)
-    assert len(ints) == 22, "one value per irgq_test::params_from field"
+    assert len(ints) == 21, "one value per irgq_test::params_from field"
     out = (ctypes.c_longlong * 10)()
     lib.irgq_host_kargs((ctypes.c_void_p * 6)(*ptrs), (ctypes.c_longlong * len(ints))(*ints.values()), out)
     return list(out)

@@ -6,9 +6,10 @@ and a read from a lane that did not take part is an error (tests/lockstep.h, tes
 The output must equal fusedrope.reference byte for byte, every output byte written (poisoned buffers), over the
 seed shapes, all group sizes, both scale layouts and formats, both fp8 types, bf16/fp16 o, bf16/fp16/fp32
 strided caches, int32/int64 strided positions (some out of range), the narrow paths for a misaligned o,
-NaN/Inf blocks and partial last blocks, the CUDA launcher's fast-layout kernels (whose mutated copies must fail
-on that layout only); under AddressSanitizer on exact-size allocations; and mutated copies of each kernel's block
-reduction must fail.
+NaN/Inf blocks and partial last blocks; the CUDA launcher's default launch (the generic kernel in 256-thread
+blocks) and each of its experiments (kernels_cuda/README.md), which run only when asked (mutated copies that break
+an experiment fail with it and pass without it); under AddressSanitizer on exact-size allocations; and mutated
+copies of each kernel's block reduction must fail.
 
 Each kernel also runs with its hardware fp8 path switched on, through a model of the conversion: the CUDA kernel
 as for sm_90 (__nv_cvt_float2_to_fp8x2, tests/cuda_emul/cuda_fp8.h), the HIP kernel as for gfx942 and gfx950
@@ -16,7 +17,7 @@ as for sm_90 (__nv_cvt_float2_to_fp8x2, tests/cuda_emul/cuda_fp8.h), the HIP ker
 arch, clamping or saturation, byte and word order), not the silicon's rounding.
 
 Not covered here: the real conversion instructions (the SASS/ISA tests check they are used), timing, and the
-CUDA/HIP runtimes and torch bindings. The CUDA kernel's GPU run is owed (gpu/); the HIP kernel has never run on AMD.
+CUDA/HIP runtimes and torch bindings.
 """
 
 from __future__ import annotations
@@ -46,31 +47,19 @@ def lib(request):
     return lib
 
 
-def chunks_per_thread(lib, chunks: int) -> int:
-    """What the launcher picks: the CUDA one 1 chunk per thread, the HIP one 2."""
+def chunks_per_thread(lib) -> int:
+    """Chunks per thread: the CUDA kernel's 1, the HIP kernel's 2."""
     return 1 if lib.vendor.startswith("cuda") else 2
 
 
-EMULATED_SMS = 132  # what the emulated CUDA runtime says (tests/cuda_emul/cuda_emul.h), the H200's count
-
-
-def cuda_block(threads: int, sms: int = EMULATED_SMS) -> int:
-    """The CUDA launcher's automatic block size for ``threads`` threads: 256, or, when fewer 256-thread blocks
-    than SMs would do, ceil(warps / SMs) whole warps, so that the warps spread over the SMs."""
-    warps = -(-threads // 32)
-    return 256 if warps >= 8 * sms else 32 * -(-warps // sms)
-
-
-def cuda_launch(threads: int) -> tuple[int, int]:
-    """(grid, block) of the CUDA launcher's automatic block size for ``threads`` threads."""
-    block = cuda_block(threads)
+def cuda_launch(threads: int, block: int = 256) -> tuple[int, int]:
+    """(grid, block) of a CUDA launch of ``threads`` threads in blocks of ``block`` (the default: 256)."""
     return -(-threads // block), block
 
 
 def expected_launch(lib, chunks: int) -> tuple[int, int]:
-    """(grid, block) of the automatic launch of ``chunks`` chunks: the HIP launcher's blocks are always 256."""
-    threads = -(-chunks // chunks_per_thread(lib, chunks))
-    return cuda_launch(threads) if lib.vendor.startswith("cuda") else (-(-threads // 256), 256)
+    """(grid, block) of the default launch of ``chunks`` chunks: blocks of 256 threads for both vendors."""
+    return cuda_launch(-(-chunks // chunks_per_thread(lib)))
 
 
 def _run_checked(lib, *args, **kw):
@@ -88,7 +77,7 @@ def test_seed_shapes_all_groups_both_layouts(lib, q):
             o, p, c, s = quant_inputs(5, H, seed=q + H + transpose)
             st = _run_checked(lib, o, p, c, s, G, q, transpose)
             chunks = 5 * H * 32  # 16 elements per lane, u chunks per lane
-            u = chunks_per_thread(lib, chunks)
+            u = chunks_per_thread(lib)
             grid, block = expected_launch(lib, chunks)
             assert st["launches"] == 1 and (st["grid"], st["block"]) == (grid, block), st
             # every work-item does log2(q/16) cross-lane steps for each of its u chunks, valid or not
@@ -182,22 +171,6 @@ def test_token_count_not_a_multiple_of_the_block(lib):
         assert (st["grid"], st["block"]) == expected_launch(lib, S * H * 32)
 
 
-@pytest.mark.parametrize("forced", [1, 2])
-def test_cuda_forced_chunks_per_thread(forced):
-    """The CUDA launcher's forced launch shape (the config op's chunks_per_thread): bit-exact either way, the grid
-    it implies."""
-    lib = emulated_kernel("cuda")
-    for S, H, G, q in ((3, 16, 2, 128), (2, 8, 1, 32)):
-        o, p, c, s = quant_inputs(S, H, seed=S + H + forced)
-        lib.emul_reset()
-        check_emulated(lib, o, p, c, s, G, q, False, chunks_per_thread=forced)
-        st = emul_stats(lib)
-        assert st["errors"] == 0 and (st["grid"], st["block"]) == cuda_launch(-(-(S * H * 32) // forced)), st
-    o, p, c, s = quant_inputs(2, 4)
-    x, sc = quant_outputs(o, 1, 128, False)
-    assert emulate(lib, o, p, c, s, x, sc, 128, chunks_per_thread=3) == 6  # kBadConfig
-
-
 @pytest.mark.parametrize("q", GROUPS)
 def test_cuda_tail_warps_bit_exact_with_the_grid_they_imply(q):
     """tail_warps=1 (every head's last max(4, q/16) chunks, its rope tail widened to whole quant blocks, in warps
@@ -219,68 +192,54 @@ def test_cuda_tail_warps_bit_exact_with_the_grid_they_imply(q):
             S, H, st)
 
 
-def test_cuda_tail_warps_bad_configs():
-    """tail_warps takes 0 or 1, and 1 only with one chunk per thread: else kBadConfig, before any launch."""
+def test_cuda_experiment_switches_bad_configs():
+    """tail_warps, fast_layout and pdl take 0 or 1, and tail_warps and fast_layout are not both 1: else kBadConfig,
+    before any launch."""
     lib = emulated_kernel("cuda")
     o, p, c, s = quant_inputs(2, 4)
     x, sc = quant_outputs(o, 1, 128, False)
     lib.emul_reset()
-    assert emulate(lib, o, p, c, s, x, sc, 128, chunks_per_thread=2, tail_warps=1) == 6
+    assert emulate(lib, o, p, c, s, x, sc, 128, tail_warps=1, fast_layout=1) == 6
     assert emulate(lib, o, p, c, s, x, sc, 128, tail_warps=2) == 6
-    assert emulate(lib, o, p, c, s, x, sc, 128, chunks_per_thread=1, tail_warps=1) == 0
-    assert emul_stats(lib)["launches"] == 1
+    assert emulate(lib, o, p, c, s, x, sc, 128, fast_layout=2) == 6
+    assert emulate(lib, o, p, c, s, x, sc, 128, fast_layout=-1) == 6
+    assert emul_stats(lib)["launches"] == 0
+    assert emulate(lib, o, p, c, s, x, sc, 128, tail_warps=1) == 0
+    assert emulate(lib, o, p, c, s, x, sc, 128, fast_layout=1) == 0
+    assert emul_stats(lib)["launches"] == 2
 
 
-def test_cuda_automatic_launch_takes_one_chunk_per_thread_on_a_large_grid():
-    """The automatic launch shape is 1 chunk per thread at any size (the H200 sweep found it as fast or faster
-    everywhere): S = 513 for H = 16 makes 1026 blocks of 256 chunks, above the 1024 the launcher used to stop at.
-    Outputs are checked against the reference."""
+def test_cuda_default_launch_takes_256_thread_blocks_at_every_size():
+    """The default launch is one chunk per thread in blocks of 256 threads, whatever the grid size: S = 1 for
+    H = 16 (2 blocks), S = 40 (80 blocks), S = 513 (1026 blocks), bit-exact against the reference. An error the
+    caller had pending before a launch that succeeds is still pending after it (the launcher clears only its own)."""
     lib = emulated_kernel("cuda")
-    o, p, c, s = quant_inputs(513, 16, seed=513)
-    lib.emul_reset()
-    check_emulated(lib, o, p, c, s, 2, 128, False)
-    st = emul_stats(lib)
-    assert st["errors"] == 0 and st["grid"] == 513 * 16 * 32 // 256 == 1026 and st["block"] == 256, st
+    for S, seed in ((1, 3), (40, 4), (513, 513)):
+        o, p, c, s = quant_inputs(S, 16, seed=seed)
+        st = _run_checked(lib, o, p, c, s, 2, 128, S == 40)
+        assert st["launches"] == 1 and (st["grid"], st["block"]) == (S * 16 * 32 // 256, 256), (S, st)
+    o, p, c, s = quant_inputs(1, 16, seed=3)
+    try:
+        lib.emul_set_last_error(700)
+        _run_checked(lib, o, p, c, s, 2, 128, False)
+        assert lib.emul_peek_last_error() == 700
+    finally:
+        lib.emul_set_last_error(0)
 
 
 @pytest.mark.parametrize("vendor", ["cuda", "cuda-sm90"])
 def test_cuda_block_size_bit_exact_and_as_asked(vendor):
     """Params::block_threads forces the block size (a multiple of 32 up to 256): bit-exact at every size for the
-    plain, tail-warps and two-chunk layouts, with the fast-layout and the generic kernel (misaligned o), blocks
-    that end mid-head and a last block partly empty; the grid it implies."""
+    default kernel, tail warps and the fast-layout kernels (the generic kernel where o is misaligned), blocks that
+    end mid-head and a last block partly empty; the grid it implies."""
     lib = emulated_kernel(vendor)
     for S, H, G, q, kw in ((3, 16, 2, 128, {}), (2, 3, 1, 32, {"misaligned": True}), (1, 8, 1, 256, {})):
         o, p, c, s = quant_inputs(S, H, seed=S * 7 + H, **kw)
         for block in (32, 96, 224, 256):
-            for cpt, tw in ((1, 0), (1, 1), (2, 0)):
-                st = _run_checked(lib, o, p, c, s, G, q, False, chunks_per_thread=cpt, tail_warps=tw,
-                                  block_threads=block)
+            for tw, fl in ((0, 0), (1, 0), (0, 1)):
+                st = _run_checked(lib, o, p, c, s, G, q, False, tail_warps=tw, fast_layout=fl, block_threads=block)
                 if not tw:
-                    assert (st["grid"], st["block"]) == (-(-(S * H * 32) // (block * cpt)), block), st
-
-
-def test_cuda_automatic_block_size_spreads_a_small_grid_over_the_sms():
-    """Automatic block size: 256 threads while the grid has a block per SM, else ceil(warps / SMs) whole warps:
-    with num_sms from the caller, or asked of the runtime when 0 (132 in the emulator). Bit-exact throughout."""
-    lib = emulated_kernel("cuda")
-    o, p, c, s = quant_inputs(1, 16, seed=3)  # 512 chunks: 16 warps
-    for sms, block in ((0, 32), (132, 32), (8, 64), (5, 128), (2, 256), (1, 256)):
-        st = _run_checked(lib, o, p, c, s, 2, 128, False, num_sms=sms)
-        assert (st["grid"], st["block"]) == (512 // block, block), (sms, st)
-    o, p, c, s = quant_inputs(40, 16, seed=4)  # 640 warps: 5 per SM of 132
-    st = _run_checked(lib, o, p, c, s, 2, 128, True)
-    assert (st["grid"], st["block"]) == (-(-40 * 16 * 32 // 160), 160), st
-    try:  # the runtime's SM-count query fails: 256-thread blocks, as before the spreading
-        lib.emul_set_device(-1, 90)
-        st = _run_checked(lib, o, p, c, s, 2, 128, True)
-        assert (st["grid"], st["block"]) == (40 * 16 * 32 // 256, 256), st
-        assert lib.emul_peek_last_error() == 0  # the query's own error cleared
-        lib.emul_set_last_error(700)  # an error pending before the launch: an error still pending after it
-        _run_checked(lib, o, p, c, s, 2, 128, True)
-        assert lib.emul_peek_last_error() != 0
-    finally:
-        lib.emul_set_last_error(0)
-        lib.emul_set_device(132, 90)
+                    assert (st["grid"], st["block"]) == cuda_launch(S * H * 32, block), st
 
 
 def test_cuda_programmatic_dependent_launch():
@@ -292,19 +251,21 @@ def test_cuda_programmatic_dependent_launch():
     lib.emul_last_pdl.restype = ctypes.c_int
     o, p, c, s = quant_inputs(3, 16, seed=9)
     for pdl in (1, 0, 1):
-        for tw in (0, 1):
-            _run_checked(lib, o, p, c, s, 2, 128, False, tail_warps=tw, pdl=pdl)
+        for tw, fl in ((0, 0), (1, 0), (0, 1)):
+            _run_checked(lib, o, p, c, s, 2, 128, False, tail_warps=tw, fast_layout=fl, pdl=pdl)
             assert lib.emul_last_pdl() == pdl
+    _run_checked(lib, o, p, c, s, 2, 128, False)  # the default launch: no pdl
+    assert lib.emul_last_pdl() == 0
     x, sc = quant_outputs(o, 2, 128, False)
     assert emulate(lib, o, p, c, s, x, sc, 128, pdl=2) == 6
     lib.emul_reset()
     try:
-        lib.emul_set_device(132, 80)
+        lib.emul_set_ptx_version(80)
         assert emulate(lib, o, p, c, s, x, sc, 128, pdl=1) == 7  # kPdlUnsupported
         assert emul_stats(lib)["launches"] == 0
         _run_checked(lib, o, p, c, s, 2, 128, False)  # without pdl the same image runs
     finally:
-        lib.emul_set_device(132, 90)
+        lib.emul_set_ptx_version(90)
 
 
 def test_cuda_block_threads_bad_values():
@@ -322,39 +283,53 @@ def test_cuda_block_threads_bad_values():
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=["f32cache", "bf16cache"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_cuda_fast_layout_kernels(vendor, dtype, cache_dtype):
-    """The CUDA launcher's kernels for the common layout (o and x_fp8 16-byte aligned, cos/sin rows 16-byte
-    aligned in fp32 or bf16, e4m3fn; the layout a compile-time constant): bit-exact for every group size, plain and
-    tail warps, both scale layouts and scale dtypes, int64 and int32 positions, special blocks."""
+    """fast_layout=1: the CUDA launcher's kernels for the common layout (o and x_fp8 16-byte aligned, cos/sin rows
+    16-byte aligned in fp32 or bf16, e4m3fn; the layout a compile-time constant): bit-exact for every group size,
+    both scale layouts and scale dtypes, int64 and int32 positions, special blocks."""
     lib = emulated_kernel(vendor)
     o, p, c, s = quant_inputs(3, 16, dtype=dtype, cache_dtype=cache_dtype, seed=11)
     o[0, 1, 7] = float("nan")
     o[2, 3, 490] = float("-inf")  # in the rope tail
     p32 = p.to(torch.int32)
     for q in GROUPS:
-        for tw in (0, 1):
-            _run_checked(lib, o, p, c, s, 2, q, q == 64, tail_warps=tw)
-            _run_checked(lib, o, p32, c, s, 1, q, q == 128, scale_dtype=torch.float32, tail_warps=tw)
+        _run_checked(lib, o, p, c, s, 2, q, q == 64, fast_layout=1)
+        _run_checked(lib, o, p32, c, s, 1, q, q == 128, scale_dtype=torch.float32, fast_layout=1)
 
 
 @pytest.mark.parametrize("cache_dtype,misread_as", [(torch.float32, "kBF16"), (torch.bfloat16, "kF32")],
                          ids=["f32cache", "bf16cache"])
-def test_cuda_fast_layout_kernels_run_for_that_layout_only(tmp_path, cache_dtype, misread_as):
-    """The fast-layout kernels do run: a copy whose fast kernels read the cache as the other dtype fails on the
-    common layout with that cache, and still passes where the launcher must take the generic kernel (a
-    misaligned o, e4m3fnuz output, an fp16 or misaligned cache)."""
+def test_cuda_fast_layout_kernels_run_when_asked_for_that_layout_only(tmp_path, cache_dtype, misread_as):
+    """The fast-layout kernels run with fast_layout=1 on their layout, and only then: a copy whose fast kernels
+    read the cache as the other dtype fails there, and passes in the default launch and with tail warps on the
+    same layout (the generic kernel), and with fast_layout=1 where the layout sends the launcher to the generic
+    kernel (a misaligned o, e4m3fnuz output, an fp16 or misaligned cache)."""
     bad = emulated_kernel("cuda-sm90", _mutated_copy(tmp_path, CUDA_SRC, "kFast ? kFastCache : a.cache_dtype",
                                                      f"kFast ? {misread_as} : a.cache_dtype"))
     o, p, c, s = quant_inputs(2, 16, cache_dtype=cache_dtype, seed=5)
-    for tw in (0, 1):
-        with pytest.raises(AssertionError, match="fp8 bytes differ|scale mismatch"):
-            _run_checked(bad, o, p, c, s, 2, 128, False, tail_warps=tw)
+    with pytest.raises(AssertionError, match="fp8 bytes differ|scale mismatch"):
+        _run_checked(bad, o, p, c, s, 2, 128, False, fast_layout=1)
+    _run_checked(bad, o, p, c, s, 2, 128, False)
+    _run_checked(bad, o, p, c, s, 2, 128, False, tail_warps=1)
     om, pm, cm, sm = quant_inputs(2, 16, cache_dtype=cache_dtype, misaligned=True, seed=5)
-    _run_checked(bad, om, pm, cm, sm, 2, 128, False)
-    _run_checked(bad, o, p, c, s, 2, 128, False, torch.float8_e4m3fnuz)
+    _run_checked(bad, om, pm, cm, sm, 2, 128, False, fast_layout=1)
+    _run_checked(bad, o, p, c, s, 2, 128, False, torch.float8_e4m3fnuz, fast_layout=1)
     o16, p16, c16, s16 = quant_inputs(2, 16, cache_dtype=torch.float16, seed=5)
-    _run_checked(bad, o16, p16, c16, s16, 2, 128, False)
+    _run_checked(bad, o16, p16, c16, s16, 2, 128, False, fast_layout=1)
     ost, pst, cst, sst = quant_inputs(2, 16, cache_dtype=cache_dtype, strided_cache=True, seed=5)
-    _run_checked(bad, ost, pst, cst, sst, 2, 128, False)
+    _run_checked(bad, ost, pst, cst, sst, 2, 128, False, fast_layout=1)
+
+
+@pytest.mark.parametrize("q", [32, 256])
+def test_cuda_tail_warps_run_when_asked_only(tmp_path, q):
+    """The tail-warps layout runs with tail_warps=1 and only then: a copy whose tail warps drop every head's last
+    tail chunk fails there, and passes in the default launch and with fast_layout=1."""
+    bad = emulated_kernel("cuda", _mutated_copy(tmp_path, CUDA_SRC, "return t < heads * kTailSpan ?",
+                                                "return t + 1 < heads * kTailSpan ?"))
+    o, p, c, s = quant_inputs(2, 16, seed=q)
+    with pytest.raises(AssertionError, match="fp8 bytes differ|scale mismatch"):
+        _run_checked(bad, o, p, c, s, 2, q, False, tail_warps=1)
+    _run_checked(bad, o, p, c, s, 2, q, False)
+    _run_checked(bad, o, p, c, s, 2, q, False, fast_layout=1)
 
 
 def test_empty_and_status_codes(lib):
@@ -399,22 +374,24 @@ MUTATIONS = [  # (vendor, text, replacement, fp8 dtype, what goes wrong)
      "out[i] = byte == 0xFFu ? 0x7F7F7F7Fu : (hi | (lo << 16));", E4M3, "fp8 bytes differ"),  # pairs swapped
     ("hip-gfx942", "return (unsigned)w & (((t + 0x7F7F7F7Fu) & 0x80808080u) | 0x7F7F7F7Fu);",
      "return (unsigned)w | (t & 0u);", FNUZ, "fp8 bytes differ"),  # a signed zero from the hardware left as 0x80 (NaN)
-    ("cuda", "blockIdx.x * blockDim.x * kU", "blockIdx.x * kThreads * kU", E4M3,
-     "scale mismatch"),  # blocks indexed as if 256 threads: S = 2's blocks of 32 leave chunks unwritten
+    ("cuda", "blockIdx.x * blockDim.x + threadIdx.x", "blockIdx.x * kThreads + threadIdx.x", E4M3,
+     "scale mismatch"),  # blocks indexed as if 256 threads: forced blocks of 32 leave chunks unwritten
 ]
+LAUNCH = {"cuda-block-size-ignored": dict(block_threads=32)}  # the launch a mutation needs, where not the default
 
 
 @pytest.mark.parametrize("vendor,old,new,fp8,what", MUTATIONS,
                          ids=["hip-row-mirror-as-half-mirror", "hip-identity-quad-perm", "cuda-skipped-steps",
                               "cuda-self-shuffle", "gfx942-swapped-bytes", "gfx950-wrong-word", "sm90-swapped-pairs",
                               "gfx942-negative-zero", "cuda-block-size-ignored"])
-def test_a_broken_kernel_is_caught(tmp_path, vendor, old, new, fp8, what):
-    """The check can fail: a copy of the kernel with its reduction or its fp8 packing broken is caught."""
+def test_a_broken_kernel_is_caught(request, tmp_path, vendor, old, new, fp8, what):
+    """The check can fail: a copy of the kernel with its reduction, its fp8 packing or its indexing broken is
+    caught."""
     src_file = HIP_SRC if vendor.startswith("hip") else CUDA_SRC
     bad = emulated_kernel(vendor, _mutated_copy(tmp_path, src_file, old, new))
     o, p, c, s = quant_inputs(2, 16, seed=7)
     with pytest.raises(AssertionError, match=what):
-        check_emulated(bad, o, p, c, s, 2, 256, False, fp8)
+        check_emulated(bad, o, p, c, s, 2, 256, False, fp8, **LAUNCH.get(request.node.callspec.id, {}))
 
 
 DIVERGENT = [  # a shuffle / the first DPP step made by even work-items only: their partners never take part
@@ -460,6 +437,7 @@ print("ASAN RUN OK", n)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_stays_in_bounds_under_asan(tmp_path, vendor):
     """The kernel built with AddressSanitizer and the alignment check, on tensors in allocations of exactly their
@@ -497,8 +475,7 @@ def test_backend_entry_splits_what_one_launch_cannot_index(transpose, monkeypatc
         launches.append(o.shape[0])
         assert emulate(emu, o, positions, cos, sin, x_fp8, x_scale, q) == 0
 
-    entry = CompiledOp(None, "unused")
-    entry._op = op
+    entry = CompiledOp(op)
     monkeypatch.setattr(entry, "max_chunks", 3 * 4 * 512 // 16 + 5)
     entry(o, p, c, s, x, sc, 64)
     assert launches == [3, 3, 3, 1]

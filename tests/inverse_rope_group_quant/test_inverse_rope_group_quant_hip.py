@@ -144,24 +144,28 @@ def test_torch_binding_compiles_against_torch_headers(tmp_path):
 def test_hip_backend_supports(monkeypatch):
     import torch
 
+    from fusedrope.inverse_rope_group_quant import Facts
     from fusedrope.inverse_rope_group_quant import hip as hq
+
+    def supports(facts: tuple):
+        return hq.supports(Facts(*facts))
 
     dev = torch.device("cuda", 0)
     base = (dev, torch.bfloat16, 512, 64, 128, torch.bfloat16, torch.int64, torch.float8_e4m3fnuz,
             torch.float8_e8m0fnu, False)
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx942")
-    assert hq.supports(base) is None
-    assert hq.supports(base[:4] + (32,) + base[5:8] + (torch.float32, True)) is None
-    assert "float8_e4m3fnuz" in hq.supports(base[:7] + (torch.float8_e4m3fn,) + base[8:])
-    assert "packed UE8M0" in hq.supports(base[:8] + (torch.int32, True))
-    assert "head_dim 512" in hq.supports((dev, torch.bfloat16, 128, 64) + base[4:])
+    assert supports(base) is None
+    assert supports(base[:4] + (32,) + base[5:8] + (torch.float32, True)) is None
+    assert "float8_e4m3fnuz" in supports(base[:7] + (torch.float8_e4m3fn,) + base[8:])
+    assert "packed UE8M0" in supports(base[:8] + (torch.int32, True))
+    assert "head_dim 512" in supports((dev, torch.bfloat16, 128, 64) + base[4:])
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx950")
-    assert hq.supports(base[:7] + (torch.float8_e4m3fn,) + base[8:]) is None
-    assert "float8_e4m3fn" in hq.supports(base)
+    assert supports(base[:7] + (torch.float8_e4m3fn,) + base[8:]) is None
+    assert "float8_e4m3fn" in supports(base)
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx90a")
-    assert "gfx942/gfx950" in hq.supports(base)
+    assert "gfx942/gfx950" in supports(base)
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "sm_90")
-    assert "gfx942/gfx950" in hq.supports(base)
+    assert "gfx942/gfx950" in supports(base)
 
 
 def test_hip_ext_sources_and_reasons():

@@ -57,17 +57,8 @@ inline cudaError_t cudaGetLastError() {
   return e;
 }
 inline cudaError_t cudaPeekAtLastError() { return emu_last_error; }
-// One device, with emu_num_sms SMs (the H200's 132 unless a test sets it; negative: the query fails), running
-// kernels compiled for PTX version emu_ptx_version (90: sm_90).
-inline int emu_num_sms = 132;
+// The device runs kernels compiled for PTX version emu_ptx_version (90: sm_90).
 inline int emu_ptx_version = 90;
-enum cudaDeviceAttr : int { cudaDevAttrMultiProcessorCount = 16 };
-inline cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
-inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (attr != cudaDevAttrMultiProcessorCount || device != 0 || emu_num_sms < 0) return emu_fail(cudaErrorInvalidValue);
-  *value = emu_num_sms;
-  return cudaSuccess;
-}
 struct cudaFuncAttributes { int ptxVersion, binaryVersion; };
 template <class... A>
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, void (*)(A...)) {

@@ -22,11 +22,8 @@ int irgq_host_run(void** ptrs, const long long* ints) {
 // Whether the last launch was a programmatic dependent launch (cudaLaunchKernelEx with the attribute set).
 int emul_last_pdl() { return emu_last_pdl; }
 
-// The emulated device: its SM count (negative: the runtime's query fails) and its kernels' PTX version.
-void emul_set_device(int num_sms, int ptx_version) {
-  emu_num_sms = num_sms;
-  emu_ptx_version = ptx_version;
-}
+// The PTX version of the kernel images the emulated device runs (90: sm_90; below 90: no griddepcontrol wait).
+void emul_set_ptx_version(int ptx_version) { emu_ptx_version = ptx_version; }
 
 // The emulated runtime's last error: set it (a caller's error pending before a launch), read it without clearing.
 void emul_set_last_error(int e) { emu_last_error = static_cast<cudaError_t>(e); }
