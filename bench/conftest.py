@@ -85,9 +85,10 @@ def run_contender(benchmark, copy_tbps, contenders_here):
         if benchmark.stats is None:  # --benchmark-disable: the calls ran once, nothing was timed
             return
         info["per_call_us"] = benchmark.stats.stats.median * 1e6
-        seconds = (info.get("device_us") or info["per_call_us"]) * 1e-6
-        info["tbps"] = moved / seconds / 1e12
-        info.update(B.bandwidth_fields(info["tbps"], copy_tbps, DEVICE))
+        if contender.counts_bytes:  # not the launch floor, which moves none of the case's bytes
+            seconds = (info.get("device_us") or info["per_call_us"]) * 1e-6
+            info["tbps"] = moved / seconds / 1e12
+            info.update(B.bandwidth_fields(info["tbps"], copy_tbps, DEVICE))
         benchmark.extra_info.update(info)
 
     return run

@@ -236,8 +236,9 @@ def test_input_bytes_are_the_bytes_of_one_input_set():
 
 
 def test_seed_matrices_are_the_specs_each_case_once():
-    """SPEC: op 1's 6 shapes x batch 1, 8, 32; op 2's (16, 2) and (8, 1) over 10 token counts, plus group sizes 32
-    and 64 at S = 2048 and 8192 (group 128 there is already in the S axis: measured once, not twice)."""
+    """The seed matrices (docs/benchmarks.md): op 1's 6 shapes x batch 1, 8, 32; op 2's (16, 2) and (8, 1) over
+    10 token counts, plus group sizes 32 and 64 at S = 2048 and 8192 (group 128 there is already in the S axis:
+    measured once, not twice)."""
     tts, quant = B.seed_cases(B.TTS), B.seed_cases(B.QUANT)
     assert len(tts) == len({c.id for c in tts}) == 18
     assert len(quant) == len({c.id for c in quant}) == 24
@@ -276,14 +277,80 @@ def test_measure_frees_each_contenders_buffers_before_the_next_makes_its_own():
 def test_contenders_say_why_they_cannot_run_here():
     tts = {c.name: c for c in B.contenders(B.TTS, CPU)}
     quant = {c.name: c for c in B.contenders(B.QUANT, CPU)}
-    assert list(tts) == ["eager", "compile", "cuda", "triton", "reference", "liger"]
-    assert list(quant) == ["eager", "compile", "cuda", "hip", "triton", "reference", "unfused"]
+    assert list(tts) == ["eager", "compile", "cuda", "triton", "reference", "liger", "floor"]
+    assert list(quant) == ["eager", "compile", "cuda", "hip", "triton", "reference", *B.QUANT_CUDA_EXPERIMENTS,
+                           "unfused", "floor"]
     assert tts["triton"].reason == quant["unfused"].reason == "CPU interpreter timings are not meaningful"
     assert tts["cuda"].reason.startswith("cuda backend unavailable: ")
     assert quant["hip"].reason.startswith("hip backend unavailable: ")
+    assert {quant[n].reason for n in B.QUANT_CUDA_EXPERIMENTS} == {quant["cuda"].reason}
     assert tts["liger"].reason  # not installed here, or needs a GPU
-    assert tts["eager"].reason is tts["reference"].reason is None
+    assert tts["eager"].reason is tts["reference"].reason is tts["floor"].reason is None
     assert B.contenders(B.TTS, CPU, interpreter=True)[3].reason is None
+
+
+@pytest.mark.parametrize("capability,pdl_reason", [((9, 0), None), ((8, 0), "needs sm_90 or newer")])
+def test_cuda_launch_experiments_run_the_config_op_where_the_cuda_backend_runs(monkeypatch, capability,
+                                                                               pdl_reason):
+    """Op 2's experiments: one contender each, runnable wherever the cuda backend is (pdl=1 from sm_90 on), each
+    calling inverse_rope_group_quant_config on the set's buffers with its own keywords (checked here through a
+    stand-in for the raw op and a faked GPU)."""
+    from fusedrope.inverse_rope_group_quant import cuda as quant_cuda
+
+    monkeypatch.setattr(B, "_backend_reason", lambda op, b, device, interpreter: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    quant = {c.name: c for c in B.contenders(B.QUANT, torch.device("cuda", 0), compile=False)}
+    assert quant["cuda:pdl"].reason == (pdl_reason and
+                                        "a programmatic dependent launch (pdl=1) needs sm_90 or newer")
+    assert all(quant[n].reason is None and quant[n].backend == "cuda" for n in B.QUANT_CUDA_EXPERIMENTS
+               if n != "cuda:pdl")
+    calls = []
+    monkeypatch.setattr(quant_cuda, "inverse_rope_group_quant_config",
+                        lambda o, p, c, s, x, sc, q, **kw: calls.append((o.shape, x is sets[1][4], c.dtype, q, kw)))
+    case = QuantCase(2, 16, 2, quant_group_size=64)
+    sets = B.make_sets(B.QUANT, case, CPU, n=2)
+    for name, kw in B.QUANT_CUDA_EXPERIMENTS.items():
+        quant[name].make(case, sets)(3)
+        switches = {k: v for k, v in kw.items() if k != "cache_dtype"}
+        assert calls.pop() == ((2, 16, 512), True, kw.get("cache_dtype", torch.float32), 64, switches), name
+    assert {"fast_layout", "tail_warps", "block_threads", "pdl", "cache_dtype"} == {
+        k for kw in B.QUANT_CUDA_EXPERIMENTS.values() for k in kw}
+
+
+def test_the_launch_floor_is_timed_without_a_bandwidth():
+    """``floor`` (one trivial kernel per call) moves none of the case's bytes: timed, with no TB/s or % of copy,
+    and the tables and plots take its rows."""
+    floor = [c for c in B.contenders(B.QUANT, CPU, compile=False) if c.name == "floor"]
+    row, = B.measure(B.QUANT, QuantCase(1, 8, 1), floor, CPU, reps=1, copy_tbps=1.0)
+    assert row["status"] == "ok" and row["per_call_us"] > 0 and "tbps" not in row and "frac_copy" not in row
+    tables = report.contender_tables([row], B.QUANT)
+    assert "| S1-H8-G1-D512-R64-g128 | " in tables and "TB/s" not in tables
+
+
+def test_experiment_table_against_the_default_launch():
+    """Each experiment against the default launch with the same cos/sin cache: cuda:default for the fp32 cache
+    (the public cuda call where cuda:default was not measured), cuda:default:bf16_cache for the bf16 one."""
+    case = QuantCase(8, 16, 2)
+    base = {"op": B.QUANT, **B.case_fields(B.QUANT, case), "status": "ok", "tbps_basis": "device_us"}
+    rows = [{**base, "contender": "cuda", "device_us": 2.1},
+            {**base, "contender": "cuda:default", "device_us": 2.0},
+            {**base, "contender": "cuda:fast_layout", "device_us": 1.6},
+            {**base, "contender": "cuda:pdl", "status": "skipped", "reason": "needs sm_90"},
+            {**base, "contender": "cuda:tail_warps", "device_us": 2.5, "graph_l2_resident": True},
+            {**base, "contender": "cuda:default:bf16_cache", "device_us": 1.9},
+            {**base, "contender": "cuda:fast_layout:bf16_cache", "device_us": 0.95}]
+    table = report.experiment_table(rows, B.QUANT)
+    M = report.L2_MARK
+    assert ("| case | cuda:default | cuda:fast_layout | cuda:tail_warps | cuda:default:bf16_cache "
+            "| cuda:fast_layout:bf16_cache |") in table
+    assert f"| {case.id} | 2.00 | 1.60 (1.25x) | 2.50{M} (0.80x) | 1.90 | 0.95 (2.00x) |" in table
+    assert "in brackets the default launch (same cache) / the experiment" in table and report.L2_NOTE in table
+    assert report.experiment_table(rows[:2] + rows[5:6], B.QUANT) == ""  # defaults only: no experiment
+    rows[1]["status"] = "error"  # no default measured: the public cuda call stands in for the fp32 cache
+    assert f"| {case.id} | 1.60 (1.31x) | 2.50{M} (0.84x) |" in report.experiment_table(rows, B.QUANT)
+    md = report.markdown({"meta": {**B.machine_info(CPU), "gpu": "NVIDIA H200", "gpu_arch": "sm_90"}, "rows": rows,
+                          "copy": {"tbps": 4.0, "timing": "x"}})
+    assert "### the CUDA launch experiments against the default launch" in md
 
 
 def test_a_peer_that_fails_to_import_costs_only_its_own_row(monkeypatch):
@@ -349,15 +416,16 @@ def test_pytest_benchmark_suite_runs_and_skips_with_reasons(tmp_path):
     assert "triton: CPU interpreter timings are not meaningful" in out
     assert "unfused: CPU interpreter timings are not meaningful" in out
     assert "cuda: cuda backend unavailable" in out
-    assert "4 passed" in out  # eager + reference, for each op
+    assert "6 passed" in out  # eager, reference and the launch floor, for each op
     # the JSON carries our provenance next to pytest-benchmark's, and each row its bandwidth fields
     saved = json.loads(saved.read_text())
     meta = saved["machine_info"]["fusedrope"]
     assert meta["device"] == "cpu" and meta["torch"] == torch.__version__ and meta["git_commit"]
     assert meta["timing"] == B.CPU_TIMING and "command" in meta
     rows = {b["extra_info"]["contender"]: b["extra_info"] for b in saved["benchmarks"]}
-    assert len(saved["benchmarks"]) == 4 and set(rows) == {"eager", "reference"}
-    assert all(r["tbps"] > 0 and r["per_call_us"] > 0 and r["bytes_moved"] > 0 for r in rows.values())
+    assert len(saved["benchmarks"]) == 6 and set(rows) == {"eager", "reference", "floor"}
+    assert all(r["per_call_us"] > 0 and r["bytes_moved"] > 0 for r in rows.values())
+    assert all(r["tbps"] > 0 for n, r in rows.items() if n != "floor") and "tbps" not in rows["floor"]
     # --benchmark-disable (a smoke run of the suite) runs each call once and times nothing: no crash
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "bench/test_bench_tts_rope.py", "--benchmark-disable", "-q",
@@ -593,7 +661,8 @@ def test_tts_bytes_moved_is_the_seeds_ideal_traffic(case):
 
 @pytest.mark.parametrize("gs", [32, 128])
 def test_quant_bytes_moved_is_the_seeds_count(gs):
-    """SPEC: "read o, one cos and one sin row per token, write fp8 at 1 B/elem plus one scale byte per block"."""
+    """The seed's byte count (docs/benchmarks.md): read o, one cos and one sin row per token, write fp8 at 1 B/elem
+    plus one scale byte per block."""
     case = QuantCase(8, 16, 2, quant_group_size=gs)
     elems = 8 * 16 * 512
     cos_sin = 8 * 2 * 32  # rope_dim/2 cos + rope_dim/2 sin per token

@@ -1,7 +1,7 @@
 """The benchmark engine for both ops: case matrices, rotating input sets, contenders, the copy roofline,
-measuring, provenance and a whole run (``python -m fusedrope bench``). The timers are in
-:mod:`fusedrope.benchmark.timing`, the result files, tables and plots in :mod:`fusedrope.benchmark.report`. The
-pytest-benchmark suites in ``bench/`` and the one-shot GPU scripts in ``gpu/`` use all three.
+measuring, provenance and a whole run (``python -m fusedrope bench``, which ``gpu/run.sh`` runs on a GPU). The
+timers are in :mod:`fusedrope.benchmark.timing`, the result files, tables and plots in
+:mod:`fusedrope.benchmark.report`. The pytest-benchmark suites in ``bench/`` use all three.
 
 Timing on a GPU (both per call, in microseconds, median over ``reps`` samples):
 
@@ -314,6 +314,7 @@ class Contender:
     reason: Optional[str] = None
     backend: Optional[str] = None
     many_kernels: bool = False
+    counts_bytes: bool = True  # False: moves none of the case's bytes (the launch floor), so no TB/s
 
     def case_reason(self, case, sets: list) -> Optional[str]:
         """Why this contender cannot run this case (None: it can)."""
@@ -381,14 +382,46 @@ def _quant_api_maker(fn: Callable) -> Callable:
     return make
 
 
+# Op 2's CUDA launch experiments (kernels_cuda/README.md), each the raw op with these keywords of
+# ``inverse_rope_group_quant_config`` beside ``cuda:default`` (the same call, default launch); ``cache_dtype``: on a
+# copy of the sets' fp32 cos/sin cache in that dtype (``...:bf16_cache``, against ``cuda:default:bf16_cache``).
+QUANT_CUDA_EXPERIMENTS = {"cuda:default": {}, "cuda:fast_layout": {"fast_layout": 1},
+                          "cuda:tail_warps": {"tail_warps": 1}, "cuda:block_threads=128": {"block_threads": 128},
+                          "cuda:block_threads=64": {"block_threads": 64}, "cuda:pdl": {"pdl": 1},
+                          "cuda:default:bf16_cache": {"cache_dtype": torch.bfloat16},
+                          "cuda:fast_layout:bf16_cache": {"fast_layout": 1, "cache_dtype": torch.bfloat16}}
+
+
+def _quant_config_maker(kw: dict) -> Callable:
+    def make(case, sets):
+        from ..inverse_rope_group_quant.cuda import inverse_rope_group_quant_config as config
+
+        kws = dict(kw)
+        dtype = kws.pop("cache_dtype", None)
+        cache = tuple(t.to(dtype) for t in sets[0][2:4]) if dtype else None  # every set shares the cache
+
+        def call(i):
+            o, p, c, s, x, sc = sets[i % len(sets)][:6]
+            config(o, p, *(cache or (c, s)), x, sc, case.quant_group_size, **kws)
+        return call
+    return make
+
+
+def _floor_maker(case, sets):
+    t = torch.zeros(1, device=sets[0][0].device)
+    return lambda i: t.fill_(1.0)
+
+
 def contenders(op: str, device: torch.device, *, compile: bool = True, interpreter: bool = False,
                only: Optional[Iterable[str]] = None) -> list[Contender]:
     """Every contender of ``op`` in table order, each with the reason it cannot run here (or None).
 
     Op 1: eager torch formula, its ``torch.compile``, each registered fusedrope backend (``backend=``),
     Liger's ``LigerRopeFunction`` (in place on its own contiguous copy; reads only the first half of cos/sin).
-    Op 2: eager torch formula, its ``torch.compile``, each registered backend, the unfused two-kernel baseline
+    Op 2: eager torch formula, its ``torch.compile``, each registered backend, the CUDA launch experiments
+    (:data:`QUANT_CUDA_EXPERIMENTS`; ``cuda:pdl`` needs sm_90+), the unfused two-kernel baseline
     (``fusedrope.benchmark.unfused``; rotates ``o`` in place, which changes no timing).
+    Both: ``floor``, one trivial kernel per call, the launch floor under them all.
 
     Parameters
     ----------
@@ -446,12 +479,21 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
                                  _quant_api_maker(functools.partial(inverse_rope_group_quant, backend=b)),
                                  reason=_backend_reason(op, b, device, interpreter), backend=b,
                                  many_kernels=b == "reference"))
+        no_cuda = _backend_reason(op, "cuda", device, interpreter)
+        no_pdl = no_cuda or (None if torch.cuda.get_device_capability(device) >= (9, 0) else
+                             "a programmatic dependent launch (pdl=1) needs sm_90 or newer")
+        for name, kw in QUANT_CUDA_EXPERIMENTS.items():
+            out.append(Contender(name, op, f"the raw CUDA op with {kw or 'the default launch'}, into preallocated "
+                                           "outputs", _quant_config_maker(kw),
+                                 reason=no_pdl if kw.get("pdl") else no_cuda, backend="cuda"))
         out.append(Contender("unfused", op, "fusedrope.benchmark.unfused: Triton inverse RoPE in place (bf16), then a "
                                             "separate Triton group-quant kernel",
                              _quant_api_maker(unfused_inverse_rope_group_quant),
                              reason=_triton_reason(device, interpreter)))
     else:
         raise ValueError(f"contenders: argument 'op' expected one of {OPS}, got {op!r}")
+    out.append(Contender("floor", op, "one trivial kernel per call (a 1-element fill): the launch floor, no case "
+                                      "bytes moved", _floor_maker, counts_bytes=False))
     if only is not None:
         only = set(only)
         out = [c for c in out if c.name in only]
@@ -520,7 +562,7 @@ def auto_backend(op: str, case, sets: list) -> Optional[str]:
 
 def failed_rows(rows: list) -> list:
     """The rows whose contender failed: its call raised, or its graph capture did (that row keeps its per-call
-    time but has no device time: an error too, for the CLI, the gpu/ scripts and their summary alike)."""
+    time but has no device time: an error too)."""
     return [r for r in rows if r.get("status") == "error" or r.get("device_error")]
 
 
@@ -591,11 +633,12 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
                 _recover(device)
         t = row.get("device_us") or row["per_call_us"]
         row["tbps_basis"] = "device_us" if row.get("device_us") else "per_call_us"
-        row["tbps"] = _sig(moved / (t * 1e-6) / 1e12)
-        row.update(bandwidth_fields(row["tbps"], copy_tbps, device))
+        if c.counts_bytes:
+            row["tbps"] = _sig(moved / (t * 1e-6) / 1e12)
+            row.update(bandwidth_fields(row["tbps"], copy_tbps, device))
         log(f"  {case.id:<28} {c.name:<10} per call {row['per_call_us']:>10.2f} us"
             + (f"   device {row['device_us']:>9.2f} us" if row.get("device_us") else "")
-            + f"   {row['tbps']:.3f} TB/s")
+            + (f"   {row['tbps']:.3f} TB/s" if "tbps" in row else ""))
     del sets, call  # the caller's sets, if any, are the caller's; ours go now, before the empty_cache
     _recover(device)
     return rows

@@ -41,8 +41,8 @@ CSV_FIRST = ["op", "case", "contender", "status", "per_call_us", "device_us", "t
 
 
 def write_json(results: dict, path) -> Path:
-    """Written whole or not at all (a temporary file renamed over it): a run killed mid-write keeps the last
-    complete version, which the gpu/ scripts rely on."""
+    """Written whole or not at all (a temporary file renamed over it): a run killed mid-write (a GPU session's
+    time limit) keeps the last complete version."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
@@ -279,6 +279,34 @@ def contender_tables(rows: list[dict], op: str) -> str:
     return "\n".join(out)
 
 
+def experiment_table(rows: list[dict], op: str, gpu: bool = True) -> str:
+    """The CUDA launch experiments (contenders named ``cuda:...``) case by case: each one's time and, in brackets,
+    the default launch's time over it (above 1x: the experiment is faster). The default of ``cuda:x:suffix`` is
+    ``cuda:default:suffix`` (the same cos/sin cache), of ``cuda:x`` ``cuda:default``, else the public ``cuda``
+    call. "" where no experiment was measured."""
+    by_case = _by_case(rows, op)
+    names = [n for n in dict.fromkeys(r["contender"] for r in rows if r.get("op") == op)
+             if n.startswith("cuda:") and any(n in cr for cr in by_case.values())]
+    if all(n.split(":")[1] == "default" for n in names):
+        return ""
+
+    def default(name, cr):
+        d = ":".join(["cuda", "default", *name.split(":")[2:]])
+        return None if d == name else d if d in cr else "cuda" if d == "cuda:default" and "cuda" in cr else None
+
+    lines = []
+    for cid, cr in by_case.items():
+        cells = []
+        for n in names:
+            e, d = cr.get(n, {}), default(n, cr)
+            cells.append(_cell(e, "time", value=_time(e)) + (f" ({_ratio(_time(cr[d]), _time(e))})" if d else ""))
+        lines.append([cid] + cells)
+    timed = [r for r in rows if r.get("op") == op and r["contender"] in names]
+    return (f"us per call ({time_basis(timed, gpu, short=True)}); in brackets the default launch (same cache) / "
+            "the experiment\n\n" + _table(["case"] + names, lines)
+            + _l2_note(r for cr in by_case.values() for r in cr.values() if r["contender"] in names))
+
+
 def markdown(results: dict) -> str:
     """All tables of a run, with the machine, commit, command and timing method above them."""
     m, rows, cp = results["meta"], results["rows"], results.get("copy", {})
@@ -316,6 +344,9 @@ def markdown(results: dict) -> str:
         text += ("\n## inverse_rope_group_quant (seed columns; times are "
                  + time_basis([r for r in rows if r.get("op") == QUANT], gpu) + ")\n\n" + quant_seed_tables(rows))
         text += "\n### every contender\n\n" + contender_tables(rows, QUANT)
+        experiments = experiment_table(rows, QUANT, bool(gpu))
+        if experiments:
+            text += "\n### the CUDA launch experiments against the default launch\n\n" + experiments
     return text
 
 
@@ -359,11 +390,12 @@ def plot(results: dict, out_dir) -> list[Path]:
             continue
         fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(13, 4.8))
         for contender in dict.fromkeys(r["contender"] for r in ok):
-            pts = sorted((r["bytes_moved"] / 1e6, _time(r), r["tbps"])
+            pts = sorted((r["bytes_moved"] / 1e6, _time(r), r.get("tbps"))
                          for r in ok if r["contender"] == contender)
             x = [p[0] for p in pts]
             ax_t.plot(x, [p[1] for p in pts], marker="o", label=contender)
-            ax_b.plot(x, [p[2] for p in pts], marker="o", label=contender)
+            if all(p[2] is not None for p in pts):  # not the launch floor, which moves no case bytes
+                ax_b.plot(x, [p[2] for p in pts], marker="o", label=contender)
         if copy_tbps:
             ax_b.axhline(copy_tbps, color="gray", linestyle="--", label=f"copy {copy_tbps:.2f} TB/s")
         basis = time_basis(ok, bool(m.get("gpu")), short=True)

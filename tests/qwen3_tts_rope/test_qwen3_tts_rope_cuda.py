@@ -10,7 +10,7 @@
    out of bounds, nor make a misaligned vector access (a fault on the GPU), either.
 3. On this CPU machine the registry falls back from ``cuda`` and says why; the torch binding compiles against
    torch's headers (syntax only: a CPU torch cannot link a CUDA extension).
-The GPU run of the real extension is gpu/check_qwen3_tts_rope.py.
+On a GPU the real extension is checked by test_qwen3_tts_rope_gpu.py (and the rest of the suite).
 """
 
 from __future__ import annotations
@@ -438,25 +438,6 @@ def test_torch_binding_compiles_against_torch_headers(tmp_path):
     torch_syntax_check(BINDING, tmp_path, CUDA_CPU_WHEEL_STUBS, [cuda_inc])
 
 
-def test_gpu_check_script_cpu_parts(tmp_path):
-    """gpu/check_qwen3_tts_rope.py imports, parses its arguments and, through fusedrope.benchmark, times the eager
-    contender on the CPU and writes its files and tables without a GPU."""
-    script = ROOT / "gpu" / "check_qwen3_tts_rope.py"
-    proc = subprocess.run([os.sys.executable, str(script), "--fake", "--out", str(tmp_path)], capture_output=True,
-                          text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines()[-1].startswith("| wide_heads | 32 |")  # the seed table is printed last
-    assert {p.name for p in tmp_path.iterdir()} >= {"results.json", "bench.csv", "bench.md"}
-    import json
-
-    res = json.loads((tmp_path / "results.json").read_text())
-    assert {r["case"] for r in res["rows"]} == {c.id for c in TTS_CASES} and res["checks"][0]["ok"]
-    # the correctness machinery, run with the reference backend on the CPU: seed cases, extras, public API
-    correct = {c["name"]: c["ok"] for c in res["checks"] if c["section"] == "correct"}
-    assert len(correct) >= 40 and all(correct.values()), [n for n, ok in correct.items() if not ok]
-    assert "reference/public/pub-B3/layout" in correct and "reference/inplace" in correct
-
-
 ASAN_SCRIPT = r"""
 import ctypes, sys, torch
 import test_qwen3_tts_rope_cuda as T
@@ -491,6 +472,7 @@ print("ASAN RUN OK", n + 1)
 """
 
 
+@pytest.mark.slow
 def test_emulated_kernel_stays_in_bounds_under_asan(tmp_path):
     """The kernel source, built with AddressSanitizer, on tensors in allocations of exactly their size (torch's
     CPU allocator is intercepted): any read or write past the end of q, k, cos, sin or an output aborts."""

@@ -1,0 +1,223 @@
+"""qwen3_tts_rope on a CUDA device: the checks the rest of the suite does not make there. Every test here is
+marked ``gpu`` and skips, saying why, where torch sees no CUDA device (the rest of the suite runs on the GPU
+by itself when there is one: tests/conftest.py). ``gpu/run.sh`` runs these under compute-sanitizer too.
+
+* auto picks the hand-written kernel on an NVIDIA GPU, and Triton runs there too;
+* ``cuda`` and ``triton`` on the 18 seed cases and on layouts beyond them (a 4-byte-aligned view, a seed-sized
+  projection at an odd element offset, tables with their own batch strides, 100 heads, S = 3000), outputs
+  poisoned inside guard bytes that must stay untouched (compute-sanitizer does not see a write into the
+  caching allocator's slack), and through the public function's own allocation;
+* forced launch shapes and vector widths of the CUDA kernel (a capped grid that loops over tokens), out of
+  place and in place;
+* bad inputs to the raw compiled op raise a RuntimeError naming it, in a child process, so that a crash is one
+  failed case and not the end of the run;
+* CUDA-graph replay gives the same bytes as eager, out of place and in place.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fusedrope
+from fusedrope.qwen3_tts_rope import REGISTRY, validate
+from fusedrope.testing import (TTS_CASES, TtsCase, assert_tts_rope_close, bytes_written_outside, guarded_poison,
+                               make_tts_inputs, own_batch_strides, to_device_keeping_layout)
+
+from conftest import backends_here
+
+OP = "qwen3_tts_rope"
+HAS_CUDA = torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)")]
+DEV = torch.device("cuda")
+BACKENDS = [p for p in backends_here(OP) if p.id in ("cuda", "triton")]
+CUDA_REASON = REGISTRY.availability(REGISTRY.backend("cuda"), DEV) if HAS_CUDA else None
+needs_cuda_kernel = pytest.mark.skipif(bool(CUDA_REASON), reason=f"cuda backend: {CUDA_REASON}")
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _synchronize():
+    yield
+    torch.cuda.synchronize()  # an asynchronous fault fails the test that caused it, not a later one
+
+
+def run_guarded(backend, q, k, cos, sin):
+    """The backend on poisoned outputs inside poisoned guard bytes; the contract and untouched guards."""
+    (q_out, q_buf), (k_out, k_buf) = (guarded_poison(t.shape, t.dtype, t.device) for t in (q, k))
+    REGISTRY.select(validate(q, k, cos, sin), backend).run(q, k, cos, sin, q_out, k_out)
+    stray = bytes_written_outside(q_buf, q_out) + bytes_written_outside(k_buf, k_out)
+    assert stray == 0, f"{backend} wrote {stray} guard bytes"
+    assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
+
+
+def test_auto_picks_the_cuda_kernel_on_an_nvidia_gpu():
+    """And Triton, the portable kernel, runs there too: neither may be missing on the GPU machine."""
+    if torch.version.hip:
+        pytest.skip("ROCm: no hand-written op-1 kernel")
+    ex = fusedrope.explain(OP, *make_tts_inputs(TTS_CASES[0], device=DEV))
+    assert ex.chosen == "cuda" and {"cuda", "triton"} <= {d.backend for d in ex if d.runs}, str(ex)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", TTS_CASES, ids=lambda c: c.id)
+def test_seed_matrix(backend, case):
+    q, k, cos, sin = make_tts_inputs(case, device=DEV, seed=case.seed)
+    run_guarded(backend, q, k, cos, sin)
+    q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend)  # outputs the backend allocates
+    assert q_out.is_contiguous() and k_out.is_contiguous() and q_out.dtype == q.dtype
+    assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
+
+
+def _layouts():
+    """{name: (q, k, cos, sin)} on the CPU, layouts the seed matrix and the rest of the suite do not reach."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 9, 5, 160, generator=g).to(torch.bfloat16)[:, 1:8:2, :4, 16:144].transpose(1, 2)
+    cs = torch.randn(2, 4, 2, 136, generator=g).to(torch.bfloat16)
+    k2 = torch.randn(4, 4, 3, 130, generator=g).to(torch.bfloat16)[::2, :, :, 2:130].transpose(1, 2)
+    proj = torch.randn(1 + 8 * 16 * 24 * 128, generator=g).to(torch.bfloat16)[1:].view(8, 16, 24, 128)
+    c, s = make_tts_inputs(TtsCase("m", 8, 16, 16, 8), seed=3)[2:]
+    q3, k3, c3, s3 = make_tts_inputs(TtsCase("tb", 4, 16, 16, 8), seed=4, random_cos_sin=True)
+    return {
+        "4byte_aligned_k": (q, k2, cs[:, :, 0, 8:136], cs[:, :, 1, :128]),  # the bf16x2 path
+        "odd_element_offset_projection": (proj[:, :, :16].transpose(1, 2), proj[:, :, 16:].transpose(1, 2), c, s),
+        # cos expanded over B, sin's batch stride S*D + 4: rows b >= 1 not 16-byte aligned (no vector path)
+        "tables_own_batch_strides": (q3, k3, *own_batch_strides(c3, s3)),
+        "D256_fp16_contiguous": make_tts_inputs(TtsCase("d256h", 3, 5, 7, 3, 256), torch.float16,
+                                                layout="contiguous", seed=5),
+        "100_q_heads": make_tts_inputs(TtsCase("mh", 2, 3, 100, 37), seed=6, random_cos_sin=True),
+        "long_seq_3000": make_tts_inputs(TtsCase("ls", 1, 3000, 16, 8), seed=7),
+    }
+
+
+LAYOUTS = _layouts()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layouts_beyond_the_seed_matrix(backend, name):
+    # .to(device) would make the strided and offset views dense and aligned: the layouts these cases are about
+    run_guarded(backend, *(to_device_keeping_layout(t, DEV) for t in LAYOUTS[name]))
+
+
+SHAPES = [dict(vec=8), dict(vec=2), dict(vec=1), dict(warps_per_token=1, tokens_per_cta=1),
+          dict(warps_per_token=4, tokens_per_cta=2), dict(warps_per_token=8, tokens_per_cta=1),
+          dict(warps_per_token=1, tokens_per_cta=8), dict(warps_per_token=3, tokens_per_cta=2, max_blocks=7),
+          dict(vec=1, warps_per_token=2, tokens_per_cta=4, max_blocks=1)]
+
+
+@needs_cuda_kernel
+@pytest.mark.parametrize("cfg", SHAPES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("case", [TtsCase("cfg", 3, 17, 16, 8), TtsCase("cfg64", 2, 9, 13, 5, 64),
+                                  TtsCase("cfg256", 2, 9, 7, 3, 256)], ids=lambda c: c.id)
+def test_forced_launch_shapes(case, cfg):
+    from fusedrope.qwen3_tts_rope.cuda import qwen3_tts_rope_config
+
+    q, k, cos, sin = make_tts_inputs(case, device=DEV, seed=11, random_cos_sin=True)
+    (q_out, q_buf), (k_out, k_buf) = (guarded_poison(t.shape, t.dtype, DEV) for t in (q, k))
+    qwen3_tts_rope_config(q, k, cos, sin, q_out, k_out, **cfg)
+    assert bytes_written_outside(q_buf, q_out) + bytes_written_outside(k_buf, k_out) == 0
+    assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
+    qi, ki = q.clone(), k.clone()
+    qwen3_tts_rope_config(qi, ki, cos, sin, qi, ki, **cfg)  # in place
+    assert_tts_rope_close(qi, ki, q, k, cos, sin)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# bad inputs to the raw op, in a child process: a crash (the H200 once segfaulted on one) fails that case only
+# ------------------------------------------------------------------------------------------------------------
+def reject_cases() -> dict:
+    """Bad inputs to ``torch.ops.fusedrope_cuda.qwen3_tts_rope_out*`` (reached only through misuse)."""
+    from fusedrope import cuda_ext
+
+    cuda_ext.load()
+    ops = torch.ops.fusedrope_cuda
+    q, k, cos, sin = make_tts_inputs(TtsCase("bad", 2, 3, 4, 2), device=DEV)
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    misaligned = torch.empty(q.numel() + 1, device=DEV, dtype=q.dtype)[1:].view(q.shape)
+    return {"fp32": lambda: ops.qwen3_tts_rope_out(*(t.float() for t in (q, k, cos, sin, qo, ko))),
+            "cpu_k": lambda: ops.qwen3_tts_rope_out(q, k.cpu(), cos, sin, qo, ko),
+            "D96": lambda: ops.qwen3_tts_rope_out(*(t[..., :96] for t in (q, k, cos, sin, qo, ko))),
+            "k_batch_mismatch": lambda: ops.qwen3_tts_rope_out(q, k[:1], cos, sin, qo, ko[:1]),
+            "config_out_of_range": lambda: ops.qwen3_tts_rope_out_config(q, k, cos, sin, qo, ko, 3, 9, 0, 0),
+            "wide_vec_on_misaligned": lambda: ops.qwen3_tts_rope_out_config(q, k, cos, sin, misaligned, ko, 8, 0, 0,
+                                                                            0)}
+
+
+REJECTS = ("fp32", "cpu_k", "D96", "k_batch_mismatch", "config_out_of_range", "wide_vec_on_misaligned")
+CHILD = """
+import sys, torch
+from {module} import reject_cases
+for name, call in reject_cases().items():
+    print("START", name, flush=True)
+    try:
+        call()
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        print("END", name, "no error raised", flush=True)
+    except Exception as e:
+        named = isinstance(e, RuntimeError) and "fusedrope_cuda" in str(e)
+        first = (str(e).splitlines() or [""])[0]
+        print("END", name, "raised" if named else "other", type(e).__name__, first, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def rejected():
+    """The child's lines (the cases in order): ``START name`` before each call, ``END name <verdict> ...`` after."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), str(ROOT / "tests")]))
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", CHILD.format(module=Path(__file__).stem)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+@needs_cuda_kernel
+@pytest.mark.parametrize("name", REJECTS)
+def test_raw_op_rejects_bad_inputs_without_crashing(rejected, name):
+    """(The protocol's power, a crash or a silent call failing its case, is shown on the CPU in
+    tests/inverse_rope_group_quant/test_inverse_rope_group_quant_gpu.py.)"""
+    ends = {line.split()[1]: line for line in rejected.stdout.splitlines() if line.startswith("END ")}
+    how = "died on" if f"START {name}" in rejected.stdout else "never reached"
+    assert name in ends, f"the child (rc {rejected.returncode}) {how} this case: {rejected.stderr[-2000:]}"
+    assert ends[name].split()[2] == "raised", ends[name]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# CUDA graphs
+# ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", [TtsCase("g", 1, 16, 16, 8), TtsCase("g", 32, 32, 32, 8)], ids=lambda c: c.id)
+def test_cuda_graph_replay_equals_eager(backend, case):
+    """Captured once, replayed on new inputs copied into the captured ones: the same bytes as eager, out of
+    place and in place."""
+    from fusedrope.benchmark.timing import capture_graph
+
+    q, k, cos, sin = make_tts_inputs(case, device=DEV, seed=12)
+    static = [t.clone() for t in (q, k, cos, sin)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (and Triton's compile) outside the capture
+        fusedrope.qwen3_tts_rope(*static, backend=backend)
+        fusedrope.qwen3_tts_rope(*(t.clone() for t in static), inplace=True, backend=backend)
+    torch.cuda.current_stream().wait_stream(side)
+    graph, got = torch.cuda.CUDAGraph(), {}
+    capture_graph(graph, lambda i: got.update(out=fusedrope.qwen3_tts_rope(*static, backend=backend)), 1)
+    new = make_tts_inputs(case, device=DEV, seed=13)
+    for s, t in zip(static, new):
+        s.copy_(t)
+    graph.replay()
+    want = fusedrope.qwen3_tts_rope(*new, backend=backend)
+    for a, b in zip(got["out"], want):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+    iq, ik = q.clone(), k.clone()
+    graph = torch.cuda.CUDAGraph()
+    capture_graph(graph, lambda i: fusedrope.qwen3_tts_rope(iq, ik, cos, sin, inplace=True, backend=backend), 1)
+    iq.copy_(q), ik.copy_(k)
+    graph.replay()
+    want = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend)
+    assert torch.equal(iq.view(torch.int16), want[0].view(torch.int16))
+    assert torch.equal(ik.view(torch.int16), want[1].view(torch.int16))
