@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fusedrope-installed
 
-.PHONY: demo test bench aot clean
+.PHONY: demo test test-slow bench aot clean
 
 $(STAMP): pyproject.toml requirements-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,14 +19,17 @@ $(STAMP): pyproject.toml requirements-cpu.txt
 demo: $(STAMP)  ## the main job: backends, selection, self-check, timing
 	$(PY) -m fusedrope
 
-test: $(STAMP)  ## the whole CPU test suite (Triton kernels in the interpreter)
-	$(PY) -m pytest -q
+test: $(STAMP)  ## the CPU test suite but the tests marked slow (Triton kernels in the interpreter)
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)  ## the tests marked slow: AddressSanitizer runs, compiles for four GPU targets, dynamic shapes
+	$(PY) -m pytest -q -m slow
 
 bench: $(STAMP)  ## pytest-benchmark suites: both ops' backends side by side, and the host overhead
 	$(PY) -m pytest bench/ --benchmark-only -q
 
 aot: $(STAMP)  ## ahead-of-time Triton compiles for sm_90 / sm_80 / gfx942 / gfx950, with access-width counts
-	env -u TRITON_INTERPRET $(PY) tests/triton_aot.py
+	env -u TRITON_INTERPRET $(PY) tests/support/triton_aot.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -11,6 +11,8 @@ from fusedrope.testing import QuantCase, TtsCase, make_quant_inputs, make_tts_in
 
 from conftest import DEVICE
 
+pytestmark = pytest.mark.slow  # a compile per case; plain torch.compile is in the ops' own tests
+
 
 def _compiled(fn):
     torch._dynamo.reset()

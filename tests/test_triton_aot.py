@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # compiles every kernel for four targets, under two Tritons in CI
 
 
 # Triton 3.6.0 (what torch 2.11's CUDA wheels bring, and the oldest Triton we test on GPUs) is older than this
