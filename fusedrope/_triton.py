@@ -4,7 +4,7 @@ Under ``TRITON_INTERPRET=1`` (how CI runs the kernels on CPU) Triton 3.9's float
 ``.to(tl.bfloat16)`` truncates, ``.to(tl.float8e4nv)`` rounds wrongly and makes NaN instead of saturating,
 and bf16 -> fp32 flushes or mangles subnormals. The kernels take an ``EXACT`` constexpr, set when
 interpreting, that swaps in the integer-bit conversions below; compiled GPU code keeps the native conversions,
-except for fp8 formats the GPU has none for (``triton_inverse_rope_quant.integer_fp8_rounding``).
+except for fp8 formats the GPU has none for (``inverse_rope_group_quant.triton.integer_fp8_rounding``).
 """
 
 import contextlib

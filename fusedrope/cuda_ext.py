@@ -1,11 +1,11 @@
 """The compiled CUDA kernels: ONE torch extension built from every ``kernels_cuda/*.cu`` and
 ``kernels_cuda/*_torch.cpp`` source, registering its ops under ``torch.ops.fusedrope_cuda``.
 
-* Built on first use (JIT, torch.utils.cpp_extension + ninja + nvcc; 11 s on a 2-core VM) on a machine with a CUDA
-  torch and a CUDA toolkit, or ahead of time with ``build()`` (``python -m fusedrope build``).
+* Built on first use (JIT, torch.utils.cpp_extension + ninja + nvcc) on a machine with a CUDA torch and a CUDA
+  toolkit, or ahead of time with ``build()`` (``python -m fusedrope build``).
 * Cached in torch's extension directory (``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``) under a
-  name that hashes the sources, the torch and CUDA versions and the target architectures, so a changed
-  source or a different torch never loads a stale build. A cached build loads without nvcc.
+  name that hashes the sources, the torch and CUDA versions, nvcc's own version and the target architectures,
+  so a changed source, torch or toolkit never loads a stale build. A cached build loads without nvcc.
 * Sources are found in-tree (``<repo>/kernels_cuda``) and installed (the wheel ships them as the package
   ``fusedrope.kernels_cuda``).
 * Target architectures: ``$TORCH_CUDA_ARCH_LIST`` if set (e.g. ``"9.0"`` or ``"8.0;9.0"``), else the visible

@@ -5,8 +5,8 @@
   time with ``build()``; one log line on stderr when a build starts.
 * Cached in torch's extension directory (``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``) under a
   name that hashes the sources (with the plain-C++ ``kernels_cuda/*.h`` headers they include), the torch and
-  HIP versions, the flags and the target architectures, so a changed source or torch never loads a stale
-  build, and a finished build loads without a compiler.
+  HIP versions, hipcc's own version, the flags and the target architectures, so a changed source, torch or
+  toolkit never loads a stale build, and a finished build loads without a compiler.
 * Sources are found in-tree (``<repo>/kernels_hip``) and installed (the wheel ships them as the package
   ``fusedrope.kernels_hip``, beside ``fusedrope.kernels_cuda`` whose shared headers the HIP sources include as
   ``"../kernels_cuda/<name>.h"``).
@@ -17,8 +17,10 @@
 The build, load and cache logic is fusedrope/jit_ext.py's (shared with the CUDA extension); this module says
 what is HIP's.
 
-Status: the HIP kernel is compiled and ISA-checked on CPU for gfx942 and gfx950 (tests/test_hip_kernels.py) and
-runs whole in CPU lockstep emulation, built as for each (tests/test_emulated_quant_kernels.py); the kernel, this
+Status: the HIP kernel is compiled and ISA-checked on CPU for gfx942 and gfx950
+(tests/inverse_rope_group_quant/test_inverse_rope_group_quant_hip.py) and
+runs whole in CPU lockstep emulation, built as for each
+(tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py); the kernel, this
 module and the torch binding have never run on AMD hardware or a ROCm machine from this repository
 (docs/kernels_hip.md).
 """

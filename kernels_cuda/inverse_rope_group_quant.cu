@@ -59,7 +59,7 @@ __device__ __forceinline__ void load_cache_words(const unsigned char* p, int dty
   }
 }
 
-// The hardware packed e4m3 conversion exists from sm_89. tests/cuda_emul defines the switch to run this path on
+// The hardware packed e4m3 conversion exists from sm_89. tests/support/cuda_emul defines the switch to run this path on
 // the CPU through its model of __nv_cvt_float2_to_fp8x2.
 #ifndef FUSEDROPE_IRGQ_HW_E4M3
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890

@@ -6,7 +6,8 @@
 // inverse_rope_group_quant_torch.cpp. Parameters, status codes, kernel arguments and the scalar math the HIP
 // kernel shares (amax, e8m0 byte, software fp8 RNE, token division) are in inverse_rope_group_quant_common.h;
 // the CUDA-only per-chunk math below is plain C++ marked __host__ __device__ too, so that the whole kernel
-// compiles with g++ against tests/cuda_emul and runs on the CPU in tests/test_emulated_quant_kernels.py
+// compiles with g++ against tests/support/cuda_emul and runs on the CPU in
+// tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py
 // (bit-exact scale bytes and fp8 bytes against fusedrope.reference).
 //
 // Contract: fusedrope.reference.inverse_rope_group_quant (docs/inverse_rope_group_quant.md); the parameters are

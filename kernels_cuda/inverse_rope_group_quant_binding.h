@@ -1,7 +1,7 @@
 // The part of the inverse_rope_group_quant torch bindings that both vendors share
 // (inverse_rope_group_quant_torch.cpp here and ../kernels_hip/inverse_rope_group_quant_torch.cpp): the checks
-// of the op's arguments (the defensive second line: fusedrope/inverse_rope_quant.py validates the inputs first,
-// but the op is callable directly) and the kernel parameters taken from the tensors. Torch only, no vendor
+// that keep the kernels in bounds (fusedrope/inverse_rope_group_quant/__init__.py validates the inputs first, but
+// the op is callable directly) and the kernel parameters taken from the tensors. Torch only, no vendor
 // header: each binding keeps its device guard, stream, launch and error string, and says in BindingNames what
 // its messages call the op, the device and the fp8 formats.
 #pragma once
@@ -105,9 +105,9 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
   TORCH_CHECK(st == at::kFloat8_e8m0fnu || st == at::kByte || st == at::kFloat, n.op,
               ": argument 'x_scale' expected dtype float8_e8m0fnu, uint8 or float32, got ", st);
   // The kernel addresses scale (s, g, k) as s*stride(0) + (g*Ks + k)*stride_b. Only the two layouts the op
-  // writes, as fusedrope/inverse_rope_quant.py's buffer_scale_strides: row-major (G*Ks, Ks, 1), or column-major
-  // (1, Ks*L, L) with L >= S; strides of size-1 dims address nothing. Anything else (stride(0) == 0, say) could
-  // make two blocks write one byte.
+  // writes (buffer_scale_strides in fusedrope/inverse_rope_group_quant/__init__.py): row-major (G*Ks, Ks, 1), or
+  // column-major (1, Ks*L, L) with L >= S; strides of size-1 dims address nothing. Anything else (stride(0) == 0,
+  // say) could make two blocks write one byte.
   const auto same_layout = [&](int64_t a, int64_t b, int64_t c) {
     const int64_t want[3] = {a, b, c};
     for (int d = 0; d < 3; ++d)

@@ -5,7 +5,8 @@
 //
 // No vendor header: the functions are __host__ __device__ under nvcc (__CUDACC__) and hip-clang (__HIP__,
 // spelled as attributes so that a compile check with -nogpuinc needs no HIP header) and plain inline under a
-// host compiler: tests/irgq_host_harness.cpp compiles them with g++ and checks them bit-exactly against
+// host compiler: tests/inverse_rope_group_quant/irgq_host_harness.cpp compiles them with g++ and checks them
+// bit-exactly against
 // fusedrope.reference. The HIP sources include this file as "../kernels_cuda/inverse_rope_group_quant_common.h"
 // (the wheel ships both folders as siblings: fusedrope/kernels_cuda and fusedrope/kernels_hip).
 //

@@ -239,7 +239,7 @@ int rows_per_pass(int64_t D, int vec) {
 template <typename T, int D>
 cudaError_t launch_d(int vec, const TtsRopeParams& p, dim3 grid, dim3 block, cudaStream_t stream) {
   // cudaLaunchKernel rather than <<<>>>: the same launch, and plain C++, so the host-emulation test
-  // (tests/cuda_emul) can compile this file with a C++ compiler and run the kernel on the CPU.
+  // (tests/support/cuda_emul) can compile this file with a C++ compiler and run the kernel on the CPU.
   TtsRopeParams params = p;
   uint32_t tokens = uint32_t(p.B * p.S), seq = uint32_t(p.S);
   int hq = int(p.Hq), heads = int(p.Hq + p.Hkv);

@@ -6,7 +6,7 @@
 // software fp8 RNE, token division) are the plain-C++ header the CUDA kernel shares,
 // ../kernels_cuda/inverse_rope_group_quant_common.h (tested on the CPU with g++ against the reference).
 //
-// Contract (identical to fusedrope.reference.inverse_rope_group_quant, see SPEC.md "Op 2"):
+// Contract (identical to fusedrope.reference.inverse_rope_group_quant, see docs/inverse_rope_group_quant.md):
 //   o          [S, H, 512] bf16 or fp16, contiguous
 //   positions  [>= S] int64 or int32, element stride pos_stride; clamped to [0, max_pos) on the device
 //   cos, sin   [max_pos, 32] bf16 / fp16 / fp32, row strides cos_stride / sin_stride (elements), last dim

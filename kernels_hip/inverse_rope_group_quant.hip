@@ -22,7 +22,7 @@
 // ../kernels_cuda/inverse_rope_group_quant_common.h (plain C++ shared with the CUDA kernel, CPU-tested). Inputs
 // are clamped to +-FP8_MAX first (v_med3_f32), as the reference does.
 //
-// Compile-only check without ROCm (what tests/test_hip_kernels.py runs):
+// Compile-only check without ROCm (what tests/inverse_rope_group_quant/test_inverse_rope_group_quant_hip.py runs):
 //   clang++-19 -x hip --offload-arch=gfx942 --cuda-device-only -nogpulib -nogpuinc -O3 -S
 // Without the HIP runtime headers the few declarations used here are provided below.
 

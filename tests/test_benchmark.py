@@ -1,4 +1,4 @@
-"""The benchmark engine (fusedrope/benchmark.py, bench_timing.py, bench_report.py), the CLI
+"""The benchmark engine (fusedrope/benchmark/: the engine, timing.py, report.py), the CLI
 `python -m fusedrope bench` and the pytest-benchmark suites in bench/, end to end on CPU at tiny sizes (GPU timing
 itself runs only on a GPU)."""
 
@@ -761,7 +761,7 @@ def test_cli_plot_redraws_committed_results_of_both_layouts(tmp_path, capsys):
     """`python -m fusedrope plot` on the committed H200 run: op 1's results.json (rows at the top) and op 2's
     (rows under sections.bench) each give their PNGs; a missing file and a JSON that is not a results file are
     named, exit 2."""
-    run = Path(__file__).resolve().parent.parent / "bench/results/nvidia-h200-gpu-checks-63f6bd6"
+    run = max((Path(__file__).resolve().parent.parent / "bench/results").glob("nvidia-h200-gpu-checks-*"))
     assert main(["plot", str(run / "tts/results.json"), str(run / "quant/results.json"), "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "inverse_rope_group_quant_H16_G2.png", "inverse_rope_group_quant_H8_G1.png", "qwen3_tts_rope.png"]

@@ -512,8 +512,7 @@ def copy_roofline(device: torch.device, nbytes: Optional[int] = None, reps: int 
     """Bandwidth of a device-to-device copy, the roofline of this run: the faster of two copies of the same
     bytes, ``dst.copy_(src)`` (cudaMemcpyAsync on a GPU) and an elementwise kernel that reads and writes as
     many bytes (``torch.bitwise_not`` on int32 views). On the H200 the first reached only 57% of the spec
-    sheet's bandwidth (2.71 TB/s, bench/results/nvidia-h200-gpu-checks-63f6bd6/) and our kernels beat it, so a
-    memcpy alone is too weak a roofline.
+    sheet's bandwidth and our kernels beat it (docs/benchmarks.md), so a memcpy alone is too weak a roofline.
 
     Parameters
     ----------

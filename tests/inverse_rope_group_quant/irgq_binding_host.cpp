@@ -1,5 +1,6 @@
 // The checks of the op-2 torch bindings (../kernels_cuda/inverse_rope_group_quant_binding.h, shared by the CUDA
-// and the HIP binding) built against a CPU torch and run on CPU tensors: tests/test_irgq_binding.py loads this
+// and the HIP binding) built against a CPU torch and run on CPU tensors:
+// tests/inverse_rope_group_quant/test_inverse_rope_group_quant_binding.py loads this
 // as a torch library. Every tensor here is on the CPU, so is_cuda() is read as is_cpu() inside the header: the
 // device checks pass, and everything after them (shapes, dtypes, strides, the scale layout, the parameters the
 // kernels get) runs as on the GPU.

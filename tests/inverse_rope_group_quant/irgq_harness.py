@@ -2,10 +2,12 @@
 bit-exact comparison against fusedrope.reference that both kernels' emulations share; and the probe values the
 scalar-math checks run over.
 
-* ``harness() -> ctypes.CDLL``: tests/irgq_host_harness.cpp built with g++: the shared scalar math
+* ``harness() -> ctypes.CDLL``: tests/inverse_rope_group_quant/irgq_host_harness.cpp built with g++: the shared scalar
+math
   ``irgq_host_e8m0``, ``irgq_host_encode``, ``irgq_host_kargs``, ``irgq_host_fastdiv_mismatches``.
 * ``emulated_kernel(vendor, source=None, asan=False) -> ctypes.CDLL``: the whole CUDA (g++) or HIP (clang)
-  kernel and its launcher in lockstep host emulation (tests/lockstep.h, tests/cuda_emul/, tests/hip_emul/):
+  kernel and its launcher in lockstep host emulation (tests/support/lockstep.h, tests/support/cuda_emul/,
+  tests/support/hip_emul/):
   ``irgq_host_run``, ``emul_stats``, ``emul_reset``, ``emul_hw_cvts`` (hardware fp8 conversions through the
   models since the last call); ``emul_stats(lib)`` as a dict; ``asan_runtime(vendor)``.
 * ``emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q)`` -> the launcher's status code;
@@ -100,8 +102,8 @@ def asan_runtime(vendor: str) -> str | None:
 def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False) -> ctypes.CDLL:
     """The whole kernel and its launcher, unchanged, built for lockstep host emulation (tests/support/lockstep.h with
     tests/support/cuda_emul or tests/support/hip_emul). ``vendor``: "cuda" / "hip" (the kernels' software fp8 paths);
-    "cuda-sm90" (the sm_89+ path through tests/cuda_emul's model of __nv_cvt_float2_to_fp8x2); "hip-gfx942" /
-    "hip-gfx950" (the hardware path through tests/hip_emul's model of v_cvt_pk_fp8_f32).
+    "cuda-sm90" (the sm_89+ path through tests/support/cuda_emul's model of __nv_cvt_float2_to_fp8x2); "hip-gfx942" /
+    "hip-gfx950" (the hardware path through tests/support/hip_emul's model of v_cvt_pk_fp8_f32).
     ``source`` defaults to the repository's file (tests pass a mutated copy)."""
     cxx = _host_cxx(vendor)
     hip = vendor.startswith("hip")

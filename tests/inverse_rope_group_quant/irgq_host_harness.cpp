@@ -1,12 +1,13 @@
 // CPU checks of the plain C++ both inverse_rope_group_quant kernels share (kernels_cuda/
 // inverse_rope_group_quant_common.h, which the HIP kernel includes from kernels_hip/inverse_rope_group_quant.h),
-// for ctypes (tests/test_irgq_common.py): the e8m0 byte, the software fp8 RNE, the launcher's argument derivation
+// for ctypes (tests/inverse_rope_group_quant/test_inverse_rope_group_quant_common.py): the e8m0 byte, the software fp8
+// RNE, the launcher's argument derivation
 // (status codes, byte strides, alignment flags) and the multiply-shift token division. The whole kernels run in
-// lockstep host emulation instead (tests/test_emulated_quant_kernels.py).
+// lockstep host emulation instead (tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py).
 //
 // Both vendors' headers are included, so g++ -Wall -Werror checks that each compiles as plain C++ too.
 // Build: g++ -std=c++17 -O2 -ffp-contract=off -shared -fPIC -I kernels_cuda -I kernels_hip -I tests
-//        tests/irgq_host_harness.cpp -o h.so
+//        tests/inverse_rope_group_quant/irgq_host_harness.cpp -o h.so
 #include "inverse_rope_group_quant.cuh"  // kernels_cuda: the CUDA kernel's header (includes the shared one)
 #define FUSEDROPE_HIP_NO_RUNTIME_HEADERS 1
 #include "inverse_rope_group_quant.h"  // kernels_hip: the HIP kernel's header (includes the shared one)

@@ -1,6 +1,8 @@
-// fusedrope::irgq::Params from the flat arrays the ctypes harnesses take (tests/irgq_harness.py builds them),
-// shared by tests/irgq_host_harness.cpp (the kernels' shared scalar math), tests/cuda_emul/irgq_harness.cpp and
-// tests/hip_emul/harness.cpp (the whole CUDA and HIP kernels in lockstep emulation).
+// fusedrope::irgq::Params from the flat arrays the ctypes harnesses take
+// (tests/inverse_rope_group_quant/irgq_harness.py builds them),
+// shared by tests/inverse_rope_group_quant/irgq_host_harness.cpp (the kernels' shared scalar math),
+// tests/support/cuda_emul/irgq_harness.cpp and
+// tests/support/hip_emul/harness.cpp (the whole CUDA and HIP kernels in lockstep emulation).
 #pragma once
 
 #include "inverse_rope_group_quant_common.h"

@@ -668,7 +668,8 @@ def test_num_groups_traced_as_symint():
 
 
 def test_fp8_dtype_defaults_to_e4m3fn_on_every_device():
-    """The default is SPEC's float8_e4m3fn, also where the tests default to the device's own format."""
+    """The default is the contract's float8_e4m3fn (docs/inverse_rope_group_quant.md), also where the tests
+    default to the device's own format."""
     o, pos, cos, sin = make_quant_inputs(SHAPES[0], device=DEVICE)
     assert fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend="reference")[0].dtype == torch.float8_e4m3fn
     assert fusedrope.empty_quant_outputs(o, 2)[0].dtype == torch.float8_e4m3fn
@@ -716,9 +717,9 @@ def _fp32(v: float) -> float:
 
 
 def _e8m0_byte(amax: float, fp8_max: float) -> int:
-    """SPEC's formula in plain fp32 arithmetic: t = max(amax, 1e-8) * fp32(1/FP8_MAX); the byte is t's biased
-    exponent plus 1 when its mantissa is non-zero. (The fp64 product of two fp32 values is exact, so rounding
-    it to fp32 once gives the fp32 product.)"""
+    """The contract's formula (docs/inverse_rope_group_quant.md) in plain fp32 arithmetic: t = max(amax, 1e-8) *
+    fp32(1/FP8_MAX); the byte is t's biased exponent plus 1 when its mantissa is non-zero. (The fp64 product of two
+    fp32 values is exact, so rounding it to fp32 once gives the fp32 product.)"""
     bits = struct.unpack("<I", struct.pack("<f", _fp32(_fp32(max(amax, 1e-8)) * _fp32(1.0 / fp8_max))))[0]
     return ((bits >> 23) & 0xFF) + int((bits & 0x7FFFFF) != 0)
 

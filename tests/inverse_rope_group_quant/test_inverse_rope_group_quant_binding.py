@@ -1,5 +1,6 @@
 """The op-2 torch bindings' argument checks (kernels_cuda/inverse_rope_group_quant_binding.h, shared by the CUDA
-and the HIP binding) run on the CPU: tests/irgq_binding_host.cpp builds them against this torch as a small torch
+and the HIP binding) run on the CPU: tests/inverse_rope_group_quant/irgq_binding_host.cpp builds them against this
+torch as a small torch
 library, on CPU tensors. Without it they would run only where a GPU builds the extension.
 
 * every scale layout the binding accepts is one the kernels address exactly: the (stride_s, stride_b) it hands

@@ -1,14 +1,15 @@
 """CPU checks of the plain C++ both inverse_rope_group_quant kernels share
 (kernels_cuda/inverse_rope_group_quant_common.h; the HIP kernel includes it from
 kernels_hip/inverse_rope_group_quant.h), compiled with g++ together with both vendors' kernel headers
-(tests/irgq_host_harness.cpp):
+(tests/inverse_rope_group_quant/irgq_host_harness.cpp):
 
 * the e8m0 scale byte and the exact software fp8 RNE (the CUDA kernel's sm_80 and fnuz paths, the HIP kernel's
   path wherever the hardware fp8 format differs) bit-exact against fusedrope.reference and torch's fp8 casts;
 * the launcher's argument derivation: status codes, byte strides, alignment flags;
 * the multiply-shift token division against '/' and '%'.
 
-Both whole kernels run in lockstep host emulation in tests/test_emulated_quant_kernels.py.
+Both whole kernels run in lockstep host emulation in
+tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py.
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@
   hardware E4M3 conversions (F2FP.SATFINITE.E4M3.F32.PACK_AB...), butterfly shuffles whose count grows with
   the quant group (group 32 needs fewer than group 128: the seed's weakness), and no local memory;
 * sm_80 compiles too (software fp8, no F2FP E4M3 there);
-* the whole kernel runs on the CPU in lockstep host emulation (tests/test_emulated_quant_kernels.py, shared with
+* the whole kernel runs on the CPU in lockstep host emulation
+(tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py, shared with
   the HIP kernel), and the shared scalar math alone (every bf16/fp16 value, fp8 ties, scale boundaries), the
-  launcher's arguments and the token division are checked in tests/test_irgq_common.py.
+  launcher's arguments and the token division are checked in
+  tests/inverse_rope_group_quant/test_inverse_rope_group_quant_common.py.
 
 The hardware conversion path itself runs only on a GPU: test_inverse_rope_group_quant_gpu.py checks it.
 """

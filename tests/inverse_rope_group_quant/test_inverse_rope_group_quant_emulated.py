@@ -1,7 +1,8 @@
 """Both hand-written inverse_rope_group_quant kernels, whole and unchanged (kernels_cuda/...cu with its launcher,
 kernels_hip/...hip with its launcher), run on the CPU in lockstep host emulation: every work-item is a thread,
 cross-lane reads (CUDA __shfl_xor_sync in warps of 32, HIP DPP in 16-lane rows of a wave64) happen in lockstep,
-and a read from a lane that did not take part is an error (tests/lockstep.h, tests/cuda_emul/, tests/hip_emul/).
+and a read from a lane that did not take part is an error (tests/support/lockstep.h, tests/support/cuda_emul/,
+tests/support/hip_emul/).
 
 The output must equal fusedrope.reference byte for byte, every output byte written (poisoned buffers), over the
 seed shapes, all group sizes, both scale layouts and formats, both fp8 types, bf16/fp16 o, bf16/fp16/fp32
@@ -12,8 +13,8 @@ an experiment fail with it and pass without it); under AddressSanitizer on exact
 copies of each kernel's block reduction must fail.
 
 Each kernel also runs with its hardware fp8 path switched on, through a model of the conversion: the CUDA kernel
-as for sm_90 (__nv_cvt_float2_to_fp8x2, tests/cuda_emul/cuda_fp8.h), the HIP kernel as for gfx942 and gfx950
-(v_cvt_pk_fp8_f32, tests/hip_emul/hip_emul.h). That checks the kernels' use of the instructions (format per
+as for sm_90 (__nv_cvt_float2_to_fp8x2, tests/support/cuda_emul/cuda_fp8.h), the HIP kernel as for gfx942 and gfx950
+(v_cvt_pk_fp8_f32, tests/support/hip_emul/hip_emul.h). That checks the kernels' use of the instructions (format per
 arch, clamping or saturation, byte and word order), not the silicon's rounding.
 
 Not covered here: the real conversion instructions (the SASS/ISA tests check they are used), timing, and the

@@ -10,7 +10,8 @@ compiles the device code (no ROCm, no GPU) and the ISA must show what the design
 * gfx90a (no fp8 instructions): the software fallback compiles, still without scratch.
 
 Its plain-C++ part (the header shared with the CUDA kernel: launcher arguments, e8m0 byte, software fp8 RNE,
-token division) is run on the CPU against the reference in tests/test_irgq_common.py.
+token division) is run on the CPU against the reference in
+tests/inverse_rope_group_quant/test_inverse_rope_group_quant_common.py.
 
 The kernel has never run on AMD hardware from this repository; see docs/kernels_hip.md.
 """

@@ -2,7 +2,7 @@
 
 1. nvcc compiles kernels_cuda/qwen3_tts_rope.cu for sm_80 and sm_90; the SASS of the 16-byte path moves data with
    128-bit global loads/stores, the narrow paths with 32-/16-bit ones, and no kernel touches local memory.
-2. The same source, compiled by the host C++ compiler against tests/cuda_emul (a bit-exact host model of the
+2. The same source, compiled by the host C++ compiler against tests/support/cuda_emul (a bit-exact host model of the
    few CUDA intrinsics it uses, every thread run in turn), is run on CPU tensors and compared with the float64
    oracle: every vector path, head_dim, dtype, stride pattern, in place, cos broadcast, forced launch shapes,
    the token loop of a capped grid, and out-of-bounds writes (guard bytes around every output); built with
@@ -110,7 +110,7 @@ def test_vector_path_issues_all_loads_of_a_round_before_storing():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# 2. The kernel source on the host, through tests/cuda_emul
+# 2. The kernel source on the host, through tests/support/cuda_emul
 # ----------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def emu():

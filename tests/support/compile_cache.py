@@ -1,5 +1,6 @@
-"""Compile once per content: what the ISA checks (tests/kernel_asm.py: nvcc, tests/hip_asm.py: clang for AMD
-GPUs) and the host-emulation libraries (tests/irgq_harness.py, tests/test_cuda_kernels.py) share.
+"""Compile once per content: what the ISA checks (tests/support/kernel_asm.py: nvcc, tests/support/hip_asm.py:
+clang for AMD GPUs) and the host-emulation libraries (tests/inverse_rope_group_quant/irgq_harness.py,
+tests/qwen3_tts_rope/test_qwen3_tts_rope_cuda.py) share.
 
 * ``content_key(files, *parts) -> str``: a short hash of ``parts`` (compiler, flags, ...) and the names and
   bytes of ``files``.

@@ -1,8 +1,8 @@
 // Lockstep execution of a GPU kernel's work-items on the CPU, for kernels whose lanes talk to each other (warp
 // shuffles, DPP): every work-item of a block runs on its own std::thread, and a cross-lane read is an
 // exchange: each lane publishes its value, all meet at a barrier, each reads its source lane's value, all meet
-// again before the slots are reused. Shared by tests/hip_emul/hip_emul.h (DPP, wave64) and
-// tests/cuda_emul/cuda_emul.h (__shfl_xor_sync, warp32).
+// again before the slots are reused. Shared by tests/support/hip_emul/hip_emul.h (DPP, wave64) and
+// tests/support/cuda_emul/cuda_emul.h (__shfl_xor_sync, warp32).
 //
 // Divergence is recorded (errors, first_error) instead of being given a value, as far as it can be seen from
 // here: a lane whose source lane did not make the same exchange (the same count of exchanges so far, from the

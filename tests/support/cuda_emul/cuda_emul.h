@@ -3,10 +3,11 @@
 //
 //   * default: one thread after another. Valid only for kernels whose threads do not communicate (no
 //     __syncthreads, shared memory, warp shuffles or atomics): such a kernel computes the same result in any
-//     thread order. tests/test_cuda_kernels.py runs qwen3_tts_rope this way.
+//     thread order. tests/qwen3_tts_rope/test_qwen3_tts_rope_cuda.py runs qwen3_tts_rope this way.
 //   * CUDA_EMUL_LOCKSTEP defined before the include: 1-D launches only; each thread of a block runs on its own
 //     std::thread (../lockstep.h) and __shfl_xor_sync exchanges values in lockstep inside its warp of 32, a
-//     divergent shuffle being reported. tests/test_emulated_quant_kernels.py runs inverse_rope_group_quant so.
+//     divergent shuffle being reported. tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py runs
+// inverse_rope_group_quant so.
 //
 // The conversions are bit-exact models of the CUDA intrinsics: round-to-nearest-even, NaN kept quiet.
 #pragma once

@@ -1,5 +1,5 @@
 // C entry points around a kernel source compiled for host emulation (see cuda_emul.h), for ctypes.
-// Build: g++ -std=c++17 -O1 -shared -fPIC -I tests/cuda_emul -x c++ harness.cpp -o harness.so
+// Build: g++ -std=c++17 -O1 -shared -fPIC -I tests/support/cuda_emul -x c++ harness.cpp -o harness.so
 //        -DKERNEL_SOURCE='"/abs/path/kernels_cuda/qwen3_tts_rope.cu"'
 #include KERNEL_SOURCE
 

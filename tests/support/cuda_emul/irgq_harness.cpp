@@ -1,8 +1,9 @@
 // C entry points around the inverse_rope_group_quant CUDA source run in lockstep host emulation (cuda_emul.h,
-// ../lockstep.h), for ctypes (tests/irgq_harness.py: cuda_harness()). The kernel and its launcher are the
+// ../lockstep.h), for ctypes (tests/inverse_rope_group_quant/irgq_harness.py: cuda_harness()). The kernel and its
+// launcher are the
 // repository's own code, unchanged.
-// Build: g++ -std=c++20 -O1 -shared -fPIC -pthread -ffp-contract=off -I tests -I tests/cuda_emul -x c++
-//        tests/cuda_emul/irgq_harness.cpp -DKERNEL_SOURCE='"/abs/kernels_cuda/inverse_rope_group_quant.cu"'
+// Build: g++ -std=c++20 -O1 -shared -fPIC -pthread -ffp-contract=off -I tests -I tests/support/cuda_emul -x c++
+//        tests/support/cuda_emul/irgq_harness.cpp -DKERNEL_SOURCE='"/abs/kernels_cuda/inverse_rope_group_quant.cu"'
 #define CUDA_EMUL_LOCKSTEP 1
 #include "cuda_emul.h"
 #include KERNEL_SOURCE

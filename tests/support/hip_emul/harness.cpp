@@ -1,8 +1,10 @@
 // C entry points around the HIP kernel source run under the wave emulator (hip_emul.h), for ctypes
-// (tests/irgq_harness.py: hip_harness()). The kernel and its launcher are the repository's own code, unchanged;
+// (tests/inverse_rope_group_quant/irgq_harness.py: hip_harness()). The kernel and its launcher are the repository's
+// own code, unchanged;
 // only hipLaunchKernel is provided here.
-// Build: clang++ -std=c++20 -O1 -shared -fPIC -pthread -ffp-contract=off -I tests -I tests/hip_emul -I kernels_cuda
-//        tests/hip_emul/harness.cpp -DKERNEL_SOURCE='"/abs/kernels_hip/inverse_rope_group_quant.hip"'
+// Build: clang++ -std=c++20 -O1 -shared -fPIC -pthread -ffp-contract=off -I tests -I tests/support/hip_emul -I
+// kernels_cuda
+//        tests/support/hip_emul/harness.cpp -DKERNEL_SOURCE='"/abs/kernels_hip/inverse_rope_group_quant.hip"'
 #include "hip_emul.h"
 
 #define FUSEDROPE_HIP_NO_RUNTIME_HEADERS 1
