@@ -18,9 +18,6 @@ Three tests run on the CPU, with stand-ins for the raw op, to show that these ch
 check, the dependent-launch check and the child-process protocol.
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +30,7 @@ from fusedrope.testing import (QUANT_HEAD_GROUPS, QuantCase, assert_quant_close,
                                deepseek_rope_cache, guarded_poison, poison_like, rope_blocks)
 
 from conftest import backends_here
+from raw_rejects import reject_failure, run_child
 
 OP = "inverse_rope_group_quant"
 HAS_CUDA = torch.cuda.is_available()
@@ -333,38 +331,6 @@ def reject_cases() -> dict:
 REJECTS = ("fp32_o", "cpu_positions", "head_dim_256", "group_48", "positions_short", "x_scale_shape",
            "x_scale_tokens_overlapping", "x_scale_column_lead_short", "tail_warps_2", "fast_layout_2",
            "tail_warps_with_fast_layout", "block_threads_48", "pdl_2")
-CHILD = """
-import sys, torch
-from {module} import reject_cases
-for name, call in reject_cases().items():
-    print("START", name, flush=True)
-    try:
-        call()
-        torch.cuda.synchronize() if torch.cuda.is_available() else None
-        print("END", name, "no error raised", flush=True)
-    except Exception as e:
-        named = isinstance(e, RuntimeError) and "fusedrope_cuda" in str(e)
-        first = (str(e).splitlines() or [""])[0]
-        print("END", name, "raised" if named else "other", type(e).__name__, first, flush=True)
-"""
-
-
-def run_child(module: str, path: Path) -> subprocess.CompletedProcess:
-    """The cases of ``module.reject_cases()`` (``module`` importable from ``path``) in a child process."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(path), str(ROOT / "tests")]))
-    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", CHILD.format(module=module)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-
-
-def reject_failure(child: subprocess.CompletedProcess, name: str) -> str:
-    """"" when the child's case ``name`` raised a RuntimeError naming the op, else what happened."""
-    ends = {line.split()[1]: line for line in child.stdout.splitlines() if line.startswith("END ")}
-    if name not in ends:
-        how = "died on" if f"START {name}" in child.stdout else "never reached"
-        return f"the child (rc {child.returncode}) {how} this case: {child.stderr[-2000:]}"
-    return "" if ends[name].split()[2] == "raised" else ends[name]
-
-
 @pytest.fixture(scope="module")
 def rejected():
     return run_child(Path(__file__).stem, HERE)

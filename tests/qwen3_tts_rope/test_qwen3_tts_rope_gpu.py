@@ -14,9 +14,6 @@ by itself when there is one: tests/conftest.py). ``gpu/run.sh`` runs these under
 * CUDA-graph replay gives the same bytes as eager, out of place and in place.
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +25,7 @@ from fusedrope.testing import (TTS_CASES, TtsCase, assert_tts_rope_close, bytes_
                                make_tts_inputs, own_batch_strides, to_device_keeping_layout)
 
 from conftest import backends_here
+from raw_rejects import reject_failure, run_child
 
 OP = "qwen3_tts_rope"
 HAS_CUDA = torch.cuda.is_available()
@@ -150,39 +148,19 @@ def reject_cases() -> dict:
 
 
 REJECTS = ("fp32", "cpu_k", "D96", "k_batch_mismatch", "config_out_of_range", "wide_vec_on_misaligned")
-CHILD = """
-import sys, torch
-from {module} import reject_cases
-for name, call in reject_cases().items():
-    print("START", name, flush=True)
-    try:
-        call()
-        torch.cuda.synchronize() if torch.cuda.is_available() else None
-        print("END", name, "no error raised", flush=True)
-    except Exception as e:
-        named = isinstance(e, RuntimeError) and "fusedrope_cuda" in str(e)
-        first = (str(e).splitlines() or [""])[0]
-        print("END", name, "raised" if named else "other", type(e).__name__, first, flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def rejected():
-    """The child's lines (the cases in order): ``START name`` before each call, ``END name <verdict> ...`` after."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), str(ROOT / "tests")]))
-    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", CHILD.format(module=Path(__file__).stem)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    return run_child(Path(__file__).stem, HERE)
 
 
 @needs_cuda_kernel
 @pytest.mark.parametrize("name", REJECTS)
 def test_raw_op_rejects_bad_inputs_without_crashing(rejected, name):
-    """(The protocol's power, a crash or a silent call failing its case, is shown on the CPU in
+    """(The check's power, a crash or a silent call failing its case, is shown on the CPU in
     tests/inverse_rope_group_quant/test_inverse_rope_group_quant_gpu.py.)"""
-    ends = {line.split()[1]: line for line in rejected.stdout.splitlines() if line.startswith("END ")}
-    how = "died on" if f"START {name}" in rejected.stdout else "never reached"
-    assert name in ends, f"the child (rc {rejected.returncode}) {how} this case: {rejected.stderr[-2000:]}"
-    assert ends[name].split()[2] == "raised", ends[name]
+    failure = reject_failure(rejected, name)
+    assert not failure, failure
+
 
 
 # ------------------------------------------------------------------------------------------------------------
