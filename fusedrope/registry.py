@@ -35,14 +35,18 @@ def _yes(_) -> Reason:
 
 
 def getenv(name: str) -> str:
-    """The environment variable ``name``, or "" when unset. Read on every call (it may change at run time) from
-    os.environ's underlying bytes dict: ~0.05 us against ~0.7 us for ``os.environ.get``. Bytes that are not
-    UTF-8 come back as os.environ gives them (surrogate escapes), for the caller to refuse by name."""
-    data = getattr(os.environ, "_data", None)
-    if isinstance(data, dict):
-        value = data.get(name.encode())
+    """The environment variable ``name``, or "" when unset. Read on every call (it may change at run time), on
+    POSIX from os.environ's underlying bytes dict: ~0.05 us against ~0.7 us for ``os.environ.get``. Bytes that
+    are not UTF-8 come back as os.environ gives them (surrogate escapes), for the caller to refuse by name."""
+    if _ENVIRON_BYTES is not None:
+        value = _ENVIRON_BYTES.get(name.encode())
         return value.decode("utf-8", "surrogateescape") if value else ""
     return os.environ.get(name) or ""
+
+
+# os.environ's own bytes dict, which setenv and monkeypatch change in place (POSIX; on Windows its keys are str)
+_ENVIRON_BYTES = os.environ._data if hasattr(os, "environb") and isinstance(getattr(os.environ, "_data", None),
+                                                                            dict) else None
 
 
 def forced_backend() -> str:
@@ -69,7 +73,8 @@ class Backend:
 
     def loaded(self) -> "Backend":
         if self.run is None:
-            self.run, self.run_alloc = self.load()
+            run, self.run_alloc = self.load()
+            self.run = run  # last: a thread that sees run set sees run_alloc too
         return self
 
 
@@ -105,10 +110,11 @@ class OpRegistry:
         self.backends: list[Backend] = []
         self._available: dict = {}
         self._select: dict = {}
+        self._generation = 0  # bumped by every change of the backends: a choice made before one is not kept
         self._lock = threading.RLock()
 
     def register(self, backend: Backend) -> None:
-        """Add ``backend``, replacing one of the same name."""
+        """Add ``backend``, replacing one of the same name (a replaced user backend moves behind the others)."""
         def rank(b):
             return BACKENDS.index(b.name) if b.name in BACKENDS else -1
         with self._lock:
@@ -121,22 +127,31 @@ class OpRegistry:
             self.clear_cache()
 
     def backend(self, name: str) -> Backend:
-        return next(b for b in self.backends if b.name == name)
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise ValueError(f"{self.op}: argument 'backend' expected one of {[b.name for b in self.backends]}, "
+                         f"got {name!r}")
 
     def clear_cache(self) -> None:
-        self._available.clear()
-        self._select.clear()
+        with self._lock:
+            self._generation += 1
+            self._available.clear()
+            self._select.clear()
 
     def availability(self, backend: Backend, device: torch.device) -> Reason:
         key = (backend.name, device)
-        if key not in self._available:
-            with self._lock:  # one probe per (backend, device), even from several threads
-                if key not in self._available:
-                    try:
-                        self._available[key] = backend.available(device)
-                    except Exception as e:  # a broken toolchain must not break the fallback
-                        self._available[key] = f"unavailable: {type(e).__name__}: {e}"
-        return self._available[key]
+        try:
+            return self._available[key]
+        except KeyError:
+            pass
+        with self._lock:  # one probe per (backend, device), even from several threads
+            if key not in self._available:
+                try:
+                    self._available[key] = backend.available(device)
+                except Exception as e:  # a broken toolchain must not break the fallback
+                    self._available[key] = f"unavailable: {type(e).__name__}: {e}"
+            return self._available[key]
 
     def decide(self, backend: Backend, key: tuple, auto: bool = False) -> Reason:
         """None when ``backend`` would run a call with this key (or facts), else why not."""
@@ -154,12 +169,18 @@ class OpRegistry:
         except KeyError:
             pass
         except TypeError:  # unhashable: a list, a dict
-            raise TypeError(f"{self.op}: argument 'backend' expected 'auto' or one of "
-                            f"{sorted(b.name for b in self.backends)}, got {type(backend).__name__} "
-                            f"{backend!r}") from None
+            raise self._not_a_name(backend) from None
+        with self._lock:
+            generation = self._generation
         chosen = self._select_uncached(self.facts(*key), forced or backend, backend).loaded()
-        self._select[key, backend, forced] = chosen
+        with self._lock:
+            if generation == self._generation:  # no backend came or went meanwhile
+                self._select[key, backend, forced] = chosen
         return chosen
+
+    def _not_a_name(self, backend) -> TypeError:
+        return TypeError(f"{self.op}: argument 'backend' expected 'auto' or one of "
+                         f"{sorted(b.name for b in self.backends)}, got {type(backend).__name__} {backend!r}")
 
     def _select_uncached(self, facts: tuple, request: str, backend: str) -> Backend:
         if request == "auto":
@@ -169,7 +190,7 @@ class OpRegistry:
             raise BackendUnavailableError(f"{self.op}: no backend can run these inputs:\n{self.explain(facts)}")
         by_name = {b.name: b for b in self.backends}
         if request not in by_name:
-            if backend == "auto" and request in BACKENDS:  # set for another op's backend: this op picks itself
+            if backend == "auto" and _named_elsewhere(request):  # another op's backend: this op picks itself
                 return self._select_uncached(facts, "auto", backend)
             source = "argument 'backend'" if backend != "auto" else f"environment variable {ENV_BACKEND}"
             has = f" ({self.op} has no {request!r} backend)" if request in BACKENDS else ""
@@ -182,16 +203,20 @@ class OpRegistry:
         return by_name[request]
 
     def explain(self, key: tuple, backend: str = "auto") -> Explanation:
+        """Every backend's decision for a call with this key, and the one it would run (nothing is loaded)."""
         facts = self.facts(*key)
-        out = Explanation(
-            Decision(b.name, (r := self.decide(b, facts, auto=True)) is None, r or "supports these inputs")
+        if not isinstance(backend, str):
+            raise self._not_a_name(backend)
+        request = forced_backend() if backend == "auto" else backend
+        out = Explanation(  # a named backend is judged as named: opt-in is no reason to pass it over then
+            Decision(b.name, (r := self.decide(b, facts, auto=b.name != request)) is None, r or "supports these inputs")
             for b in self.backends
         )
         out.op = self.op
-        if backend == "auto" and forced_backend() in {b.name for b in self.backends}:
-            out.forced = f"{ENV_BACKEND}={forced_backend()}"
+        if backend == "auto" and request in {b.name for b in self.backends}:
+            out.forced = f"{ENV_BACKEND}={request}"
         try:
-            out.chosen = self.select(tuple(key), backend).name
+            out.chosen = self._select_uncached(facts, request, backend).name
         except (BackendUnavailableError, ValueError) as e:
             out.chosen = None
             out.append(Decision("(error)", False, str(e).splitlines()[0]))
@@ -206,6 +231,11 @@ def registry(op: str) -> OpRegistry:
     if op not in REGISTRIES:
         raise ValueError(f"registry: argument 'op' expected one of {sorted(REGISTRIES)}, got {op!r}")
     return REGISTRIES[op]
+
+
+def _named_elsewhere(name: str) -> bool:
+    """A built-in backend, or one registered for any op."""
+    return name in BACKENDS or any(name in {b.name for b in r.backends} for r in REGISTRIES.values())
 
 
 def new_registry(op: str, facts: type) -> OpRegistry:
@@ -223,8 +253,8 @@ def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Ca
     op : str
         ``"qwen3_tts_rope"`` or ``"inverse_rope_group_quant"``.
     name : str
-        The backend's name, for ``backend=name`` and ``FUSEDROPE_BACKEND``; not a built-in one. Registering a
-        name again replaces that backend.
+        The backend's name, for ``backend=name`` and ``FUSEDROPE_BACKEND`` (which the other op, without such a
+        backend, ignores); not a built-in one. Registering a name again replaces that backend.
     run : callable
         Called with validated inputs and allocated outputs, which it writes in place; its return value is
         ignored. ``qwen3_tts_rope``: ``run(q, k, cos, sin, q_out, k_out)`` (``q_out``/``k_out`` may be ``q``/``k``
@@ -255,6 +285,7 @@ def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Ca
     if not isinstance(name, str) or not name or name == "auto" or name in BACKENDS:
         raise ValueError(f"register_backend: argument 'name' expected a new backend name (not 'auto' or one of "
                          f"{list(BACKENDS)}), got {name!r}")
-    if not callable(run):
-        raise TypeError(f"register_backend: argument 'run' expected a callable, got {type(run).__name__}")
+    for arg, fn in (("run", run), ("supports", supports or _yes), ("available", available or _yes)):
+        if not callable(fn):
+            raise TypeError(f"register_backend: argument '{arg}' expected a callable, got {type(fn).__name__}")
     reg.register(Backend(name, run, supports or _yes, available or _yes))

@@ -118,7 +118,8 @@ def test_a_backend_forced_by_the_environment_is_named_as_such(monkeypatch):
     assert "forced" not in str(reg.explain(facts))
 
 
-def test_selection_is_cached_and_cheap_to_key():
+def test_selection_is_cached_and_cheap_to_key(monkeypatch):
+    monkeypatch.delenv(fusedrope.ENV_BACKEND, raising=False)
     reg = fusedrope.registry("qwen3_tts_rope")
     facts = fusedrope.registry("qwen3_tts_rope").facts(*validate(*tts_args()))
     assert facts == (DEVICE, torch.bfloat16, 128, False)
@@ -288,8 +289,11 @@ def test_an_opt_in_backend_runs_only_when_named(monkeypatch):
     assert (row.backend, row.runs) == ("hip", False)
     assert row.reason == "opt-in (never run on AMD hardware): name it to use it"
     assert reg.select(facts, "hip").name == "hip"
+    named = reg.explain(facts, "hip")
+    assert named.chosen == "hip" and named[0].runs and named[0].reason == "supports these inputs"
     monkeypatch.setenv(fusedrope.ENV_BACKEND, "hip")
     assert reg.select(facts).name == "hip"
+    assert reg.explain(facts)[0].runs and reg.explain(facts).forced == "FUSEDROPE_BACKEND=hip"
 
 
 def test_a_lazy_backend_loads_once_when_first_chosen():
@@ -299,3 +303,48 @@ def test_a_lazy_backend_loads_once_when_first_chosen():
     assert reg.select((torch.device("cpu"), 1)).run is print and loads == [1]
     reg.select((torch.device("cpu"), 2))
     assert loads == [1]
+
+
+def test_a_choice_made_while_the_backends_change_is_not_kept():
+    """register() from another thread while a choice is being made: that choice is returned but not cached, so
+    the next call sees the new backend (a stale cached choice used to survive)."""
+    reg = toy(entry("reference"))
+
+    def supports(facts):  # another thread registers a faster backend while this choice is being made
+        if "triton" not in [b.name for b in reg.backends]:
+            reg.register(entry("triton"))
+        return None
+
+    reg.backend("reference").supports = supports
+    assert reg.select((torch.device("cpu"), 1)).name == "reference"  # chosen before triton came
+    assert reg.select((torch.device("cpu"), 1)).name == "triton"  # not the stale choice from the cache
+
+
+def test_a_user_backend_named_in_the_environment_leaves_the_other_op_alone(monkeypatch):
+    fusedrope.register_backend("qwen3_tts_rope", "mine", lambda *a: None)
+    try:
+        monkeypatch.setenv(fusedrope.ENV_BACKEND, "mine")
+        o, pos, c, s = make_quant_inputs(QuantCase(2, 2, 1), device=DEVICE)
+        assert fusedrope.explain("inverse_rope_group_quant", o, pos, c, s, 1).chosen in ("triton", "reference", "cuda")
+        fusedrope.inverse_rope_group_quant(o, pos, c, s, 1)
+        assert fusedrope.explain("qwen3_tts_rope", *tts_args()).chosen == "mine"
+    finally:
+        fusedrope.registry("qwen3_tts_rope").unregister("mine")
+    with pytest.raises(ValueError, match="environment variable FUSEDROPE_BACKEND expected 'auto' or one of"):
+        fusedrope.qwen3_tts_rope(*tts_args())  # a name no op has is still refused
+
+
+def test_register_backend_checks_its_callables_and_backend_names_an_unknown_one():
+    for arg in ("supports", "available"):
+        with pytest.raises(TypeError, match=f"register_backend: argument '{arg}' expected a callable, got str"):
+            fusedrope.register_backend("qwen3_tts_rope", "mine", print, **{arg: "bf16 only"})
+    assert "mine" not in [b.name for b in fusedrope.registry("qwen3_tts_rope").backends]
+    with pytest.raises(ValueError, match="qwen3_tts_rope: argument 'backend' expected one of .*, got 'nope'"):
+        fusedrope.registry("qwen3_tts_rope").backend("nope")
+
+
+def test_explain_loads_nothing():
+    """explain() says which backend would run; it does not import or build it (a load error is the call's)."""
+    loads = []
+    reg = toy(entry("reference"), Backend("triton", load=lambda: loads.append(1) or (print, None)))
+    assert reg.explain((torch.device("cpu"), 1)).chosen == "triton" and loads == []
