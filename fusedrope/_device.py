@@ -3,11 +3,9 @@ Triton, CUDA and HIP backends can run there at all (the per-op ``supports`` chec
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-Reason = Optional[str]
+from .registry import Reason
 
 
 def triton_interpreting() -> bool:

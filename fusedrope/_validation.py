@@ -2,7 +2,8 @@
 
 Messages always name the op, the argument, what was expected and what was given, e.g.
 ``qwen3_tts_rope: argument 'k' expected shape [2, Hkv, 16, 128], got [2, 8, 17, 128]``.
-The ops run a cheap all-good test first and only come here to build the message.
+The ops test their usual arguments in one expression first and come here to name what fails; in-place writes and
+caller buffers also get the overlap, writability and autograd checks below.
 """
 
 from __future__ import annotations

@@ -477,7 +477,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
         ``4j+i``; with ``transpose_scale=True`` its storage is ``[G, Ks/4, align(S, 4)]`` (TMA-aligned MN-major,
         ``x_scale.permute(1, 0, 2)`` is what DeepGEMM's ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` gives).
     backend : str, default "auto"
-        ``"auto"``, ``"hip"``, ``"cuda"``, ``"triton"`` or ``"reference"``.
+        ``"auto"``, ``"cuda"``, ``"hip"`` (opt-in: ``auto`` passes over it), ``"triton"``, ``"reference"`` or
+        one of yours (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``.
 
     Returns
     -------

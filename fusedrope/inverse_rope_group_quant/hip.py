@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .._device import HIP_ARCHS, arch_fp8_dtype, gpu_arch, hip_toolkit_reason
+from .._device import HIP_ARCHS, arch_fp8_dtype, gpu_arch
 from .._validation import dtype_name
 from .cuda import CompiledOp, envelope_reason
 
@@ -30,10 +30,8 @@ def supports(facts) -> Optional[str]:
 
 
 def available(device: torch.device) -> Optional[str]:
-    reason = hip_toolkit_reason(device)
-    if reason:
-        return reason
-    from .. import hip_ext  # builds or loads the extension
+    """Asked for ROCm devices (the registry asks ``hip_toolkit_reason`` first): builds or loads the extension."""
+    from .. import hip_ext
 
     return hip_ext.available(device)
 

@@ -78,14 +78,14 @@ def validate(q, k, cos, sin, inplace: bool = False) -> tuple:
         ok = False
     if not ok:
         _diagnose(q, k, cos, sin)
-        dt, dev, D = q.dtype, q.device, q.shape[3]  # a tensor subclass the expression passed over
+        dt, dev, D = q.dtype, q.device, q.shape[3]  # a tensor subclass (FakeTensor, Parameter) that is valid
     if inplace:
         _check_inplace(q, k, cos, sin)
     return dev, dt, D, inplace is True
 
 
 def _diagnose(q, k, cos, sin) -> None:
-    """The precise error for inputs :func:`validate`'s expression refused (or none, for tensor subclasses)."""
+    """The precise error for inputs :func:`validate`'s expression refused; valid tensor subclasses pass."""
     reference.check_shapes(q, k, cos, sin)
     named = {"k": k, "cos": cos, "sin": sin}
     V.check_dtype(OP, "q", q, DTYPES)
@@ -93,12 +93,15 @@ def _diagnose(q, k, cos, sin) -> None:
     V.check_same_device(OP, "q", q, named)
     for name, t in (("q", q), *named.items()):
         V.check_last_dim_contiguous(OP, name, t)
+    if all(type(t) is _Tensor for t in (q, k, cos, sin)):  # plain tensors the expression refused: it is wrong
+        raise AssertionError("validate() refused inputs that _diagnose() accepts")  # pragma: no cover
 
 
 def _check_inplace(q, k, cos, sin) -> None:
     """What in-place writes need beyond valid inputs, as torch's own in-place ops demand it."""
-    V.check_writable_no_overlap(OP, "q", q)
-    V.check_writable_no_overlap(OP, "k", k)
+    if 0 in q.stride() or 0 in k.stride():
+        V.check_writable_no_overlap(OP, "q", q)
+        V.check_writable_no_overlap(OP, "k", k)
     V.check_apart(OP, {"k": k, "q": q}, {"cos": cos, "sin": sin}, " for inplace=True")
     if V.needs_grad(q, k, cos, sin):
         V.refuse_grad(OP, "inplace=True has", {"q": q, "k": k, "cos": cos, "sin": sin}, "use inplace=False")
@@ -112,19 +115,29 @@ def _check_outputs(q, k, cos, sin, q_out, k_out) -> dict:
     for name, out, src, src_name in (("q_out", q_out, q, "q"), ("k_out", k_out, k, "k")):
         if out is None:
             continue
-        V.check_tensor(OP, name, out, 4)
-        V.check_shape(OP, name, out, tuple(src.shape))
-        V.check_same_dtype(OP, src_name, src, {name: out})
-        V.check_same_device(OP, src_name, src, {name: out})
-        V.check_last_dim_contiguous(OP, name, out)
-        V.check_writable_no_overlap(OP, name, out)
-        if out is src:
-            V.fail(OP, name, f"a buffer apart from '{src_name}' (inplace=True writes into q and k)",
-                   f"'{src_name}' itself")
+        try:  # one expression for buffers that pass (as in validate); the checks one by one to name what fails
+            ok = (type(out) is _Tensor and out.shape == src.shape and out.dtype is src.dtype
+                  and out.device == src.device and out.stride()[3] == 1 and 0 not in out.stride() and out is not src)
+        except (AttributeError, TypeError, IndexError, RuntimeError):
+            ok = False
+        if not ok:
+            _diagnose_output(name, out, src, src_name)
         given[name] = out
     V.check_apart(OP, given, {"q": q, "k": k, "cos": cos, "sin": sin})
     V.check_writable_here(OP, given)
     return given
+
+
+def _diagnose_output(name, out, src, src_name) -> None:
+    V.check_tensor(OP, name, out, 4)
+    V.check_shape(OP, name, out, tuple(src.shape))
+    V.check_same_dtype(OP, src_name, src, {name: out})
+    V.check_same_device(OP, src_name, src, {name: out})
+    V.check_last_dim_contiguous(OP, name, out)
+    V.check_writable_no_overlap(OP, name, out)
+    if out is src:
+        V.fail(OP, name, f"a buffer apart from '{src_name}' (inplace=True writes into q and k)",
+               f"'{src_name}' itself")
 
 
 def _check_call(q, k, cos, sin, inplace, q_out, k_out) -> tuple:
@@ -148,7 +161,19 @@ _CONTIGUOUS = torch.contiguous_format
 
 
 def _new_out(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(t, memory_format=_CONTIGUOUS)
+    return _empty_like(t, memory_format=_CONTIGUOUS)
+
+
+def _into_new_outputs(impl: Backend, q, k, cos, sin, alloc: bool = True):
+    """New contiguous outputs written by ``impl``; allocated by its compiled op where it has one and ``alloc``
+    (in C++: two Python calls fewer). Nothing runs for empty inputs."""
+    work = q.numel() or k.numel()
+    if alloc and work and impl.run_alloc is not None:
+        return impl.run_alloc(q, k, cos, sin)
+    q_out, k_out = _empty_like(q, memory_format=_CONTIGUOUS), _empty_like(k, memory_format=_CONTIGUOUS)
+    if work:
+        impl.run(q, k, cos, sin, q_out, k_out)
+    return q_out, k_out
 
 
 def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
@@ -209,19 +234,12 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
     if inplace is False and q_out is None and k_out is None and not _is_compiling():
         key = validate(q, k, cos, sin)
         if not (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad) or not _grad_enabled():
-            impl = REGISTRY.select(key, backend)
-            if impl.run_alloc is not None and (q.numel() or k.numel()):
-                return impl.run_alloc(q, k, cos, sin)  # the compiled op allocates (in C++: cheaper)
-            q_out = _empty_like(q, memory_format=_CONTIGUOUS)
-            k_out = _empty_like(k, memory_format=_CONTIGUOUS)
-            if q.numel() or k.numel():
-                impl.run(q, k, cos, sin, q_out, k_out)
-            return q_out, k_out
+            return _into_new_outputs(REGISTRY.select(key, backend), q, k, cos, sin)
         # Inputs that require grad: the torch op, whose outputs raise on backward (no derivative) instead of
         # silently cutting the graph; the backend name is checked first, for the same errors as without grad.
         REGISTRY.select(key, backend)
         return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         # Traced: the torch ops. Their fakes validate, but storage overlap cannot be traced here, so the
         # cheap checks eager gives first come first.
         if q_out is None and k_out is None:
@@ -270,12 +288,8 @@ def explain_args(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=Non
 def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     impl = REGISTRY.select(validate(q, k, cos, sin), backend)
-    if impl.run_alloc is not None and (q.numel() or k.numel()) and not (q.requires_grad or k.requires_grad):
-        return impl.run_alloc(q, k, cos, sin)
-    q_out, k_out = _new_out(q), _new_out(k)
-    if q.numel() or k.numel():
-        impl.run(q, k, cos, sin, q_out, k_out)
-    return q_out, k_out
+    # inputs that require grad: outputs of a compiled op would come back with an autograd placeholder
+    return _into_new_outputs(impl, q, k, cos, sin, alloc=not (q.requires_grad or k.requires_grad))
 
 
 @_op.register_fake

@@ -11,7 +11,6 @@ from typing import Optional
 
 import torch
 
-from .._device import cuda_toolkit_reason
 from .._validation import dtype_name
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -26,10 +25,8 @@ def supports(facts) -> Optional[str]:
 
 
 def available(device: torch.device) -> Optional[str]:
-    reason = cuda_toolkit_reason(device)
-    if reason:
-        return reason
-    from .. import cuda_ext  # builds or loads the extension
+    """Asked for CUDA devices (the registry asks ``cuda_toolkit_reason`` first): builds or loads the extension."""
+    from .. import cuda_ext
 
     return cuda_ext.available(device)
 
