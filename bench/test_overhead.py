@@ -62,6 +62,13 @@ def test_tts_public(benchmark, tts):
     timed(benchmark, "tts public", lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="noop"))
 
 
+def test_tts_public_auto(benchmark, tts, monkeypatch):
+    """backend="auto" with FUSEDROPE_BACKEND naming the no-op: the environment lookup and the cached choice."""
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "noop")
+    q, k, cos, sin = tts
+    timed(benchmark, "tts public auto", lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin))
+
+
 def test_tts_direct(benchmark, tts):
     q, k, cos, sin = tts
     timed(benchmark, "tts direct", lambda: _noop(q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)))

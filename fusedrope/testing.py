@@ -788,9 +788,13 @@ def _tts_backend_cases(device):
                 assert_tts_rope_close(q, k, q_in, k_in, cos, sin, "in place")
                 q.copy_(q_in), k.copy_(k_in)
                 return
-            q_out, k_out = poison_like(torch.empty_like(q)), poison_like(torch.empty_like(k))
+            (q_out, q_buf), (k_out, k_buf) = (guarded_poison(t.shape, t.dtype, t.device) for t in (q, k))
             fusedrope.qwen3_tts_rope(q, k, cos, sin, q_out=q_out, k_out=k_out, backend=backend)
             assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
+            for out, buf in ((q_out, q_buf), (k_out, k_buf)):
+                assert bytes_written_outside(buf, out) == 0, "wrote outside its output"
+            assert_tts_rope_close(*fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend), q, k, cos, sin,
+                                  "new outputs")
         return name, validate(*inputs, inplace), check
 
     out = [case(c.id, make_tts_inputs(c, device=device, seed=c.seed, random_cos_sin=True))
@@ -816,16 +820,21 @@ def _quant_backend_cases(device):
                 c.quant_group_size, transpose)
 
         def check(backend):
-            x_fp8, x_scale = fusedrope.empty_quant_outputs(args[0], *args[4:], fp8_dtype=fp8, scale_dtype=scale)
-            x_fp8, x_scale = poison_like(x_fp8), poison_like(x_scale)
+            want = fusedrope.empty_quant_outputs(args[0], *args[4:], fp8_dtype=fp8, scale_dtype=scale)
+            (x_fp8, x_buf), (x_scale, s_buf) = (guarded_poison(t.shape, t.dtype, t.device, t.stride(), byte=0x55)
+                                                for t in want)
             fusedrope.inverse_rope_group_quant(*args, x_fp8, x_scale, backend=backend)
             ref = fusedrope.inverse_rope_group_quant(*args, fp8_dtype=fp8, scale_dtype=scale, backend="reference")
             assert_quant_close(x_fp8, x_scale, *ref, rope_blocks(c))
+            for out, buf in ((x_fp8, x_buf), (x_scale, s_buf)):
+                assert bytes_written_outside(buf, out, 0x55) == 0, "wrote outside its output"
+            new = fusedrope.inverse_rope_group_quant(*args, fp8_dtype=fp8, scale_dtype=scale, backend=backend)
+            assert_quant_close(*new, *ref, rope_blocks(c), "new outputs")
         return f"{name}-{c.id}", validate(*args, None, None, fp8, scale)[0], check
 
     out = []
     for h, g in QUANT_HEAD_GROUPS.values():
-        for gs in (32, 64, 128):
+        for gs in (32, 64, 128, 256):
             out.append(case("seed", QuantCase(3, h, g, quant_group_size=gs), transpose=gs == 64))
     out.append(case("fnuz", QuantCase(2, 16, 2), fp8=torch.float8_e4m3fnuz))
     for scale in (torch.uint8, torch.float32, torch.int32):

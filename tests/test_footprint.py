@@ -18,7 +18,7 @@ print(json.dumps({"modules": mods, "triton": "triton" in sys.modules}))
 """
 
 
-def test_the_ops_load_a_small_package():
+def test_reference_calls_of_both_ops_load_a_small_package():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin"})
     got = json.loads(out.stdout)
