@@ -27,6 +27,26 @@ def backends_here(op: str) -> list:
     return out
 
 
+# GPU-only tests: marked `gpu` (pytest -m gpu selects them), skipped with the reason where torch sees no GPU.
+HAS_CUDA = torch.cuda.is_available()
+GPU_ONLY = [pytest.mark.gpu,
+            pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)")]
+
+
+def gpu(test):
+    """A test decorator: :data:`GPU_ONLY`'s marks."""
+    for mark in GPU_ONLY:
+        test = mark(test)
+    return test
+
+
+def needs_cuda_kernel(op: str):
+    """Skip, with the registry's reason, where ``op``'s cuda backend cannot run (no toolkit, failed build)."""
+    reg = fusedrope.registry(op)
+    reason = reg.availability(reg.backend("cuda"), torch.device("cuda")) if HAS_CUDA else None
+    return pytest.mark.skipif(bool(reason), reason=f"cuda backend: {reason}")
+
+
 @pytest.fixture(autouse=True)
 def _no_forced_backend(monkeypatch):
     monkeypatch.delenv(fusedrope.ENV_BACKEND, raising=False)

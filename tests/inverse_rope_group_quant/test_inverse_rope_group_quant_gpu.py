@@ -25,27 +25,17 @@ import torch
 
 import fusedrope
 from fusedrope import reference as ref
-from fusedrope.inverse_rope_group_quant import REGISTRY, empty_quant_outputs
+from fusedrope.inverse_rope_group_quant import empty_quant_outputs
 from fusedrope.testing import (QUANT_HEAD_GROUPS, QuantCase, assert_quant_close, bytes_written_outside,
                                deepseek_rope_cache, guarded_poison, poison_like, rope_blocks)
 
-from conftest import backends_here
+from conftest import HAS_CUDA, backends_here, gpu, needs_cuda_kernel
 from raw_rejects import reject_failure, run_child
 
 OP = "inverse_rope_group_quant"
-HAS_CUDA = torch.cuda.is_available()
-NO_CUDA = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)")
-
-
-def gpu(test):
-    """Marked ``gpu``; skips without a CUDA device."""
-    return pytest.mark.gpu(NO_CUDA(test))
-
-
 DEV = torch.device("cuda")
 BACKENDS = [p for p in backends_here(OP) if p.id in ("cuda", "triton")]
-CUDA_REASON = REGISTRY.availability(REGISTRY.backend("cuda"), DEV) if HAS_CUDA else None
-needs_cuda_kernel = pytest.mark.skipif(bool(CUDA_REASON), reason=f"cuda backend: {CUDA_REASON}")
+needs_cuda_kernel = needs_cuda_kernel(OP)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 GUARD = 0xA5  # not 0xFF: that is a legitimate scale byte (a NaN block)

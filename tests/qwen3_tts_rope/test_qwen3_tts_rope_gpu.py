@@ -24,17 +24,14 @@ from fusedrope.qwen3_tts_rope import REGISTRY, validate
 from fusedrope.testing import (TTS_CASES, TtsCase, assert_tts_rope_close, bytes_written_outside, guarded_poison,
                                make_tts_inputs, own_batch_strides, to_device_keeping_layout)
 
-from conftest import backends_here
+from conftest import GPU_ONLY, backends_here, needs_cuda_kernel
 from raw_rejects import reject_failure, run_child
 
 OP = "qwen3_tts_rope"
-HAS_CUDA = torch.cuda.is_available()
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)")]
+pytestmark = GPU_ONLY
 DEV = torch.device("cuda")
 BACKENDS = [p for p in backends_here(OP) if p.id in ("cuda", "triton")]
-CUDA_REASON = REGISTRY.availability(REGISTRY.backend("cuda"), DEV) if HAS_CUDA else None
-needs_cuda_kernel = pytest.mark.skipif(bool(CUDA_REASON), reason=f"cuda backend: {CUDA_REASON}")
+needs_cuda_kernel = needs_cuda_kernel(OP)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
