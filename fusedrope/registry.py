@@ -104,9 +104,11 @@ class Explanation(list):
 class OpRegistry:
     """The backends of one op, in the order ``auto`` tries them: user backends first, then ``BACKENDS``."""
 
-    def __init__(self, op: str, facts: type):
+    def __init__(self, op: str, facts: type, user_protocol: Optional[Callable] = None):
         self.op = op
         self.facts = facts  # the op's NamedTuple of selection facts
+        # register_backend's run protocol: (run, supports) -> (run, supports) the registry calls
+        self.user_protocol = user_protocol or (lambda run, supports: (run, supports))
         self.backends: list[Backend] = []
         self._available: dict = {}
         self._select: dict = {}
@@ -238,9 +240,9 @@ def _named_elsewhere(name: str) -> bool:
     return name in BACKENDS or any(name in {b.name for b in r.backends} for r in REGISTRIES.values())
 
 
-def new_registry(op: str, facts: type) -> OpRegistry:
+def new_registry(op: str, facts: type, user_protocol: Optional[Callable] = None) -> OpRegistry:
     """An op's own registry, made when its package is first imported."""
-    return REGISTRIES.setdefault(op, OpRegistry(op, facts))
+    return REGISTRIES.setdefault(op, OpRegistry(op, facts, user_protocol))
 
 
 def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Callable] = None,
@@ -259,7 +261,9 @@ def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Ca
         Called with validated inputs and allocated outputs, which it writes in place; its return value is
         ignored. ``qwen3_tts_rope``: ``run(q, k, cos, sin, q_out, k_out)`` (``q_out``/``k_out`` may be ``q``/``k``
         for ``inplace=True``). ``inverse_rope_group_quant``: ``run(o, positions, cos_cache, sin_cache, x_fp8,
-        x_scale, quant_group_size)``.
+        x_scale, quant_group_size)`` with a row-major ``x_fp8`` and row- or column-major scales (read their
+        strides); calls asking for more (``scale_layout="mfma_tile"``, ``quantize=False``, a group-major
+        ``x_fp8``) go to the built-in backends.
     supports : callable, optional
         ``supports(facts) -> None or str``: None when it serves the inputs described by ``facts`` (the op's
         named tuple: ``device``, ``dtype``, ``head_dim``, ...), else why not. Default: every input.
@@ -288,4 +292,5 @@ def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Ca
     for arg, fn in (("run", run), ("supports", supports or _yes), ("available", available or _yes)):
         if not callable(fn):
             raise TypeError(f"register_backend: argument '{arg}' expected a callable, got {type(fn).__name__}")
-    reg.register(Backend(name, run, supports or _yes, available or _yes))
+    run, supports = reg.user_protocol(run, supports or _yes)
+    reg.register(Backend(name, run, supports, available or _yes))

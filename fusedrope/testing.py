@@ -384,7 +384,7 @@ def assert_tts_rope_close(q_out: torch.Tensor, k_out: torch.Tensor, q: torch.Ten
     ValueError, TypeError
         Inputs outside the op's shape contract (e.g. a 2-D ``[S, D]`` cos, which would broadcast by head).
     """
-    from .qwen3_tts_rope.reference import check_shapes, qwen3_tts_rope_oracle, rotate_half
+    from .reference import check_shapes, qwen3_tts_rope_oracle, rotate_half
 
     check_shapes(q, k, cos, sin, "assert_tts_rope_close")
     q_ref, k_ref = oracle if oracle is not None else qwen3_tts_rope_oracle(q, k, cos, sin)

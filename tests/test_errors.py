@@ -148,7 +148,7 @@ def quant_bad(**change):
                 transpose_scale=False, x_fp8=None, x_scale=None)
     kw = {}
     for n, v in change.items():
-        if n in ("fp8_dtype", "scale_dtype"):
+        if n in ("fp8_dtype", "scale_dtype", "scale_layout", "quantize", "enable_pdl"):
             kw[n] = v
         else:
             args[n] = v(args) if callable(v) else v
@@ -158,6 +158,8 @@ def quant_bad(**change):
 def _bufs(**kw):
     return lambda a: fusedrope.empty_quant_outputs(a["o"], 2, 128, **kw)
 
+
+_ONE_CACHE = torch.zeros(64, 48)  # rows of 48: [:, :32] and [:, 16:] overlap
 
 QUANT_CASES = {
     "o 2-D": (quant_bad(o=lambda a: a["o"][0]), ValueError, "argument 'o' expected a 3-D tensor [S, H, head_dim], got 2-D"),
@@ -205,11 +207,46 @@ QUANT_CASES = {
     "x_fp8 dtype": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 1024, dtype=torch.float8_e4m3fn), fp8_dtype=torch.float8_e4m3fnuz),
                     TypeError, "argument 'x_fp8' expected dtype float8_e4m3fnuz (as fp8_dtype says), got float8_e4m3fn"),
     "x_fp8 strided": (quant_bad(x_fp8=lambda a: torch.empty(3, 1024, 2, dtype=torch.float8_e4m3fn).transpose(1, 2)),
-                      ValueError, "argument 'x_fp8' expected a contiguous tensor, got strides (2048, 1, 2)"),
-    # with both buffers validate()'s hot path decides: it must refuse a padded x_fp8 too
-    "x_fp8 strided, both buffers": (quant_bad(x_fp8=lambda a: torch.empty(3, 2, 2048, dtype=torch.float8_e4m3fn)
-                                              [..., :1024], x_scale=lambda a: _bufs()(a)[1]), ValueError,
-                                    "argument 'x_fp8' expected a contiguous tensor, got strides (4096, 2048, 1)"),
+                      ValueError, "argument 'x_fp8' expected rows of Dg=1024 contiguous and apart (row-major, group-major (Dg, S*Dg, 1), or padded rows), got strides (2048, 1, 2)"),
+    # with both buffers validate()'s hot path decides: it must refuse rows that overlap too
+    "x_fp8 overlapping rows, both buffers": (
+        quant_bad(x_fp8=lambda a: torch.empty(3 * 2 * 1024, dtype=torch.float8_e4m3fn).as_strided((3, 2, 1024), (1024, 512, 1)),
+                  x_scale=lambda a: _bufs()(a)[1]), ValueError,
+        "argument 'x_fp8' expected rows of Dg=1024 contiguous and apart (row-major, group-major (Dg, S*Dg, 1), or padded rows), got strides (1024, 512, 1)"),
+    "scale_layout unknown": (quant_bad(scale_layout="tiles"), ValueError,
+                             "argument 'scale_layout' expected None or one of ('row', 'col', 'mfma_tile'), got 'tiles'"),
+    "scale_layout vs transpose_scale": (quant_bad(transpose_scale=True, scale_layout="row"), ValueError,
+                                        "argument 'transpose_scale' expected False with scale_layout='row' (True means "
+                                        "scale_layout='col'), got True"),
+    "mfma_tile fp32 scales": (quant_bad(scale_layout="mfma_tile", scale_dtype=torch.float32), TypeError,
+                              "argument 'scale_dtype' expected float8_e8m0fnu or uint8, got torch.float32"),
+    "mfma_tile scale buffer shape": (quant_bad(scale_layout="mfma_tile", x_fp8=lambda a: _bufs()(a)[0],
+                                               x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.float8_e8m0fnu)),
+                                     ValueError, "argument 'x_scale' expected shape [2, 32, 8], got [3, 2, 8]"),
+    "mfma_tile scale buffer strides": (
+        quant_bad(scale_layout="mfma_tile", x_fp8=lambda a: _bufs()(a)[0],
+                  x_scale=lambda a: torch.empty(2, 8, 32, dtype=torch.float8_e8m0fnu).transpose(1, 2)), ValueError,
+        "argument 'x_scale' expected contiguous strides (256, 8, 1) for scale_layout='mfma_tile', got strides (256, 1, 32)"),
+    "quantize not a bool": (quant_bad(quantize="no"), TypeError, "argument 'quantize' expected a bool, got str 'no'"),
+    "quantize=False with fp8_dtype": (quant_bad(quantize=False, fp8_dtype=torch.float8_e4m3fn), ValueError,
+                                      "argument 'fp8_dtype' expected None with quantize=False (the output has o's "
+                                      "dtype, and there are no scales), got torch.float8_e4m3fn"),
+    "quantize=False with a scale layout": (quant_bad(quantize=False, scale_layout="col"), ValueError,
+                                           "argument 'scale_layout' expected None with quantize=False (there are no "
+                                           "scales), got 'col'"),
+    "quantize=False with x_scale": (quant_bad(quantize=False, x_scale=lambda a: _bufs()(a)[1]), ValueError,
+                                    "argument 'x_scale' expected None with quantize=False (the output has o's dtype, "
+                                    "and there are no scales), got a tensor"),
+    "quantize=False into fp8": (quant_bad(quantize=False, x_fp8=lambda a: _bufs()(a)[0]), TypeError,
+                                "argument 'x_fp8' expected dtype bfloat16 (o's, as quantize=False), got float8_e4m3fn"),
+    "enable_pdl not a bool": (quant_bad(enable_pdl=1), TypeError, "argument 'enable_pdl' expected a bool, got int 1"),
+    "one cos||sin cache as both": (quant_bad(sin_cache=lambda a: a["cos_cache"]), ValueError,
+                                   "argument 'sin_cache' expected memory apart from 'cos_cache' (a cos||sin cache "
+                                   "[max_pos, rope_dim] splits into cache[:, :rope_dim//2] and cache[:, rope_dim//2:]), "
+                                   "got a tensor sharing elements with 'cos_cache'"),
+    "cos and sin overlapping views": (
+        quant_bad(cos_cache=_ONE_CACHE[:, :32], sin_cache=_ONE_CACHE[:, 16:]),
+        ValueError, "argument 'sin_cache' expected memory apart from 'cos_cache'"),
     "x_scale shape": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 4, dtype=torch.float8_e8m0fnu)), ValueError,
                       "argument 'x_scale' expected shape [3, 2, 8], got [3, 2, 4]"),
     "x_scale dtype": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.float16)), TypeError,
@@ -235,16 +272,16 @@ QUANT_CASES = {
     "x_scale vs scale_dtype": (quant_bad(x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.uint8), scale_dtype=torch.float32),
                                TypeError, "argument 'x_scale' expected dtype float32 (as scale_dtype says), got uint8"),
     "x_scale layout": (quant_bad(x_scale=lambda a: _bufs(transpose_scale=True)(a)[1]), ValueError,
-                       "argument 'x_scale' expected row-major contiguous strides (16, 8, 1) for transpose_scale=False, got strides (1, 24, 3)"),
+                       "argument 'x_scale' expected contiguous strides (16, 8, 1) for transpose_scale=False, got strides (1, 24, 3)"),
     "x_scale layout T": (quant_bad(transpose_scale=True, x_scale=lambda a: _bufs()(a)[1]), ValueError,
-                         "argument 'x_scale' expected column-major strides (1, 8*L, L) with L >= S=3 (storage [G, Ks, L]; empty_quant_outputs gives (1, 24, 3)) for transpose_scale=True, got strides (16, 8, 1)"),
+                         "argument 'x_scale' expected column-major strides (1, 8*L, L) with L >= S=3 (empty_quant_outputs gives (1, 24, 3)) for transpose_scale=True, got strides (16, 8, 1)"),
     "x_scale lead < S": (quant_bad(transpose_scale=True,
                                    x_scale=lambda a: torch.empty(64, dtype=torch.float8_e8m0fnu).as_strided((3, 2, 8),
                                                                                               (1, 16, 2))), ValueError,
-                         "argument 'x_scale' expected column-major strides (1, 8*L, L) with L >= S=3 (storage [G, Ks, L]; empty_quant_outputs gives (1, 24, 3)) for transpose_scale=True, got strides (1, 16, 2)"),
+                         "argument 'x_scale' expected column-major strides (1, 8*L, L) with L >= S=3 (empty_quant_outputs gives (1, 24, 3)) for transpose_scale=True, got strides (1, 16, 2)"),
     "packed x_scale T": (quant_bad(transpose_scale=True, quant_group_size=32, scale_dtype=torch.int32,
                                    x_scale=lambda a: torch.empty(3, 2, 8, dtype=torch.int32)), ValueError,
-                         "argument 'x_scale' expected column-major strides (1, 8*L, L) with L >= S=3 (storage [G, Ks/4, L]; empty_quant_outputs gives (1, 32, 4)) for transpose_scale=True, got strides (16, 8, 1)"),
+                         "argument 'x_scale' expected column-major strides (1, 8*L, L) with L >= S=3 (empty_quant_outputs gives (1, 32, 4)) for transpose_scale=True, got strides (16, 8, 1)"),
     "x_scale device": (quant_bad(x_scale=lambda a: _bufs()(a)[1].to("meta")), ValueError,
                        "argument 'x_scale' expected a tensor on cpu (same device as 'o'), got a tensor on meta"),
     "empty cache": (quant_bad(cos_cache=torch.zeros(0, 32), sin_cache=torch.zeros(0, 32)), ValueError,

@@ -11,7 +11,7 @@ import fusedrope
 q = torch.randn(1, 2, 3, 8); c = torch.randn(1, 3, 8)
 fusedrope.qwen3_tts_rope(q, q[:, :1], c, c, backend="reference")
 o = torch.randn(2, 2, 128, dtype=torch.bfloat16); cs = torch.ones(4, 32)
-fusedrope.inverse_rope_group_quant(o, torch.arange(2), cs, cs, 2, backend="reference")
+fusedrope.inverse_rope_group_quant(o, torch.arange(2), cs, cs.clone(), 2, backend="reference")
 mods = {n: sum(1 for _ in open(m.__file__)) for n, m in sys.modules.items()
         if (n == "fusedrope" or n.startswith("fusedrope.")) and getattr(m, "__file__", None)}
 print(json.dumps({"modules": mods, "triton": "triton" in sys.modules}))

@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 import fusedrope
 from fusedrope.testing import TtsCase, check_backend, make_tts_inputs
@@ -87,3 +88,34 @@ def test_the_example_runs(capsys):
         fusedrope.registry("qwen3_tts_rope").unregister(module.NAME)
     out = capsys.readouterr().out
     assert "cases within the contract" in out and "chosen backend = mine" in out
+
+
+def test_a_quant_backend_keeps_its_seven_argument_run_and_serves_row_major_x_and_row_or_col_scales():
+    """register_backend's protocol for inverse_rope_group_quant predates scale_layout, quantize and group-major
+    outputs: a registered kernel gets the calls it can write, and the others go to the built-in backends."""
+    from fusedrope.reference import inverse_rope_group_quant as kernel
+    from fusedrope.testing import QuantCase, make_quant_inputs
+
+    calls = []
+
+    def mine(o, positions, cos, sin, x_fp8, x_scale, quant_group_size):
+        calls.append(x_scale.stride())
+        kernel(o, positions, cos, sin, x_fp8, x_scale, quant_group_size)
+
+    fusedrope.register_backend("inverse_rope_group_quant", "mine", mine)
+    try:
+        args = make_quant_inputs(QuantCase(5, 4, 2, head_dim=128, quant_group_size=64))
+        for layout in ("row", "col"):
+            got = fusedrope.inverse_rope_group_quant(*args, 2, 64, scale_layout=layout, backend="auto")
+            want = fusedrope.inverse_rope_group_quant(*args, 2, 64, scale_layout=layout, backend="reference")
+            assert all(g.view(torch.uint8).equal(w.view(torch.uint8)) for g, w in zip(got, want))
+        assert len(calls) == 2 and calls[1][0] == 1  # the column-major view, read off its strides
+        for kwargs in ({"scale_layout": "mfma_tile"}, {"quantize": False}):
+            ex = fusedrope.explain("inverse_rope_group_quant", *args, 2, 64, **kwargs)
+            assert ex.chosen != "mine" and "a registered backend writes row-major x_fp8" in str(ex), kwargs
+            fusedrope.inverse_rope_group_quant(*args, 2, 64, **kwargs)
+        assert len(calls) == 2
+        with pytest.raises(fusedrope.BackendUnavailableError, match="backend 'mine' cannot run these inputs: a reg"):
+            fusedrope.inverse_rope_group_quant(*args, 2, 64, quantize=False, backend="mine")
+    finally:
+        fusedrope.registry("inverse_rope_group_quant").unregister("mine")

@@ -139,7 +139,61 @@ def test_launcher_rounds_with_integer_ops_where_triton_has_no_conversion(monkeyp
     assert seen == [fn_exact, fnuz_exact, fnuz_exact] and len(looked_up) == 2
 
 
+def _arch_format(target: str) -> str:
+    import torch
+
+    from fusedrope._device import arch_fp8_dtype
+
+    return "fnuz" if arch_fp8_dtype(target) == torch.float8_e4m3fnuz else "fn"
+
+
+def _assert_16_byte(c: dict, target: str, stores: int) -> None:
+    """o's two 16-byte loads per thread and the cos/sin rows' four, at most the positions besides; ``stores``
+    16-byte stores of x (fp8: one of 16 values; bf16: two) and, quantized, one scale store; nothing spilled."""
+    quant = stores == 1
+    if target.startswith("sm_"):
+        assert c["sass_ldg128"] == 6 and c["ld"] - c["sass_ldg128"] <= 2 and c["sass_local"] == 0, c
+        assert c["sass_stg128"] == stores and c["st"] == stores + quant, c
+    else:
+        assert c["load_x4"] == 6 and c["loads"] - c["load_x4"] <= 1 and c["scratch"] == 0, c
+        assert c["store_x4"] == stores and c["stores"] == stores + quant, c
+    assert c["loads_after_first_store"] == 0, c
+
+
+@pytest.mark.parametrize("layout", ["group_major", "padded"])
+@pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])
+def test_group_major_and_padded_x_compile_to_the_row_major_kernel(counts, target, layout):
+    """x's token and group strides are run-time arguments; vLLM's group-major [G, S, Dg] storage and a row-padded
+    buffer have strides divisible by 16 as the row-major x has, so Triton specialises them alike: the same
+    kernel, its 16-byte o loads and fp8 stores (DeepSeek-V4's tiles lie in one group: one scalar group per
+    program, from the grid)."""
+    row_major = counts[f"inverse_rope_quant_g128_{_arch_format(target)}/{target}"]
+    assert counts[f"x_{layout}/{target}"] == row_major
+    _assert_16_byte(row_major, target, 1)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])
+def test_new_layouts_keep_16_byte_accesses_and_add_no_shared_memory(counts, target):
+    """mfma scale tiles (both k alignments), quantize=False (bf16 x, two 16-byte stores a thread, row-major and
+    group-major alike), and a head_dim whose tiles straddle groups (Dg 384 in a 1024-column tile: the group of
+    each column found by compares against the boundaries, which Triton sees change only every 16 columns). The
+    straddling tile adds no shared-memory exchange to the row-major kernel's one (storing it per quant block,
+    reshaped to 3-D, had added 4 shared-memory accesses and 2 barriers)."""
+    row_major = counts[f"inverse_rope_quant_g128_{_arch_format(target)}/{target}"]
+    for name, stores in (("mfma_tile_g128", 1), ("mfma_tile_g32", 1), ("straddling_group_major", 1),
+                         ("quantize_false", 2), ("quantize_false_group_major", 2)):
+        c = counts[f"{name}/{target}"]
+        _assert_16_byte(c, target, stores)
+        if stores == 1:
+            assert (c["shared"], c["barriers"]) == (row_major["shared"], row_major["barriers"]), (name, c)
+    assert counts[f"straddling_group_major/{target}"] == counts[f"straddling_row/{target}"]
+    assert counts[f"quantize_false_group_major/{target}"] == counts[f"quantize_false/{target}"]
+    assert counts[f"quantize_false/{target}"]["shared"] == 0  # no quant: no scale exchange
+
+
 @pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])
 def test_every_other_specialisation_compiles(counts, target):
-    # 9 TTS dtype x head_dim variants, 6 quant shape x scale-format variants, the baseline's rope kernel.
-    assert counts[f"variants/{target}"]["compiled"] == 16
+    # 9 TTS dtype x head_dim variants, 6 quant shape x scale-format variants, 9 output-layout variants (tiles
+    # straddling groups, packed scales there, mfma tiles, quantize=False, x strides not divisible by 16), the
+    # baseline's rope kernel.
+    assert counts[f"variants/{target}"]["compiled"] == 25

@@ -17,16 +17,15 @@ from .. import _validation as C
 from .._device import cuda_toolkit_reason, hip_toolkit_reason, triton_available
 from ..registry import Backend, getenv, new_registry
 from . import reference
+from .outputs import (FP8_DTYPES, OP, PACKED_UE8M0, QUANT_GROUP_SIZES, SCALE_DTYPES, buffer_scale_strides,
+                      empty_outputs, group_widths, is_int, resolve_dtypes, resolve_layout, rows_apart,
+                      scale_strides, shapes)
 
-OP = "inverse_rope_group_quant"
+__all__ = ["inverse_rope_group_quant", "empty_quant_outputs", "quant_output_shapes", "validate", "REGISTRY",
+           "Facts", "scale_strides", "buffer_scale_strides"]
 O_DTYPES = (torch.bfloat16, torch.float16)
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 POSITION_DTYPES = (torch.int64, torch.int32)
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-# e8m0 bytes, the same bytes as uint8, the same powers of two as fp32, or DeepGEMM's packed UE8M0 (int32).
-SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32, torch.int32)
-PACKED_UE8M0 = torch.int32
-QUANT_GROUP_SIZES = (32, 64, 128, 256)
 ENV_CHECK_POSITIONS = "FUSEDROPE_CHECK_POSITIONS"
 SWITCH_OFF = ("", "0", "false", "no", "off")  # FUSEDROPE_CHECK_POSITIONS values that leave the check off
 _Tensor = torch.Tensor
@@ -42,12 +41,24 @@ class Facts(NamedTuple):
     quant_group_size: int
     cache_dtype: torch.dtype
     positions_dtype: torch.dtype
-    fp8_dtype: torch.dtype
-    scale_dtype: torch.dtype
-    transpose_scale: bool
+    fp8_dtype: torch.dtype  # the output's dtype: o's without quantization
+    scale_dtype: Optional[torch.dtype]  # None without quantization
+    scale_layout: str  # "row", "col" or "mfma_tile"
+    quantize: bool
+    x_contiguous: bool  # the output row-major contiguous (else rows of Dg apart, e.g. group-major)
+    pdl: bool  # enable_pdl: a launch hint compiled kernels may take
 
 
-REGISTRY = new_registry(OP, Facts)
+def _user_protocol(run, supports):
+    """register_backend's backends keep their seven-argument run: they serve row-major x and row / col scales."""
+    def user_supports(facts):
+        if facts.scale_layout == "mfma_tile" or not facts.quantize or not facts.x_contiguous:
+            return "a registered backend writes row-major x_fp8 and row- or column-major scales"
+        return supports(facts)
+    return (lambda *args, scale_layout="row", pdl=False: run(*args)), user_supports
+
+
+REGISTRY = new_registry(OP, Facts, _user_protocol)
 
 
 def _load_triton():  # Triton is optional: its kernel module is imported when the backend is first chosen
@@ -78,136 +89,41 @@ REGISTRY.register(Backend("reference", reference.inverse_rope_group_quant))
 
 
 def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_groups: int,
-                        quant_group_size: int = 128, scale_dtype: Optional[torch.dtype] = None) -> tuple[tuple, tuple]:
+                        quant_group_size: int = 128, scale_dtype: Optional[torch.dtype] = None, *,
+                        scale_layout: str = "row", quantize: bool = True) -> tuple[tuple, tuple]:
     """The shapes of the op's two outputs, for callers who allocate them (e.g. before CUDA-graph capture).
 
-    Parameters
-    ----------
-    num_tokens, num_heads, head_dim : int
-        ``S, H, head_dim`` of ``o``.
-    num_groups : int
-        ``G``; ``Dg = H * head_dim / G``.
-    quant_group_size : int, default 128
-        ``Ks = Dg / quant_group_size`` scales per group.
-    scale_dtype : torch.dtype, optional
-        ``torch.int32`` (packed UE8M0) packs four scales per element: the last dim is then ``Ks/4``.
-
-    Returns
-    -------
-    (x_fp8 shape, x_scale shape) : tuple of tuple
-        ``([S, G, Dg], [S, G, Ks])``.
+    ``S, H, head_dim`` are ``o``'s; the other arguments are :func:`inverse_rope_group_quant`'s. Returns
+    ``([S, G, Dg], [S, G, Ks])`` with ``Dg = H*head_dim/G`` and ``Ks = Dg/quant_group_size`` (``Ks/4`` int32
+    words for packed UE8M0; ``[G, S_pad, Ks_pad]`` for ``"mfma_tile"``; ``(0,)`` without quantization).
 
     Examples
     --------
     >>> import fusedrope
     >>> fusedrope.quant_output_shapes(8, 16, 512, 2)
     ((8, 2, 4096), (8, 2, 32))
+    >>> fusedrope.quant_output_shapes(8, 16, 512, 2, scale_layout="mfma_tile")
+    ((8, 2, 4096), (2, 32, 32))
     """
     who = "quant_output_shapes"
     for name, v in (("num_tokens", num_tokens), ("num_heads", num_heads), ("head_dim", head_dim)):
-        if not _is_int(v) or v < 0:
-            C.fail(who, name, "a non-negative int", repr(v), _exc(v))
-    _, scale_dtype = _resolve_dtypes(None, None, None, scale_dtype, who)
-    dg, ks = _group_widths(num_heads * head_dim, num_groups, quant_group_size, scale_dtype, who)
-    return _shapes(num_tokens, num_groups, dg, ks, scale_dtype)
-
-
-def _shapes(S, G, dg, ks, scale_dtype) -> tuple[tuple, tuple]:
-    return (S, G, dg), (S, G, ks // 4 if scale_dtype == PACKED_UE8M0 else ks)
-
-
-def _is_int(v) -> bool:
-    """An int, or a SymInt under torch.compile; not a bool, float or numpy scalar."""
-    return isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool)
-
-
-def _got(v) -> str:
-    """``v`` for a message; its type too where that is why it was refused (``np.int64(2)`` looks like an int)."""
-    return repr(v) if _is_int(v) else f"{v!r} of type {type(v).__name__}"
-
-
-def _exc(v) -> type[Exception]:
-    """ValueError for an int out of range, TypeError for anything that is not an int."""
-    return ValueError if _is_int(v) else TypeError
-
-
-def _group_widths(row: int, num_groups, quant_group_size, scale_dtype=None, op: str = OP) -> tuple[int, int]:
-    """``(Dg, Ks)`` for a token row of ``row = H*head_dim`` elements, after checking the group arguments."""
-    if not _is_int(num_groups) or num_groups < 1 or row % num_groups:
-        C.fail(op, "num_groups", f"a positive int dividing H*head_dim={row}", _got(num_groups), _exc(num_groups))
-    if not _is_int(quant_group_size) or quant_group_size not in QUANT_GROUP_SIZES:
-        C.fail(op, "quant_group_size", f"one of {QUANT_GROUP_SIZES}", _got(quant_group_size),
-               _exc(quant_group_size))
-    dg = row // num_groups
-    if dg % quant_group_size:
-        C.fail(op, "quant_group_size", f"a divisor of the group width Dg=H*head_dim/num_groups={dg}",
-               quant_group_size)
-    ks = dg // quant_group_size
-    if scale_dtype == PACKED_UE8M0 and ks % 4:
-        C.fail(op, "scale_dtype", "int32 (packed UE8M0) only when the blocks per group "
-               "Dg/quant_group_size are a multiple of 4", f"{dg}/{quant_group_size}={ks}")
-    return dg, ks
-
-
-def _show(v) -> str:
-    return str(v) if isinstance(v, torch.dtype) else repr(v)
-
-
-def _resolve_dtype(arg: str, dtype, buffer_arg: str, buffer, default, allowed, op: str = OP) -> torch.dtype:
-    """``dtype``, else the buffer's, else ``default``; checked, naming the argument it came from."""
-    if dtype is None and isinstance(buffer, torch.Tensor):
-        arg, dtype = buffer_arg, buffer.dtype
-    dtype = default if dtype is None else dtype
-    if dtype not in allowed:
-        names = " or ".join(map(C.dtype_name, allowed))
-        if arg == buffer_arg:
-            C.fail(op, arg, f"dtype {names}", C.dtype_name(dtype), TypeError)
-        C.fail(op, arg, names, _show(dtype), TypeError)
-    return dtype
-
-
-def _resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype, op: str = OP) -> tuple:
-    """The fp8 and scale dtypes: the arguments, else the buffers', else the defaults."""
-    return (_resolve_dtype("fp8_dtype", fp8_dtype, "x_fp8", x_fp8, torch.float8_e4m3fn, FP8_DTYPES, op),
-            _resolve_dtype("scale_dtype", scale_dtype, "x_scale", x_scale, torch.float8_e8m0fnu, SCALE_DTYPES, op))
-
-
-def scale_strides(shape: tuple, transpose_scale: bool, scale_dtype: Optional[torch.dtype] = None) -> tuple:
-    """Row-major ``[S, G, Ks]``, or column-major: storage ``[G, Ks, S]`` seen as ``[S, G, Ks]``.
-
-    Packed UE8M0 column-major pads S to a multiple of 4 (16 bytes), the TMA-aligned MN-major layout DeepGEMM's
-    ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` produces; padding rows are never written."""
-    S, G, Ks = shape
-    if not transpose_scale:
-        return (G * Ks, Ks, 1)
-    s_pad = -(-S // 4) * 4 if scale_dtype == PACKED_UE8M0 else S
-    return (1, Ks * s_pad, s_pad)
+        if not is_int(v) or v < 0:
+            C.fail(who, name, "a non-negative int", repr(v), ValueError if is_int(v) else TypeError)
+    layout = resolve_layout(False, scale_layout, quantize, who)
+    _, scale_dtype = resolve_dtypes(None, None, None, scale_dtype, layout, quantize, None, who)
+    dg, ks = group_widths(num_heads * head_dim, num_groups, quant_group_size, scale_dtype, who)
+    return shapes(num_tokens, num_groups, dg, ks, scale_dtype, layout, quantize, quant_group_size)
 
 
 def empty_quant_outputs(o: torch.Tensor, num_groups: int, quant_group_size: int = 128,
                         transpose_scale: bool = False, *, fp8_dtype: Optional[torch.dtype] = None,
-                        scale_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        scale_dtype: Optional[torch.dtype] = None, scale_layout: Optional[str] = None,
+                        quantize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocate ``(x_fp8, x_scale)`` laid out as the op writes them, e.g. once before CUDA-graph capture.
 
-    Parameters
-    ----------
-    o : torch.Tensor
-        The ``[S, H, head_dim]`` input the buffers are for (its shape and device are used).
-    num_groups : int
-    quant_group_size : int, default 128
-    transpose_scale : bool, default False
-        True: the column-major scale layout (storage ``[G, Ks, S]``, seen as ``[S, G, Ks]``).
-    fp8_dtype : torch.dtype, optional
-        Default ``torch.float8_e4m3fn``.
-    scale_dtype : torch.dtype, optional
-        ``torch.float8_e8m0fnu`` (default), ``torch.uint8`` (the same bytes), ``torch.float32`` (the same
-        powers of two as fp32, what SM90 DeepGEMM-style GEMMs read) or ``torch.int32`` (DeepGEMM's packed
-        UE8M0: byte ``i`` of element ``[s, g, j]`` is the scale of block ``4j+i``).
-
-    Returns
-    -------
-    (x_fp8, x_scale) : tuple of torch.Tensor
-        Uninitialised, with the shapes of :func:`quant_output_shapes` and the strides the op checks.
+    The arguments are :func:`inverse_rope_group_quant`'s (``o`` for its shape and device): the outputs are
+    uninitialised, with the shapes of :func:`quant_output_shapes` and the strides the op checks; ``x_fp8``
+    row-major.
 
     Examples
     --------
@@ -219,78 +135,42 @@ def empty_quant_outputs(o: torch.Tensor, num_groups: int, quant_group_size: int 
     """
     who = "empty_quant_outputs"
     C.check_tensor(who, "o", o, 3, "[S, H, head_dim]")
-    C.check_bool(who, "transpose_scale", transpose_scale)
-    fp8_dtype, scale_dtype = _resolve_dtypes(None, None, fp8_dtype, scale_dtype, who)
+    layout = resolve_layout(transpose_scale, scale_layout, quantize, who)
+    fp8_dtype, scale_dtype = resolve_dtypes(None, None, fp8_dtype, scale_dtype, layout, quantize, o.dtype, who)
     S, H, D = o.shape
-    _group_widths(H * D, num_groups, quant_group_size, scale_dtype, who)
-    return _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype)
+    group_widths(H * D, num_groups, quant_group_size, scale_dtype, who)
+    return empty_outputs(o, num_groups, quant_group_size, layout, fp8_dtype, scale_dtype, quantize)
 
 
-def _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype) -> tuple:
-    """:func:`empty_quant_outputs` for arguments already checked."""
-    S, H, D = o.shape
-    dg = H * D // num_groups
-    fp_shape, sc_shape = _shapes(S, num_groups, dg, dg // quant_group_size, scale_dtype)
-    # empty_strided: on the host, 1.5 us against torch.empty's 2.2 (2-core CPU VM); this is the hot path
-    x_fp8 = torch.empty_strided(fp_shape, (fp_shape[1] * fp_shape[2], fp_shape[2], 1), dtype=fp8_dtype,
-                                device=o.device)
-    strides = scale_strides(sc_shape, transpose_scale, scale_dtype)
-    if transpose_scale and strides[-1] > sc_shape[0]:
-        # packed column-major: the whole [G, Ks/4, align(S, 4)] storage, padding tokens included, as DeepGEMM
-        # allocates it (empty_strided would end the storage at the last token of the last column)
-        x_scale = torch.empty((*sc_shape[1:], strides[-1]), dtype=scale_dtype, device=o.device)
-        return x_fp8, x_scale.permute(2, 0, 1)[:sc_shape[0]]
-    return x_fp8, torch.empty_strided(sc_shape, strides, dtype=scale_dtype, device=o.device)
-
-
-def _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype, x_fp8, x_scale) -> tuple:
+def _outputs(o, num_groups, quant_group_size, layout, fp8_dtype, scale_dtype, quantize, x_fp8, x_scale) -> tuple:
     """The caller's buffers, with the one(s) left out (None) newly allocated."""
-    if x_fp8 is None or x_scale is None:
-        new_fp8, new_scale = _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype,
-                                            scale_dtype)
-        x_fp8 = new_fp8 if x_fp8 is None else x_fp8
+    if x_fp8 is None or (x_scale is None and quantize):
+        new_x, new_scale = empty_outputs(o, num_groups, quant_group_size, layout, fp8_dtype, scale_dtype, quantize)
+        x_fp8 = new_x if x_fp8 is None else x_fp8
         x_scale = new_scale if x_scale is None else x_scale
     return x_fp8, x_scale
 
 
-def _same_layout(t: torch.Tensor, strides: tuple) -> bool:
-    """The strides that address elements agree: those of size-1 dims and of empty tensors do not."""
-    return t.numel() == 0 or all(n <= 1 or s == e for n, s, e in zip(t.shape, t.stride(), strides))
-
-
-def buffer_scale_strides(x_scale: torch.Tensor, transpose_scale: bool, scale_dtype: torch.dtype) -> Optional[tuple]:
-    """The strides the kernels address a caller's ``[S, G, Ks]`` scale buffer with, or None when its layout is
-    not one the op writes: row-major contiguous, or column-major ``(1, Ks*L, L)`` for any ``L >= S``, i.e.
-    storage ``[G, Ks, L]`` with the token dim padded to ``L`` (a max-size buffer sliced to this call's tokens,
-    or TMA-aligned fp32 scales). Strides of size-1 dims address nothing and may be anything."""
-    S, G, Ks = x_scale.shape
-    default = scale_strides((S, G, Ks), transpose_scale, scale_dtype)
-    st = x_scale.stride()
-    if st == default:  # the layout empty_quant_outputs makes: the hot path
-        return default
-    if not transpose_scale or x_scale.numel() == 0:
-        return default if _same_layout(x_scale, default) else None
-    lead = st[2] if Ks > 1 else st[1] if G > 1 else default[2]
-    want = (1, Ks * lead, lead)
-    return want if lead >= S and _same_layout(x_scale, want) else None
-
-
 def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-             x_fp8, x_scale, fp8_dtype, scale_dtype) -> tuple:
-    """Check every argument; return ``(facts, fp8_dtype, scale_dtype)``. ``facts`` keys backend selection.
+             x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout=None, quantize=True, enable_pdl=None) -> tuple:
+    """Check every argument; return ``(key, x dtype, scale dtype)``; ``key`` (the :class:`Facts` as a plain
+    tuple) keys backend selection.
 
-    The hot path is one boolean expression over the usual call (no output buffers, or buffers laid out exactly
-    as :func:`empty_quant_outputs` makes them); anything else, bad input included, takes :func:`_validate_all`,
-    which accepts a superset and raises the precise message."""
+    The hot path is one boolean expression over the usual call (no output buffers, or buffers laid out as the op
+    writes them); anything else, bad input included, takes :func:`_validate_all`, which accepts a superset and
+    raises the precise message."""
     try:
         S, H, D = o.shape
         max_pos, half = cos_cache.shape
         dev, row = o.device, H * D
+        layout = scale_layout or ("col" if transpose_scale is True else "row")
         ok = (
             type(o) is _Tensor and type(positions) is _Tensor and type(cos_cache) is _Tensor
             and type(sin_cache) is _Tensor
             and type(num_groups) is int and type(quant_group_size) is int and num_groups > 0
-            and (transpose_scale is True or transpose_scale is False)
+            and (transpose_scale is False or (transpose_scale is True and scale_layout is None))
+            and (scale_layout is None or (scale_layout in ("row", "col") and quantize is True))
+            and (quantize is True or quantize is False) and (enable_pdl is None or type(enable_pdl) is bool)
             and row % num_groups == 0 and quant_group_size in QUANT_GROUP_SIZES
             and (row // num_groups) % quant_group_size == 0
             and o.dtype in O_DTYPES and D % 2 == 0 and o.is_contiguous()
@@ -298,39 +178,44 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
             and positions.layout is torch.strided  # a sparse tensor has a dtype, a dim and a shape, no strides
             and cos_cache.dtype in CACHE_DTYPES and sin_cache.dtype is cos_cache.dtype
             and sin_cache.shape == cos_cache.shape and cos_cache.stride(1) == 1 and sin_cache.stride(1) == 1
-            and max_pos >= 1 and half >= 1 and 2 * half <= D
+            and max_pos >= 1 and half >= 1 and 2 * half <= D and cos_cache is not sin_cache
             and positions.device == dev and cos_cache.device == dev and sin_cache.device == dev
-            and (fp8_dtype is None or fp8_dtype in FP8_DTYPES)
-            and (scale_dtype is None or scale_dtype in SCALE_DTYPES)
         )
-        if ok:
+        if ok and quantize:
             fp8_t = fp8_dtype or (torch.float8_e4m3fn if x_fp8 is None else x_fp8.dtype)
             scale_t = scale_dtype or (torch.float8_e8m0fnu if x_scale is None else x_scale.dtype)
-            dg = row // num_groups
-            ks = dg // quant_group_size
+            ks = row // num_groups // quant_group_size
             ok = not (scale_t is PACKED_UE8M0 and ks % 4) and scale_t in SCALE_DTYPES and fp8_t in FP8_DTYPES
-            if ok and (x_fp8 is not None or x_scale is not None):
-                fp_shape, sc_shape = _shapes(S, num_groups, dg, ks, scale_t)
-                ok = (x_fp8 is not None and x_scale is not None
-                      and x_fp8.dtype is fp8_t and x_fp8.shape == fp_shape and x_fp8.is_contiguous()
-                      and x_scale.dtype is scale_t and x_scale.shape == sc_shape
-                      and buffer_scale_strides(x_scale, bool(transpose_scale), scale_t) is not None
-                      and x_fp8.device == dev and x_scale.device == dev)
+        elif ok:
+            fp8_t, scale_t = o.dtype, None
+            ok = fp8_dtype is None and scale_dtype is None and x_scale is None
+        x_contiguous = True
+        if ok and (x_fp8 is not None or x_scale is not None):
+            x_shape, sc_shape = shapes(S, num_groups, row // num_groups, row // num_groups // quant_group_size,
+                                       scale_t, layout, quantize)
+            x_contiguous = x_fp8 is not None and x_fp8.is_contiguous()
+            ok = (x_fp8 is not None and type(x_fp8) is _Tensor and x_fp8.dtype is fp8_t and x_fp8.shape == x_shape
+                  and (x_contiguous or rows_apart(x_shape, x_fp8.stride())) and x_fp8.device == dev
+                  and (not quantize or (x_scale is not None and type(x_scale) is _Tensor and x_scale.dtype is scale_t
+                                        and x_scale.shape == sc_shape and x_scale.device == dev
+                                        and buffer_scale_strides(x_scale, layout, scale_t) is not None)))
     except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         ok = False
     if not ok:
         return _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                             x_fp8, x_scale, fp8_dtype, scale_dtype)
-    facts = (dev, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype,
-             fp8_t, scale_t, bool(transpose_scale))
-    return facts, fp8_t, scale_t
+                             x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)
+    key = (dev, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_t, scale_t, layout,
+           quantize, x_contiguous, enable_pdl is True)
+    return key, fp8_t, scale_t
 
 
 def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                  x_fp8, x_scale, fp8_dtype, scale_dtype) -> tuple:
+                  x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout=None, quantize=True, enable_pdl=None) -> tuple:
     """Every check, one at a time, each with its message (:func:`validate`'s slow path)."""
     C.check_tensor(OP, "o", o, 3, "[S, H, head_dim]")
-    C.check_bool(OP, "transpose_scale", transpose_scale)
+    layout = resolve_layout(transpose_scale, scale_layout, quantize)
+    if enable_pdl is not None:
+        C.check_bool(OP, "enable_pdl", enable_pdl)
     C.check_dtype(OP, "o", o, O_DTYPES)
     if not o.is_contiguous():
         C.fail(OP, "o", "a contiguous tensor", f"strides {tuple(o.stride())} for shape {C.shape_str(o.shape)}")
@@ -354,40 +239,46 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
         C.fail(OP, "cos_cache", f"shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim={D}",
                C.shape_str(cos_cache.shape))
     C.check_same_device(OP, "o", o, {"positions": positions, "cos_cache": cos_cache, "sin_cache": sin_cache})
-    fp8_dtype, scale_dtype = _resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype)
-    dg, ks = _group_widths(H * D, num_groups, quant_group_size, scale_dtype)
-    fp_shape, sc_shape = _shapes(S, num_groups, dg, ks, scale_dtype)
+    if sin_cache is cos_cache or (not torch.compiler.is_compiling() and C.shares_memory(cos_cache, sin_cache)):
+        _refuse_one_cache()  # (traced, the eager check of the call's torch op says so)
+    fp8_dtype, scale_dtype = resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype, layout, quantize, o.dtype)
+    dg, ks = group_widths(H * D, num_groups, quant_group_size, scale_dtype)
+    x_shape, sc_shape = shapes(S, num_groups, dg, ks, scale_dtype, layout, quantize, quant_group_size)
     if x_fp8 is not None:
         C.check_tensor(OP, "x_fp8", x_fp8)
-        C.check_shape(OP, "x_fp8", x_fp8, fp_shape)
-        _check_buffer_dtype("x_fp8", x_fp8, fp8_dtype, "fp8_dtype")
-        if not x_fp8.is_contiguous():
-            C.fail(OP, "x_fp8", "a contiguous tensor", f"strides {tuple(x_fp8.stride())}")
+        C.check_shape(OP, "x_fp8", x_fp8, x_shape)
+        _check_buffer_dtype("x_fp8", x_fp8, fp8_dtype, "as fp8_dtype says" if quantize else "o's, as quantize=False")
+        if not rows_apart(x_shape, x_fp8.stride()):
+            C.fail(OP, "x_fp8", f"rows of Dg={dg} contiguous and apart (row-major, group-major (Dg, S*Dg, 1), or "
+                   "padded rows)", f"strides {tuple(x_fp8.stride())}")
         C.check_same_device(OP, "o", o, {"x_fp8": x_fp8})
     if x_scale is not None:
         C.check_tensor(OP, "x_scale", x_scale)
         C.check_shape(OP, "x_scale", x_scale, sc_shape)
-        _check_buffer_dtype("x_scale", x_scale, scale_dtype, "scale_dtype")
-        if buffer_scale_strides(x_scale, bool(transpose_scale), scale_dtype) is None:
-            want = scale_strides(sc_shape, bool(transpose_scale), scale_dtype)
-            if transpose_scale:
-                ks = "Ks/4" if scale_dtype == PACKED_UE8M0 else "Ks"
-                layout = (f"column-major strides (1, {sc_shape[2]}*L, L) with L >= S={S} (storage [G, {ks}, L]; "
-                          f"empty_quant_outputs gives {want})")
-            else:
-                layout = f"row-major contiguous strides {want}"
-            C.fail(OP, "x_scale", f"{layout} for transpose_scale={bool(transpose_scale)}",
-                   f"strides {tuple(x_scale.stride())}")
+        _check_buffer_dtype("x_scale", x_scale, scale_dtype, "as scale_dtype says")
+        if buffer_scale_strides(x_scale, layout, scale_dtype) is None:
+            want = scale_strides(sc_shape, layout, scale_dtype)
+            about = (f"column-major strides (1, {sc_shape[2]}*L, L) with L >= S={S} (empty_quant_outputs gives "
+                     f"{want})" if layout == "col" else f"contiguous strides {want}")
+            what = f"transpose_scale={layout == 'col'}" if scale_layout is None else f"scale_layout={layout!r}"
+            C.fail(OP, "x_scale", f"{about} for {what}", f"strides {tuple(x_scale.stride())}")
         C.check_same_device(OP, "o", o, {"x_scale": x_scale})
-    facts = (o.device, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype,
-             fp8_dtype, scale_dtype, bool(transpose_scale))
-    return facts, fp8_dtype, scale_dtype
+    key = (o.device, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_dtype,
+           scale_dtype, layout, quantize, x_fp8 is None or x_fp8.is_contiguous(), enable_pdl is True)
+    return key, fp8_dtype, scale_dtype
 
 
-def _check_buffer_dtype(name: str, buffer: torch.Tensor, dtype: torch.dtype, arg: str) -> None:
-    """A buffer of another dtype than resolved: it came from the argument ``arg``, or it would be the buffer's."""
+def _refuse_one_cache():
+    """The likeliest mistake: a whole [max_pos, rope_dim] cos||sin cache passed as both, read as a rope_dim twice
+    as wide (rotating the wrong dims, silently)."""
+    C.fail(OP, "sin_cache", "memory apart from 'cos_cache' (a cos||sin cache [max_pos, rope_dim] splits into "
+           "cache[:, :rope_dim//2] and cache[:, rope_dim//2:])", "a tensor sharing elements with 'cos_cache'")
+
+
+def _check_buffer_dtype(name: str, buffer: torch.Tensor, dtype: torch.dtype, why: str) -> None:
+    """A buffer of another dtype than resolved (``why``: where that dtype came from)."""
     if buffer.dtype != dtype:
-        C.fail(OP, name, f"dtype {C.dtype_name(dtype)} (as {arg} says)", C.dtype_name(buffer.dtype), TypeError)
+        C.fail(OP, name, f"dtype {C.dtype_name(dtype)} ({why})", C.dtype_name(buffer.dtype), TypeError)
 
 
 def check_positions_on_host(positions: torch.Tensor, num_tokens: int, max_pos: int) -> None:
@@ -408,6 +299,9 @@ def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
     caller's buffers (None when not given) are writable here and apart from the inputs; returns those buffers."""
     if getenv(ENV_CHECK_POSITIONS).lower() not in SWITCH_OFF:
         check_positions_on_host(positions, o.shape[0], cos_cache.shape[0])
+    gap = abs(sin_cache.data_ptr() - cos_cache.data_ptr())
+    if gap < cos_cache.shape[1] * cos_cache.element_size() and not C.has_no_data(cos_cache):
+        _refuse_one_cache()  # rows that start within one another: overlapping views of one cache
     mine = {n: t for n, t in (("x_fp8", x_fp8), ("x_scale", x_scale)) if t is not None}
     if mine and o.numel():
         C.check_writable_here(OP, mine)
@@ -417,29 +311,34 @@ def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
 
 
 def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8, x_scale,
-         fp8_dtype, scale_dtype, backend):
-    facts, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
-                                             transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype)
-    impl = REGISTRY.select(facts, backend)
+         fp8_dtype, scale_dtype, backend, scale_layout=None, quantize=True, enable_pdl=None):
+    key, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                                           transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout,
+                                           quantize, enable_pdl)
+    layout = key[9]
+    impl = REGISTRY.select(key, backend)
     mine = _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale)  # the caller's buffers, checked
-    x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype, x_fp8,
+    x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, layout, fp8_dtype, scale_dtype, quantize, x_fp8,
                               x_scale)
     if o.numel():
         # A caller's scale buffer may carry any stride on a size-1 dim (e.g. Ks == 1); the backends get the
         # view with the strides of buffer_scale_strides, which addresses the same elements.
-        scale_out = x_scale
+        scale_out = x_scale if quantize else None
         if "x_scale" in mine:
-            want = buffer_scale_strides(x_scale, bool(transpose_scale), scale_dtype)
+            want = buffer_scale_strides(x_scale, layout, scale_dtype)
             scale_out = x_scale if x_scale.stride() == want else x_scale.as_strided(x_scale.shape, want)
-        impl.run(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size)
+        impl.run(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size, scale_layout=layout,
+                 pdl=key[12])
         if mine:  # written through raw pointers: tell autograd the caller's buffers changed
             increment_version(tuple(mine.values()))
+    if x_scale is None:  # quantize=False into the caller's x
+        x_scale = torch.empty(0, dtype=torch.float8_e8m0fnu, device=o.device)
     return x_fp8, x_scale
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128,
                              transpose_scale=False, x_fp8=None, x_scale=None, *, fp8_dtype=None,
-                             scale_dtype=None, backend="auto"):
+                             scale_dtype=None, scale_layout=None, quantize=True, enable_pdl=None, backend="auto"):
     """Inverse RoPE on the attention output fused with FP8 per-group quant with power-of-two scales.
 
     Per token ``s`` (fp32 throughout): the last ``rope_dim = 2 * cos_cache.size(1)`` dims of every head are
@@ -467,7 +366,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
         the ``[S, G, Ks]`` view with strides ``(1, Ks*S, S)``.
     x_fp8, x_scale : torch.Tensor, optional
         Output buffers (e.g. for CUDA-graph capture), checked and written in place; see
-        :func:`empty_quant_outputs` to allocate them. A column-major ``x_scale`` may pad its token dim (strides
+        :func:`empty_quant_outputs` to allocate them. ``x_fp8``'s rows of ``Dg`` are contiguous; its token and
+        group strides are free, e.g. group-major ``[S, G, Dg]`` over ``[G, S, Dg]`` storage (strides ``(Dg,
+        S*Dg, 1)``, what vLLM's fp8 einsum reads). A column-major ``x_scale`` may pad its token dim (strides
         ``(1, Ks*L, L)``, any ``L >= S``: a max-size buffer sliced to this call's tokens).
     fp8_dtype : torch.dtype, optional
         ``torch.float8_e4m3fn`` (FP8_MAX 448, default; NVIDIA, gfx950) or ``torch.float8_e4m3fnuz`` (240, gfx942).
@@ -476,6 +377,18 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
         ``torch.int32``: DeepGEMM's packed UE8M0, ``[S, G, Ks/4]``, byte ``i`` of ``[s, g, j]`` holding block
         ``4j+i``; with ``transpose_scale=True`` its storage is ``[G, Ks/4, align(S, 4)]`` (TMA-aligned MN-major,
         ``x_scale.permute(1, 0, 2)`` is what DeepGEMM's ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` gives).
+    scale_layout : {"row", "col", "mfma_tile"}, optional
+        Instead of ``transpose_scale`` (``"col"`` is ``transpose_scale=True``). ``"mfma_tile"``: the e8m0
+        ``[G, S_pad, Ks_pad]`` tiles gfx950's scaled MFMA GEMM reads (S padded to 32, Ks to 2 for group 128,
+        else 8; scale ``[s, g, k]`` where :func:`fusedrope.reference.mfma_tile_offsets` says; padding bytes are
+        left as they were).
+    quantize : bool, default True
+        False: no quantization; ``x_fp8`` receives the inverse-rotated values in o's dtype (rounded once), and
+        the scales returned are an empty tensor.
+    enable_pdl : bool, optional
+        A programmatic dependent launch of the CUDA kernel (sm_90+), which may start while the stream's previous
+        kernel finishes. None (the default) means off until a GPU run confirms it (kernels_cuda/README.md);
+        other backends ignore it.
     backend : str, default "auto"
         ``"auto"``, ``"cuda"``, ``"hip"`` (opt-in: ``auto`` passes over it), ``"triton"``, ``"reference"`` or
         one of yours (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``.
@@ -483,7 +396,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     Returns
     -------
     (x_fp8, x_scale) : tuple of torch.Tensor
-        ``[S, G, Dg]`` fp8 and ``[S, G, Dg / quant_group_size]`` scales.
+        ``[S, G, Dg]`` fp8 and ``[S, G, Dg / quant_group_size]`` scales (``[G, S_pad, Ks_pad]`` for
+        ``"mfma_tile"``; empty without quantization).
 
     Raises
     ------
@@ -506,44 +420,51 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     """
     compiling = torch.compiler.is_compiling()
     grad = not compiling and C.needs_grad(o, cos_cache, sin_cache)
+    spec = (scale_layout, quantize, enable_pdl)
     if compiling or grad:
         # The errors and messages eager gives (traced, before torch's schema check, which would refuse a
         # non-int group argument with its own message).
-        _, checked_fp8, checked_scale = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
-                                                 transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype)
+        key, checked_fp8, checked_scale = validate(o, positions, cos_cache, sin_cache, num_groups,
+                                                   quant_group_size, transpose_scale, x_fp8, x_scale, fp8_dtype,
+                                                   scale_dtype, *spec)
         if grad and (x_fp8 is not None or x_scale is not None):
             with torch.no_grad():  # quantised bytes written into buffers: no autograd history, on any backend
                 return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                            x_fp8, x_scale, fp8_dtype, scale_dtype, backend)
+                            x_fp8, x_scale, fp8_dtype, scale_dtype, backend, *spec)
         # Traced, or inputs that require grad: the torch op, whose outputs raise on backward (no derivative)
         # instead of silently cutting the graph.
         if x_fp8 is not None or x_scale is not None:
             as_e8m0 = False
-            if x_fp8 is None or x_scale is None or fp8_dtype is not None or scale_dtype is not None:
+            if x_fp8 is None or (x_scale is None and quantize) or fp8_dtype is not None or scale_dtype is not None:
                 # the _out op reads the buffers' dtypes (checked against the arguments above): allocate the
                 # buffer the caller left out, as eager does; an e8m0 one as its uint8 bytes, since inductor has
                 # no e8m0 code generation for a tensor an op mutates
                 fp8_dtype, scale_dtype = checked_fp8, checked_scale
                 as_e8m0 = x_scale is None and scale_dtype == torch.float8_e8m0fnu
-                x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype,
-                                          torch.uint8 if as_e8m0 else scale_dtype, x_fp8, x_scale)
+                x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, key[9], fp8_dtype,
+                                          torch.uint8 if as_e8m0 else scale_dtype, quantize, x_fp8, x_scale)
+            no_scale = x_scale is None  # quantize=False: the schema wants a tensor
+            scale_arg = o.new_empty(0, dtype=torch.uint8) if no_scale else x_scale
             torch.ops.fusedrope.inverse_rope_group_quant_out(o, positions, cos_cache, sin_cache, num_groups,
-                                                             quant_group_size, transpose_scale, x_fp8, x_scale,
-                                                             backend)
+                                                             quant_group_size, transpose_scale, x_fp8, scale_arg,
+                                                             backend, *spec)
+            if no_scale:
+                return x_fp8, o.new_empty(0, dtype=torch.float8_e8m0fnu)
             return x_fp8, x_scale.view(torch.float8_e8m0fnu) if as_e8m0 else x_scale
         return torch.ops.fusedrope.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
                                                             quant_group_size, transpose_scale, fp8_dtype,
-                                                            scale_dtype, backend)
+                                                            scale_dtype, backend, *spec)
     return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-                x_scale, fp8_dtype, scale_dtype, backend)
+                x_scale, fp8_dtype, scale_dtype, backend, *spec)
 
 
 def explain_args(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128, transpose_scale=False,
-                 x_fp8=None, x_scale=None, *, fp8_dtype=None, scale_dtype=None, backend="auto"):
-    facts = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-                     x_scale, fp8_dtype, scale_dtype)[0]
+                 x_fp8=None, x_scale=None, *, fp8_dtype=None, scale_dtype=None, scale_layout=None, quantize=True,
+                 enable_pdl=None, backend="auto"):
+    key = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
+                   x_scale, fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)[0]
     _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale)  # explain raises what the call would
-    return facts, backend
+    return key, backend
 
 
 # -- torch ops ------------------------------------------------------------------------------------------
@@ -551,32 +472,35 @@ def explain_args(o, positions, cos_cache, sin_cache, num_groups, quant_group_siz
 def _op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
         num_groups: int, quant_group_size: int = 128, transpose_scale: bool = False,
         fp8_dtype: Optional[torch.dtype] = None, scale_dtype: Optional[torch.dtype] = None,
-        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+        backend: str = "auto", scale_layout: Optional[str] = None, quantize: bool = True,
+        enable_pdl: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
     return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, None, None,
-                fp8_dtype, scale_dtype, backend)
+                fp8_dtype, scale_dtype, backend, scale_layout, quantize, enable_pdl)
 
 
 @_op.register_fake
 def _op_fake(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128, transpose_scale=False,
-             fp8_dtype=None, scale_dtype=None, backend="auto"):
-    _, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
-                                         transpose_scale, None, None, fp8_dtype, scale_dtype)
+             fp8_dtype=None, scale_dtype=None, backend="auto", scale_layout=None, quantize=True, enable_pdl=None):
+    key, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                                           transpose_scale, None, None, fp8_dtype, scale_dtype, scale_layout,
+                                           quantize, enable_pdl)
     # The same strides as the real op (column-major scale included), or compiled callers read garbage.
-    return _empty_outputs(o, num_groups, quant_group_size, transpose_scale, fp8_dtype, scale_dtype)
+    return empty_outputs(o, num_groups, quant_group_size, key[9], fp8_dtype, scale_dtype, quantize)
 
 
 @torch.library.custom_op("fusedrope::inverse_rope_group_quant_out", mutates_args=("x_fp8", "x_scale"))
 def _op_out(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
             num_groups: int, quant_group_size: int, transpose_scale: bool, x_fp8: torch.Tensor,
-            x_scale: torch.Tensor, backend: str = "auto") -> None:
+            x_scale: torch.Tensor, backend: str = "auto", scale_layout: Optional[str] = None, quantize: bool = True,
+            enable_pdl: Optional[bool] = None) -> None:
     for name, t in (("x_fp8", x_fp8), ("x_scale", x_scale)):
         C.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
-    _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8, x_scale,
-         None, None, backend)
+    _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
+         x_scale if quantize is not False else None, None, None, backend, scale_layout, quantize, enable_pdl)
 
 
 @_op_out.register_fake
 def _op_out_fake(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-                 x_scale, backend="auto"):
-    validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8, x_scale,
-             None, None)
+                 x_scale, backend="auto", scale_layout=None, quantize=True, enable_pdl=None):
+    validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
+             x_scale if quantize is not False else None, None, None, scale_layout, quantize, enable_pdl)

@@ -24,6 +24,12 @@ SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)  # not DeepGEM
 
 def envelope_reason(kernel: str, facts) -> Optional[str]:
     """Why the compiled ``kernel`` ("cuda kernel", "hip kernel") does not serve ``facts`` whatever the device."""
+    if not facts.quantize:
+        return f"{kernel} quantizes: quantize=False is served by Triton and the reference"
+    if facts.scale_layout == "mfma_tile":
+        return f"{kernel} writes row- and column-major scales: scale_layout='mfma_tile' is served by Triton"
+    if not facts.x_contiguous:
+        return f"{kernel} writes a row-major x_fp8: other layouts (group-major, padded rows) are served by Triton"
     if facts.head_dim != 512 or facts.rope_dim != 64:
         return f"{kernel} is compiled for head_dim 512 / rope_dim 64, got {facts.head_dim} / {facts.rope_dim}"
     if facts.quant_group_size not in GROUP_SIZES:
@@ -40,9 +46,12 @@ def supports(facts) -> Optional[str]:
     arch = gpu_arch(facts.device)
     if not arch.startswith("sm_") or int(arch[3:]) < 80:
         return f"cuda kernel needs an NVIDIA GPU of sm_80 or newer, this device is {arch or facts.device}"
-    if facts.fp8_dtype != torch.float8_e4m3fn:
+    reason = envelope_reason("cuda kernel", facts)
+    if reason is None and facts.fp8_dtype != torch.float8_e4m3fn:
         return f"cuda kernel writes float8_e4m3fn, got fp8_dtype={dtype_name(facts.fp8_dtype)} (Triton serves it)"
-    return envelope_reason("cuda kernel", facts)
+    if reason is None and facts.pdl and int(arch[3:]) < 90:
+        return f"cuda kernel launches with enable_pdl=True on sm_90 or newer, this device is {arch}"
+    return reason
 
 
 def available(device: torch.device) -> Optional[str]:
@@ -58,20 +67,23 @@ class CompiledOp:
 
     max_chunks = 2**31 - 1  # the kernels number 16-element chunks of o with 32-bit ints (S*H*head_dim/16)
 
-    def __init__(self, op) -> None:
+    def __init__(self, op, pdl_op=None) -> None:
         self.op = op
+        self.pdl_op = pdl_op  # the same launch as a programmatic dependent launch, where the vendor has one
 
-    def __call__(self, o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size) -> None:
+    def __call__(self, o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, *,
+                 scale_layout: str = "row", pdl: bool = False) -> None:
+        op = self.pdl_op if pdl and self.pdl_op is not None else self.op
         S, H, D = o.shape
         step = max(self.max_chunks // max(H * D // 16, 1), 1)  # a token past the limit: the binding says so
         if S <= step:
-            self.op(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size)
+            op(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size)
             return
         # Token slices keep every layout the kernels take: o, x_fp8 and row-major scales stay contiguous, and a
         # column-major scale slice keeps stride(1) == Ks * stride(2).
         for i in range(0, S, step):
             j = min(i + step, S)
-            self.op(o[i:j], positions[i:j], cos_cache, sin_cache, x_fp8[i:j], x_scale[i:j], quant_group_size)
+            op(o[i:j], positions[i:j], cos_cache, sin_cache, x_fp8[i:j], x_scale[i:j], quant_group_size)
 
 
 def load() -> tuple:
@@ -79,7 +91,11 @@ def load() -> tuple:
     from .. import cuda_ext
 
     cuda_ext.load()
-    return CompiledOp(torch.ops.fusedrope_cuda.inverse_rope_group_quant_out.default), None
+    ops = torch.ops.fusedrope_cuda
+
+    def pdl_launch(o, positions, cos, sin, x_fp8, x_scale, quant_group_size):
+        ops.inverse_rope_group_quant_out_config(o, positions, cos, sin, x_fp8, x_scale, quant_group_size, pdl=1)
+    return CompiledOp(ops.inverse_rope_group_quant_out.default, pdl_launch), None
 
 
 def inverse_rope_group_quant_config(o, positions, cos, sin, x_fp8, x_scale, quant_group_size: int, *,

@@ -23,10 +23,11 @@ def supports(facts) -> Optional[str]:
     if arch not in HIP_ARCHS:
         return f"hip kernel runs on {'/'.join(HIP_ARCHS)}, this device is {arch or facts.device}"
     native = arch_fp8_dtype(arch)
-    if facts.fp8_dtype != native:
+    reason = envelope_reason("hip kernel", facts)
+    if reason is None and facts.fp8_dtype != native:
         return (f"hip kernel writes {dtype_name(native)} on {arch} (its hardware fp8 format), "
                 f"got fp8_dtype={dtype_name(facts.fp8_dtype)} (Triton serves it)")
-    return envelope_reason("hip kernel", facts)
+    return reason
 
 
 def available(device: torch.device) -> Optional[str]:

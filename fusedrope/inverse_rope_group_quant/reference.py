@@ -1,5 +1,6 @@
-"""inverse_rope_group_quant in plain PyTorch, written to be read: the ``reference`` backend, its steps (each usable
-alone), and an independent float64 formulation of the rotation."""
+"""inverse_rope_group_quant in plain PyTorch, written to be read: the ``reference`` backend and its steps (each
+usable alone). The independent float64 formulation of the rotation is
+:func:`fusedrope.reference.inverse_rope_oracle`."""
 
 from __future__ import annotations
 
@@ -141,10 +142,43 @@ def pack_ue8m0(byte: torch.Tensor) -> torch.Tensor:
     return byte.reshape(*byte.shape[:-1], -1, 4).contiguous().view(torch.int32).squeeze(-1)
 
 
-def store_scale(byte: torch.Tensor, x_scale: torch.Tensor) -> None:
-    """Write scale bytes ``byte [S, G, Ks]`` (uint8) into ``x_scale`` through its strides, in its format: e8m0 or
-    raw uint8 ``[S, G, Ks]`` (the bytes), fp32 ``[S, G, Ks]`` (:func:`e8m0_to_float`) or packed int32
-    ``[S, G, Ks/4]`` (:func:`pack_ue8m0`)."""
+def mfma_tile_shape(num_tokens: int, num_groups: int, blocks: int, quant_group_size: int) -> tuple[int, int, int]:
+    """``[G, S_pad, Ks_pad]`` of the ``"mfma_tile"`` scale layout (what gfx950's scaled MFMA GEMM reads): tokens
+    padded to 32, blocks per group to 2 (quant group 128) or 8 (other groups)."""
+    k_align = 2 if quant_group_size == 128 else 8
+    return num_groups, -(-num_tokens // 32) * 32, -(-blocks // k_align) * k_align
+
+
+def mfma_tile_offsets(num_tokens: int, num_groups: int, blocks: int, quant_group_size: int,
+                      device=None) -> torch.Tensor:
+    """The flat offset, in the contiguous ``"mfma_tile"`` buffer ``[G, S_pad, Ks_pad]``, of each scale ``[s, g, k]``:
+    int64 ``[S, G, Ks]``. Scale ``[s, g, k]`` sits at index ``(g, s // 32, k // 2, s % 16, k % 2, (s // 16) % 2)``
+    of the buffer seen as ``[G, S_pad/32, Ks_pad/2, 16, 2, 2]`` (quant group 128), else at ``(g, s // 32, k // 8,
+    k % 4, s % 16, (k // 4) % 2, (s // 16) % 2)`` of ``[G, S_pad/32, Ks_pad/8, 4, 16, 2, 2]``; padding bytes are
+    not part of the layout."""
+    _, s_pad, k_pad = mfma_tile_shape(num_tokens, num_groups, blocks, quant_group_size)
+    s = torch.arange(num_tokens, device=device)[:, None, None]
+    g = torch.arange(num_groups, device=device)[None, :, None]
+    k = torch.arange(blocks, device=device)[None, None, :]
+    if quant_group_size == 128:  # [G, S_pad/32, Ks_pad/2, 16, 2, 2]: (r, e, c) -> 4r + 2e + c
+        inner = 4 * (s % 16) + 2 * (k % 2) + (s // 16) % 2
+        return ((g * (s_pad // 32) + s // 32) * (k_pad // 2) + k // 2) * 64 + inner
+    # [G, S_pad/32, Ks_pad/8, 4, 16, 2, 2]: (e, r, f, c) -> 64e + 4r + 2f + c
+    inner = 64 * (k % 4) + 4 * (s % 16) + 2 * ((k // 4) % 2) + (s // 16) % 2
+    return ((g * (s_pad // 32) + s // 32) * (k_pad // 8) + k // 8) * 256 + inner
+
+
+def store_scale(byte: torch.Tensor, x_scale: torch.Tensor, scale_layout: str = "row",
+                quant_group_size: int = 128) -> None:
+    """Write scale bytes ``byte [S, G, Ks]`` (uint8) into ``x_scale`` in its format and layout: e8m0 or raw uint8
+    ``[S, G, Ks]`` (the bytes), fp32 ``[S, G, Ks]`` (:func:`e8m0_to_float`) or packed int32 ``[S, G, Ks/4]``
+    (:func:`pack_ue8m0`), through its strides ("row", "col"); or, for ``"mfma_tile"``, the e8m0 / uint8 bytes
+    into the ``[G, S_pad, Ks_pad]`` buffer of ``quant_group_size`` (:func:`mfma_tile_offsets`)."""
+    if scale_layout == "mfma_tile":
+        S, G, Ks = byte.shape
+        flat = x_scale.view(torch.uint8).view(-1)
+        flat[mfma_tile_offsets(S, G, Ks, quant_group_size, byte.device)] = byte
+        return
     if x_scale.dtype == torch.float32:
         x_scale.copy_(e8m0_to_float(byte))
     elif x_scale.dtype == torch.int32:
@@ -153,31 +187,16 @@ def store_scale(byte: torch.Tensor, x_scale: torch.Tensor) -> None:
         x_scale.view(torch.uint8).copy_(byte)
 
 
-def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size) -> None:
+def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, *,
+                             scale_layout: str = "row", pdl: bool = False) -> None:
     """Reference backend: inverse RoPE of each head's tail, then per-block e8m0 FP8 quant, fp32 throughout.
 
-    Step 1 is :func:`inverse_rope_tail`, step 2 :func:`group_quant_e8m0` with ``G = x_fp8.shape[1]`` and
-    ``FP8_MAX[x_fp8.dtype]``; the results are written into ``x_fp8`` and ``x_scale`` (:func:`store_scale`).
-
-    Parameters
-    ----------
-    o : torch.Tensor
-        ``[S, H, head_dim]``, bf16 or fp16 (DeepSeek-V4: head_dim 512).
-    positions : torch.Tensor
-        int64 or int32, 1-D, at least ``S`` elements; the first ``S`` are used, clamped to ``[0, max_pos)``.
-    cos_cache, sin_cache : torch.Tensor
-        ``[max_pos, rope_dim/2]``, bf16 / fp16 / fp32; ``rope_dim = 2 * cos_cache.shape[1] <= head_dim``.
-    x_fp8 : torch.Tensor
-        Output ``[S, G, Dg]``, ``Dg = H * head_dim / G``, ``torch.float8_e4m3fn`` or ``torch.float8_e4m3fnuz``.
-    x_scale : torch.Tensor
-        Output ``[S, G, Ks]``, ``Ks = Dg / quant_group_size``, ``torch.float8_e8m0fnu``, ``torch.uint8`` or
-        ``torch.float32``, or ``[S, G, Ks/4]`` ``torch.int32`` (packed UE8M0); row- or column-major.
-    quant_group_size : int
-        Elements per scale block; divides ``Dg``.
-
-    Returns
-    -------
-    None
+    The arguments are the backends' (:func:`fusedrope.register_backend`): the inputs as
+    :func:`fusedrope.inverse_rope_group_quant` takes them, and its outputs allocated (``x_scale`` None with
+    ``quantize=False``; ``pdl``, a launch hint, means nothing here). Step 1 is :func:`inverse_rope_tail`, step
+    2 :func:`group_quant_e8m0` with ``G = x_fp8.shape[1]`` and ``FP8_MAX[x_fp8.dtype]``; the results are written
+    through the outputs' strides (:func:`store_scale`). Without ``x_scale``, step 1's result is rounded once to
+    ``x_fp8``'s dtype (o's).
 
     Examples
     --------
@@ -192,51 +211,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
     (torch.Size([4, 2, 128]), torch.float8_e4m3fn, torch.Size([4, 2, 2]), torch.float8_e8m0fnu)
     """
     x = inverse_rope_tail(o, positions, cos_cache, sin_cache)
+    if x_scale is None:
+        x_fp8.copy_(x.reshape(x_fp8.shape))
+        return
     q, byte = group_quant_e8m0(x, x_fp8.shape[1], quant_group_size, x_fp8.dtype)
     x_fp8.copy_(q)
-    store_scale(byte, x_scale)
-
-
-def inverse_rope_oracle(o, positions, cos_cache, sin_cache) -> torch.Tensor:
-    """Independent float64 formulation of step 1, as DeepSeek-V4 writes it: view the tail as complex
-    numbers ``x[2j] + i*x[2j+1]`` and multiply by ``conj(cos + i*sin)``. Returns ``[S, H, head_dim]`` fp64.
-
-    Parameters
-    ----------
-    o : torch.Tensor
-        ``[S, H, head_dim]``, any floating dtype.
-    positions : torch.Tensor
-        int64 or int32, 1-D, at least ``S`` elements; the first ``S`` are used, clamped to ``[0, max_pos)``.
-    cos_cache, sin_cache : torch.Tensor
-        ``[max_pos, rope_dim/2]``, any floating dtype; ``rope_dim = 2 * cos_cache.shape[1] <= head_dim``.
-
-    Returns
-    -------
-    torch.Tensor
-        float64 ``[S, H, head_dim]``: ``o`` with the last ``rope_dim`` dims of every head rotated back; the
-        other ``head_dim - rope_dim`` dims are ``o``'s values.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from fusedrope.reference import inverse_rope_oracle, inverse_rope_tail
-    >>> from fusedrope.testing import deepseek_rope_cache
-    >>> o = torch.randn(4, 2, 128, dtype=torch.bfloat16)
-    >>> cos_cache, sin_cache = deepseek_rope_cache(64)  # rope_dim 64
-    >>> positions = torch.tensor([0, 5, 63, 99])  # 99 is clamped to 63
-    >>> ref = inverse_rope_oracle(o, positions, cos_cache, sin_cache)
-    >>> ref.shape, ref.dtype
-    (torch.Size([4, 2, 128]), torch.float64)
-    >>> torch.equal(ref[..., :64], o[..., :64].double()), torch.equal(ref[0], o[0].double())  # position 0: identity
-    (True, True)
-    >>> torch.allclose(inverse_rope_tail(o, positions, cos_cache, sin_cache).double(), ref, rtol=0, atol=1e-5)
-    True
-    """
-    S, _, head_dim = o.shape
-    rope_dim = 2 * cos_cache.shape[1]
-    p = clamp_positions(positions, S, cos_cache.shape[0])
-    freqs = torch.complex(cos_cache[p].double(), sin_cache[p].double())[:, None, :]
-    x = o.double().clone()
-    tail = torch.view_as_complex(x[..., head_dim - rope_dim:].reshape(*x.shape[:-1], -1, 2).contiguous())
-    x[..., head_dim - rope_dim:] = torch.view_as_real(tail * freqs.conj()).flatten(-2)
-    return x
+    store_scale(byte, x_scale, scale_layout, quant_group_size)

@@ -12,14 +12,28 @@ its last segment, and one contiguous cos row and sin row per token broadcast ove
 rotation stays in the registers the tile was loaded into (sm_90 SASS with Triton 3.6, the S >= 1024 tile:
 352 instructions, the quant alone 240, both with one small shared-memory exchange for the scales). Otherwise
 each pair gathers its cos/sin by column, which the compiler lays out differently from the tile: about twice
-the instructions and a shared-memory round trip of the whole tile each way (the same tile: 656 instructions,
+the instructions and a shared-memory round trip of the whole tile each way (the same tile: 624 instructions,
 71 shared-memory accesses, 10 barriers).
 
-The scale address of block ``kb`` (= g*Ks + k) of token ``s`` is ``s*stride_s + kb*stride_k`` in both
-layouts: row-major ``(Ks*G, 1)``, column-major ``(1, S)``.
+The scale address of block ``kb`` (= g*Ks + k) of token ``s`` is ``s*stride_s + kb*stride_k`` in the
+"row" and "col" layouts: row-major ``(Ks*G, 1)``, column-major ``(1, S)``. In the "mfma_tile" layout (the
+``[G, S_pad, Ks_pad]`` bytes gfx950's scaled MFMA GEMM reads, :func:`.reference.mfma_tile_offsets`) the kernel
+computes each real block's byte offset (a constexpr switch on the k alignment, 2 for quant group 128, else 8)
+and leaves the padding bytes alone.
+
+The output ``x [S, G, Dg]`` needs only contiguous rows of ``Dg``: element ``col`` of token ``s`` (``g = col //
+Dg``) is at ``s*stride_s + g*stride_g + col % Dg``, so vLLM's group-major ``[G, S, Dg]`` storage and row-padded
+buffers are written in place. Where no tile straddles two groups (G = 1, or ``Dg`` a multiple of the tile width:
+DeepSeek-V4's shapes) the grid's third axis is the group, so ``g`` is one scalar per program and the store is the
+contiguous layout's 16-byte store (Triton specialises strides divisible by 16: row-major, group-major and padded
+x compile to one kernel). Otherwise each column's group is the tile's first group plus the boundaries it lies
+past (``CROSSINGS`` unrolled compares, no division); Dg (a constexpr) is a multiple of 16, so Triton still sees
+16-column runs and stores them 16 bytes at a time. Without ``x_scale`` (quantize=False) ``x`` has o's dtype and
+gets the rotated values rounded once to it (RNE), with no quant.
 """
 
 import functools
+import math
 
 import torch
 import triton
@@ -28,7 +42,7 @@ import triton.language as tl
 from .._device import arch_fp8_dtype, gpu_arch
 from .._triton import INTERPRETED, WARP_SIZE, f32_to_fp8_bits, launch_lock, round_to, to_f32
 from .._validation import check_aligned
-from .reference import FP8_MAX
+from .reference import FP8_MAX, mfma_tile_shape
 
 _FP8_TL = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8}
 
@@ -82,16 +96,67 @@ def _rotate_back_tails(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, c
 
 
 @triton.jit
+def _store_x_tile(xq_ptr, v, t, t_mask, g, c0, DG: tl.constexpr, x_stride_s, x_stride_g, BLOCK_N: tl.constexpr):
+    """Store the [tokens, BLOCK_N] tile ``v`` (columns ``c0 ..`` of group ``g``, one scalar: the tile lies in one
+    group) into ``x [S, G, Dg]`` with strides ``(x_stride_s, x_stride_g, 1)``; columns past the group masked."""
+    col = tl.arange(0, BLOCK_N)
+    ptr = xq_ptr + g * x_stride_g + c0 + t[:, None] * x_stride_s + col[None, :]
+    tl.store(ptr, v, mask=t_mask[:, None] & (c0 + col < DG)[None, :])
+
+
+@triton.jit
+def _store_x_straddling(xq_ptr, v, t, t_mask, col0, ROW, DG: tl.constexpr, x_stride_s, x_stride_g,
+                        BLOCK_N: tl.constexpr, CROSSINGS: tl.constexpr):
+    """Store the [tokens, BLOCK_N] tile ``v`` (row columns ``col0 ..``) into ``x [S, G, Dg]`` when it may straddle
+    up to ``CROSSINGS`` group boundaries: the group of each column is the tile's first group plus the boundaries
+    it lies past (compares, not divisions; they change only at multiples of 16 columns, which Triton sees from Dg's
+    divisibility, so each thread's 16-column run stays one contiguous store)."""
+    c0 = col0.to(tl.int32)
+    g0 = c0 // DG
+    local = (c0 - g0 * DG) + tl.arange(0, BLOCK_N)  # the column in group g0, running past its end
+    past = tl.zeros([BLOCK_N], dtype=tl.int32)
+    for j in tl.static_range(1, CROSSINGS + 1):
+        past += (local >= j * DG).to(tl.int32)
+    off = (g0 + past).to(tl.int64) * x_stride_g + (local - past * DG)
+    ptr = xq_ptr + t[:, None] * x_stride_s + off[None, :]
+    tl.store(ptr, v, mask=t_mask[:, None] & (c0 + tl.arange(0, BLOCK_N) < ROW)[None, :])
+
+
+@triton.jit
+def _mfma_tile_offsets(t, kb, KS: tl.constexpr, tile_stride, group_stride, MFMA_K: tl.constexpr):
+    """Byte offsets [len(t), len(kb)] of blocks ``kb`` (= g*Ks + k) of tokens ``t`` in the "mfma_tile" buffer
+    ``[G, S_pad, Ks_pad]``: ``tile_stride`` = 32*Ks_pad (one 32-token tile row), ``group_stride`` = S_pad*Ks_pad.
+    MFMA_K 2: index (g, s//32, k//2, s%16, k%2, (s//16)%2) of [G, S_pad/32, Ks_pad/2, 16, 2, 2]; 8: index
+    (g, s//32, k//8, k%4, s%16, (k//4)%2, (s//16)%2) of [G, S_pad/32, Ks_pad/8, 4, 16, 2, 2]."""
+    g = kb // KS
+    k = kb - g * KS
+    if MFMA_K == 2:
+        kk = (k // 2) * 64 + 2 * (k % 2)
+    else:
+        kk = (k // 8) * 256 + 64 * (k % 4) + 2 * ((k // 4) % 2)
+    ss = (t // 32) * tile_stride + 4 * (t % 16) + (t // 16) % 2
+    return ss[:, None] + (g.to(tl.int64) * group_stride + kk)[None, :]
+
+
+@triton.jit
 def _group_quant_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, xq_ptr, xs_ptr,
-    S, ROW, NBLK, max_pos, pos_stride, cos_stride, sin_stride, sc_stride_s, sc_stride_k,
-    HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, GS: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    S, ROW, NBLK, max_pos, pos_stride, cos_stride, sin_stride, x_stride_s, x_stride_g, sc_stride_s, sc_stride_k,
+    HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, GS: tl.constexpr, DG: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, ONE_GROUP: tl.constexpr, CROSSINGS: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_TYPE: tl.constexpr, FNUZ: tl.constexpr, SCALE_FP32: tl.constexpr,
-    PACKED: tl.constexpr, ROPE: tl.constexpr, TAIL_SEGMENTS: tl.constexpr, EXACT: tl.constexpr,
+    PACKED: tl.constexpr, MFMA_K: tl.constexpr, QUANT: tl.constexpr, ROPE: tl.constexpr, TAIL_SEGMENTS: tl.constexpr,
+    EXACT: tl.constexpr,
 ):
+    """See the module docstring. Grid ``(token tiles, column tiles, G)`` when ``ONE_GROUP`` (no tile straddles two
+    groups: program_id(1) tiles a group, program_id(2) is the group, so no division finds it), else ``(token
+    tiles, column tiles of the row, 1)``. ``QUANT`` False: ``x`` has o's dtype and gets the rotated tile, nothing
+    else. ``MFMA_K`` 0: scales through ``(sc_stride_s, sc_stride_k)``; 2 or 8: the "mfma_tile" layout, with
+    ``sc_stride_s``, ``sc_stride_k`` the strides of a 32-token tile row and of a group (:func:`_mfma_tile_offsets`)."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    col0 = tl.program_id(1).to(tl.int64) * BLOCK_N
+    g = tl.program_id(2)  # 0 unless ONE_GROUP
+    c0 = tl.program_id(1).to(tl.int64) * BLOCK_N
+    col0 = g.to(tl.int64) * DG + c0
     col = col0 + tl.arange(0, BLOCK_N)
     t_mask = t < S
     m = t_mask[:, None] & (col < ROW)[None, :]
@@ -105,41 +170,55 @@ def _group_quant_kernel(
         else:
             x = _rotate_back(x, t_mask, p, cos_ptr, sin_ptr, cos_stride, sin_stride, col0, ROW,
                              HEAD_DIM, ROPE_DIM, BLOCK_T, BLOCK_N, EXACT)
-
-    xb = tl.reshape(x, (BLOCK_T, BLOCK_N // GS, GS))
-    # |x| as int32 bits orders like |x| for finite values, with Inf above them and NaN above Inf: one integer
-    # max gives a block's amax and whether it holds a non-finite value (a float max would drop NaN).
-    amax_bits = tl.max(xb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
-    bad = amax_bits >= 0x7F800000
-    amax = tl.maximum(amax_bits.to(tl.float32, bitcast=True), 1e-8)
-    bits = (amax * (1.0 / FP8_MAX)).to(tl.uint32, bitcast=True)
-    byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.uint32)
-    byte = tl.where(bad, 255, byte)
-    inv_scale = ((254 - tl.minimum(byte, 254)) << 23).to(tl.float32, bitcast=True)  # 2^(127 - byte), exact
-    q = tl.minimum(tl.maximum(xb * inv_scale[:, :, None], -FP8_MAX), FP8_MAX)
-    q = tl.reshape(tl.where(bad[:, :, None], float("nan"), q), (BLOCK_T, BLOCK_N))
-    if EXACT:
-        code = f32_to_fp8_bits(q, FNUZ)
-    else:
-        code = q.to(FP8_TYPE).to(tl.uint8, bitcast=True)
-    tl.store(xq_ptr + t[:, None] * ROW + col[None, :], code, mask=m)
-
-    NB: tl.constexpr = BLOCK_N // GS
-    if PACKED:  # DeepGEMM UE8M0: four consecutive block bytes in one int32 word, block 4j+i in byte i
-        shift = (tl.arange(0, 4) * 8).to(tl.uint32)
-        word = tl.sum(tl.reshape(byte, (BLOCK_T, NB // 4, 4)) << shift[None, None, :], axis=2)  # disjoint bits
-        kw = tl.program_id(1).to(tl.int64) * (NB // 4) + tl.arange(0, NB // 4)
-        sm = t_mask[:, None] & (kw < NBLK // 4)[None, :]
-        tl.store(xs_ptr + t[:, None] * sc_stride_s + kw[None, :] * sc_stride_k, word.to(tl.int32, bitcast=True),
-                 mask=sm)
-    else:
-        kb = tl.program_id(1).to(tl.int64) * NB + tl.arange(0, NB)
-        sm = t_mask[:, None] & (kb < NBLK)[None, :]
-        if SCALE_FP32:
-            scale = tl.where(bad, float("nan"), (tl.minimum(byte, 254) << 23).to(tl.float32, bitcast=True))
+    if not QUANT:
+        v = round_to(x, xq_ptr.dtype.element_ty, EXACT)
+        if ONE_GROUP:
+            _store_x_tile(xq_ptr, v, t, t_mask, g, c0, DG, x_stride_s, x_stride_g, BLOCK_N)
         else:
-            scale = byte.to(tl.uint8)
-        tl.store(xs_ptr + t[:, None] * sc_stride_s + kb[None, :] * sc_stride_k, scale, mask=sm)
+            _store_x_straddling(xq_ptr, v, t, t_mask, col0, ROW, DG, x_stride_s, x_stride_g, BLOCK_N, CROSSINGS)
+    else:  # not an early return above: Triton would still compile the fp8 code (sm_80 has no e4m3 conversion)
+        NB: tl.constexpr = BLOCK_N // GS
+        xb = tl.reshape(x, (BLOCK_T, NB, GS))
+        # |x| as int32 bits orders like |x| for finite values, with Inf above them and NaN above Inf: one integer
+        # max gives a block's amax and whether it holds a non-finite value (a float max would drop NaN).
+        amax_bits = tl.max(xb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
+        bad = amax_bits >= 0x7F800000
+        amax = tl.maximum(amax_bits.to(tl.float32, bitcast=True), 1e-8)
+        bits = (amax * (1.0 / FP8_MAX)).to(tl.uint32, bitcast=True)
+        byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.uint32)
+        byte = tl.where(bad, 255, byte)
+        inv_scale = ((254 - tl.minimum(byte, 254)) << 23).to(tl.float32, bitcast=True)  # 2^(127 - byte), exact
+        q = tl.minimum(tl.maximum(xb * inv_scale[:, :, None], -FP8_MAX), FP8_MAX)
+        q = tl.reshape(tl.where(bad[:, :, None], float("nan"), q), (BLOCK_T, BLOCK_N))
+        if EXACT:
+            code = f32_to_fp8_bits(q, FNUZ)
+        else:
+            code = q.to(FP8_TYPE).to(tl.uint8, bitcast=True)
+        if ONE_GROUP:
+            _store_x_tile(xq_ptr, code, t, t_mask, g, c0, DG, x_stride_s, x_stride_g, BLOCK_N)
+        else:
+            _store_x_straddling(xq_ptr, code, t, t_mask, col0, ROW, DG, x_stride_s, x_stride_g, BLOCK_N, CROSSINGS)
+
+        kb0 = col0 // GS  # the tile's first block in the row (g*Ks + k)
+        if PACKED:  # DeepGEMM UE8M0: four consecutive block bytes in one int32 word, block 4j+i in byte i
+            shift = (tl.arange(0, 4) * 8).to(tl.uint32)
+            word = tl.sum(tl.reshape(byte, (BLOCK_T, NB // 4, 4)) << shift[None, None, :], axis=2)  # disjoint bits
+            kw = kb0 // 4 + tl.arange(0, NB // 4)
+            sm = t_mask[:, None] & (kw < NBLK // 4)[None, :]
+            tl.store(xs_ptr + t[:, None] * sc_stride_s + kw[None, :] * sc_stride_k, word.to(tl.int32, bitcast=True),
+                     mask=sm)
+        else:
+            kb = kb0 + tl.arange(0, NB)
+            sm = t_mask[:, None] & (kb < NBLK)[None, :]
+            if SCALE_FP32:
+                scale = tl.where(bad, float("nan"), (tl.minimum(byte, 254) << 23).to(tl.float32, bitcast=True))
+            else:
+                scale = byte.to(tl.uint8)
+            if MFMA_K == 0:
+                off = t[:, None] * sc_stride_s + kb[None, :] * sc_stride_k
+            else:  # only the real (s, g, k) bytes: the padding is not part of the layout
+                off = _mfma_tile_offsets(t, kb.to(tl.int32), DG // GS, sc_stride_s, sc_stride_k, MFMA_K)
+            tl.store(xs_ptr + off, scale, mask=sm)
 
 
 @triton.jit
@@ -176,6 +255,13 @@ def _tiles(S: int, row: int, group_size: int, packed: bool = False) -> tuple[int
     return block_t, block_n
 
 
+def crossings(dg: int, block_n: int) -> int:
+    """The most group boundaries a tile of ``block_n`` columns (starting at a multiple of ``block_n``) crosses: the
+    fused kernel's unrolled compares where tiles straddle groups. A tile starts ``r`` columns into a group, ``r``
+    a multiple of gcd(block_n, Dg), so at most ``Dg - gcd`` in; its last column is ``block_n - 1`` further."""
+    return (dg - math.gcd(block_n, dg) + block_n - 1) // dg
+
+
 def tail_segments(head_dim: int, rope_dim: int, block_n: int) -> bool:
     """Whether the fused kernel rotates by segments (:func:`_rotate_back_tails`): ``rope_dim`` a power of two
     dividing ``head_dim`` and the tile width ``block_n``."""
@@ -206,34 +292,56 @@ def _fp8_in_software(device: torch.device, fp8_dtype: torch.dtype) -> bool:
     return integer_fp8_rounding(fp8_dtype, gpu_arch(device))  # once per device and format: not per call
 
 
-def _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, group_size, rope: bool):
+def _launch_quant(o, positions, cos_cache, sin_cache, x, x_scale, group_size, rope: bool, scale_layout: str = "row"):
+    """For arguments the public op has checked (an mfma_tile x_scale is a contiguous e8m0 / uint8 buffer)."""
     S, H, D = o.shape
     row = H * D
-    packed = x_scale.dtype == torch.int32
+    G, dg = x.shape[1], x.shape[2]
+    quant = x_scale is not None
+    mfma = quant and scale_layout == "mfma_tile"
+    packed = quant and x_scale.dtype == torch.int32
+    scale_fp32 = quant and x_scale.dtype == torch.float32
     block_t, block_n = _tiles(S, row, group_size, packed)
-    scale_fp32 = x_scale.dtype == torch.float32
-    fnuz = x_fp8.dtype == torch.float8_e4m3fnuz
-    exact = INTERPRETED or _fp8_in_software(x_fp8.device, x_fp8.dtype)
-    xs = x_scale if scale_fp32 or packed else x_scale.view(torch.uint8)
-    grid = (triton.cdiv(S, block_t), triton.cdiv(row, block_n))
+    fp8 = x.dtype if quant else torch.float8_e4m3fn  # without quant the fp8 constexprs are unused
+    exact = INTERPRETED or (quant and _fp8_in_software(x.device, fp8))
+    if not quant:
+        xs, sc_s, sc_k, mfma_k = x, 0, 0, 0  # an unused pointer slot
+    elif mfma:
+        _, s_pad, k_pad = mfma_tile_shape(S, G, dg // group_size, group_size)
+        xs, sc_s, sc_k, mfma_k = x_scale.view(torch.uint8), 32 * k_pad, s_pad * k_pad, 2 if group_size == 128 else 8
+    else:
+        xs = x_scale if scale_fp32 or packed else x_scale.view(torch.uint8)
+        sc_s, sc_k, mfma_k = x_scale.stride(0), x_scale.stride(2), 0
+    one_group = G == 1 or dg % block_n == 0
+    grid = (triton.cdiv(S, block_t), triton.cdiv(dg, block_n), G) if one_group else (
+        triton.cdiv(S, block_t), triton.cdiv(row, block_n), 1)
     rope_dim = 2 * cos_cache.shape[1]
     with launch_lock():
         _group_quant_kernel[grid](
-            o, positions, cos_cache, sin_cache, x_fp8.view(torch.uint8), xs,
+            o, positions, cos_cache, sin_cache, x.view(torch.uint8) if quant else x, xs,
             S, row, row // group_size, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
-            sin_cache.stride(0), x_scale.stride(0), x_scale.stride(2),
-            HEAD_DIM=D, ROPE_DIM=rope_dim, GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
-            FP8_MAX=FP8_MAX[x_fp8.dtype], FP8_TYPE=_FP8_TL[x_fp8.dtype], FNUZ=fnuz,
-            SCALE_FP32=scale_fp32, PACKED=packed, ROPE=rope, TAIL_SEGMENTS=rope and tail_segments(D, rope_dim, block_n),
+            sin_cache.stride(0), x.stride(0), x.stride(1), sc_s, sc_k,
+            HEAD_DIM=D, ROPE_DIM=rope_dim, GS=group_size, DG=dg, BLOCK_T=block_t, BLOCK_N=block_n,
+            ONE_GROUP=one_group, CROSSINGS=crossings(dg, block_n),
+            FP8_MAX=FP8_MAX[fp8], FP8_TYPE=_FP8_TL[fp8], FNUZ=fp8 == torch.float8_e4m3fnuz,
+            SCALE_FP32=scale_fp32, PACKED=packed, MFMA_K=mfma_k, QUANT=quant, ROPE=rope,
+            TAIL_SEGMENTS=rope and tail_segments(D, rope_dim, block_n),
             EXACT=exact, num_warps=num_warps_for(block_t * block_n),
             enable_fp_fusion=False,  # no FMA: the rope matches the reference bit for bit, so scale bytes do too
         )
 
 
-def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size) -> None:
-    check_aligned("inverse_rope_group_quant", {"o": o, "positions": positions, "cos_cache": cos_cache,
-                                               "sin_cache": sin_cache, "x_scale": x_scale})
-    _launch_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, rope=True)
+def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x, x_scale, quant_group_size, *,
+                             scale_layout: str = "row", pdl: bool = False) -> None:
+    """Triton backend: ``x [S, G, Dg]`` (fp8, or o's dtype when ``x_scale`` is None: quantize=False) with any token
+    and group strides, ``x_scale`` in ``scale_layout`` ("row" / "col" read off its strides, or "mfma_tile").
+    ``pdl`` is a launch hint for the compiled backends: accepted, nothing to do here."""
+    named = {"o": o, "positions": positions, "cos_cache": cos_cache, "sin_cache": sin_cache, "x": x}
+    if x_scale is not None:
+        named["x_scale"] = x_scale
+    check_aligned("inverse_rope_group_quant", named)
+    _launch_quant(o, positions, cos_cache, sin_cache, x, x_scale, quant_group_size, rope=True,
+                  scale_layout=scale_layout)
 
 
 def rope_tail_inplace(o, positions, cos_cache, sin_cache) -> None:
@@ -251,8 +359,11 @@ def rope_tail_inplace(o, positions, cos_cache, sin_cache) -> None:
         )
 
 
-def group_quant(o, positions, cos_cache, x_fp8, x_scale, quant_group_size) -> None:
+def group_quant(o, positions, cos_cache, x, x_scale, quant_group_size, *, scale_layout: str = "row",
+                pdl: bool = False) -> None:
     """Baseline step 2: the per-group e8m0 quant alone (the fused kernel with the rotation compiled out, so
     ``positions`` and ``cos_cache`` are never read: they only fill the kernel's pointer slots, with no
-    allocation or extra launch that would add to the baseline's time)."""
-    _launch_quant(o, positions, cos_cache, cos_cache, x_fp8, x_scale, quant_group_size, rope=False)
+    allocation or extra launch that would add to the baseline's time). Same outputs and layouts as
+    :func:`inverse_rope_group_quant` (``pdl`` ignored)."""
+    _launch_quant(o, positions, cos_cache, cos_cache, x, x_scale, quant_group_size, rope=False,
+                  scale_layout=scale_layout)

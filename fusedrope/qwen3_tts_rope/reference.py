@@ -1,4 +1,5 @@
-"""qwen3_tts_rope in plain PyTorch, written to be read: the ``reference`` backend and the float64 oracle."""
+"""qwen3_tts_rope in plain PyTorch, written to be read: the ``reference`` backend (its float64 oracle is
+:func:`fusedrope.reference.qwen3_tts_rope_oracle`)."""
 
 from __future__ import annotations
 
@@ -78,43 +79,3 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
     """
     q_out.copy_(neox_rope(q, cos, sin, torch.float32))
     k_out.copy_(neox_rope(k, cos, sin, torch.float32))
-
-
-def qwen3_tts_rope_oracle(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact result in float64 (products of bf16/fp16 values are exact there).
-
-    ``x * cos + rotate_half(x) * sin`` for ``q`` and ``k``, for ulp-distance checks of a kernel's output.
-
-    Parameters
-    ----------
-    q : torch.Tensor
-        ``[B, Hq, S, D]``, any floating dtype, ``D`` even; any strides.
-    k : torch.Tensor
-        ``[B, Hkv, S, D]``.
-    cos, sin : torch.Tensor
-        ``[B or 1, S, D]`` (batch 1 broadcasts).
-
-    Returns
-    -------
-    (q_ref, k_ref) : tuple of torch.Tensor
-        float64, ``[B, Hq, S, D]`` and ``[B, Hkv, S, D]``, contiguous.
-
-    Raises
-    ------
-    ValueError, TypeError
-        Shapes outside the op's contract, named as the op names them (no silent broadcasting).
-
-    Examples
-    --------
-    >>> import fusedrope
-    >>> from fusedrope.reference import qwen3_tts_rope_oracle
-    >>> from fusedrope.testing import TtsCase, make_tts_inputs, assert_ulp_close
-    >>> q, k, cos, sin = make_tts_inputs(TtsCase("tiny", 2, 4, 4, 2, 64))  # bf16, q/k strided
-    >>> q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
-    >>> q_ref.shape, k_ref.shape, q_ref.dtype
-    (torch.Size([2, 4, 4, 64]), torch.Size([2, 2, 4, 64]), torch.float64)
-    >>> q_out, k_out = fusedrope.qwen3_tts_rope(q, k, cos, sin)
-    >>> assert_ulp_close(q_out, q_ref, max_ulp=1); assert_ulp_close(k_out, k_ref, max_ulp=1)
-    """
-    check_shapes(q, k, cos, sin, "qwen3_tts_rope_oracle")  # no silent broadcast of, e.g., a 2-D [S, D] cos
-    return neox_rope(q, cos, sin, torch.float64), neox_rope(k, cos, sin, torch.float64)

@@ -794,7 +794,7 @@ def test_outputs_inside_poisoned_buffers_write_nothing_outside(backend, case, le
     skip_unless_served(backend, facts)
     fp_shape, sc_shape = fusedrope.quant_output_shapes(case.num_tokens, case.num_heads, case.head_dim,
                                                        case.num_groups, case.quant_group_size, scale_dtype)
-    sc_strides = scale_strides(sc_shape, transpose_scale, scale_dtype)
+    sc_strides = scale_strides(sc_shape, "col" if transpose_scale else "row", scale_dtype)
     fp_strides = (fp_shape[1] * fp_shape[2], fp_shape[2], 1)
     x_fp8, fp_buf = guarded_poison(fp_shape, FP8_HERE, DEVICE, fp_strides, lead, byte=GUARD)
     x_scale, sc_buf = guarded_poison(sc_shape, scale_dtype, DEVICE, sc_strides, lead, byte=GUARD)

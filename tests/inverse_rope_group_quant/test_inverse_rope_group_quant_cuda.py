@@ -169,18 +169,23 @@ def test_cuda_backend_supports(monkeypatch):
     from fusedrope.inverse_rope_group_quant import Facts
     from fusedrope.inverse_rope_group_quant import cuda as cq
 
-    dev = torch.device("cuda", 0)
-    base = (dev, torch.bfloat16, 512, 64, 128, torch.bfloat16, torch.int64, torch.float8_e4m3fn,
-            torch.float8_e8m0fnu, False)
+    base = Facts(torch.device("cuda", 0), torch.bfloat16, 512, 64, 128, torch.bfloat16, torch.int64,
+                 torch.float8_e4m3fn, torch.float8_e8m0fnu, "row", True, True, False)
+
+    def reason(**change):
+        return cq.supports(base._replace(**change))
+
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "sm_90")
-    assert cq.supports(Facts(*base)) is None
-    assert cq.supports(Facts(*base[:4] + (32,) + base[5:9] + (True,))) is None
-    assert cq.supports(Facts(*base[:8] + (torch.float32, False))) is None
-    assert "e4m3fn" in cq.supports(Facts(*base[:7] + (torch.float8_e4m3fnuz,) + base[8:]))
-    assert "packed UE8M0" in cq.supports(Facts(*base[:8] + (torch.int32, False)))
-    assert "head_dim 512" in cq.supports(Facts(*(dev, torch.bfloat16, 256, 64) + base[4:]))
-    assert "rope_dim 64" in cq.supports(Facts(*(dev, torch.bfloat16, 512, 128) + base[4:]))
+    assert reason() is None and reason(quant_group_size=32, scale_layout="col") is None
+    assert reason(scale_dtype=torch.float32) is None and reason(pdl=True) is None
+    assert "e4m3fn" in reason(fp8_dtype=torch.float8_e4m3fnuz)
+    assert "packed UE8M0" in reason(scale_dtype=torch.int32)
+    assert "head_dim 512" in reason(head_dim=256) and "rope_dim 64" in reason(rope_dim=128)
+    assert "quantize=False" in reason(quantize=False, fp8_dtype=torch.bfloat16, scale_dtype=None)
+    assert "mfma_tile" in reason(scale_layout="mfma_tile") and "group-major" in reason(x_contiguous=False)
+    monkeypatch.setattr(cq, "gpu_arch", lambda d: "sm_80")
+    assert reason() is None and "sm_90" in reason(pdl=True)
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "sm_75")
-    assert "sm_80" in cq.supports(Facts(*base))
+    assert "sm_80" in reason()
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "gfx942")
-    assert "NVIDIA" in cq.supports(Facts(*base))
+    assert "NVIDIA" in reason()

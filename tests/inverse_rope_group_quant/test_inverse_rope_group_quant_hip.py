@@ -149,7 +149,7 @@ def test_hip_backend_supports(monkeypatch):
     from fusedrope.inverse_rope_group_quant import hip as hq
 
     def supports(facts: tuple):
-        return hq.supports(Facts(*facts))
+        return hq.supports(Facts(*facts[:9], "col" if facts[9] else "row", True, True, False))
 
     dev = torch.device("cuda", 0)
     base = (dev, torch.bfloat16, 512, 64, 128, torch.bfloat16, torch.int64, torch.float8_e4m3fnuz,
@@ -163,6 +163,8 @@ def test_hip_backend_supports(monkeypatch):
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx950")
     assert supports(base[:7] + (torch.float8_e4m3fn,) + base[8:]) is None
     assert "float8_e4m3fn" in supports(base)
+    assert "quantize=False" in hq.supports(Facts(*base[:7], torch.bfloat16, None, "row", False, True, False))
+    assert "mfma_tile" in hq.supports(Facts(*base[:9], "mfma_tile", True, True, False))
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx90a")
     assert "gfx942/gfx950" in supports(base)
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "sm_90")

@@ -27,10 +27,10 @@ def amd(request, monkeypatch):
     impls = {b.name: b for b in REGISTRY.backends}
     calls = []
 
-    def kernel(o, positions, cos, sin, x_fp8, x_scale, quant_group_size):
+    def kernel(o, positions, cos, sin, x_fp8, x_scale, quant_group_size, **layout):
         assert x_fp8.dtype == backends.arch_fp8_dtype(arch), f"the hip kernel was handed {x_fp8.dtype} on {arch}"
         calls.append(x_fp8.dtype)
-        impls["reference"].run(o, positions, cos, sin, x_fp8, x_scale, quant_group_size)
+        impls["reference"].run(o, positions, cos, sin, x_fp8, x_scale, quant_group_size, **layout)
 
     monkeypatch.setattr(impls["hip"], "available", lambda device: None)
     monkeypatch.setattr(impls["hip"], "run", kernel)

@@ -97,22 +97,40 @@ def tts_kernel(target, dtype="bf16", head_dim=128, hq=32, hkv=8):
                                                            EXACT=False), strides, target, warps)
 
 
-def quant_kernel(tname, fp8, group_size=128, rope=True):
-    """The fused quant kernel for target ``tname`` writing ``fp8``, with the EXACT its launcher picks there."""
+def x_strides(layout: str, tokens: int, groups: int, dg: int) -> tuple:
+    """x [S, G, Dg]'s token and group strides in each layout the kernel serves (vLLM's group-major: [G, S, Dg])."""
+    return {"row": (groups * dg, dg), "group_major": (dg, tokens * dg), "padded": (groups * dg + 64, dg)}[layout]
+
+
+def quant_kernel(tname, fp8, group_size=128, rope=True, x_layout="row", quant=True, mfma=False, heads=16,
+                 head_dim=512, rope_dim=64, groups=2, o="bf16", strides=None, packed=False, tokens=1024):
+    """The fused quant kernel for target ``tname`` writing ``fp8`` (o's dtype ``o`` with ``quant=False``) into x in
+    ``x_layout`` (or with token and group ``strides``), scales row-major (``packed`` int32) or ``mfma`` tiles, with
+    the EXACT its launcher picks there, and the tile and group path its launcher picks at S = ``tokens``. x's
+    strides are declared divisible by 16 where their values are, as Triton's launcher specialises them."""
     target = TARGETS[tname]
-    block_t, block_n = irq._tiles(1024, 16 * 512, group_size)
-    ptrs = dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", xq_ptr="*u8", xs_ptr="*u8")
-    consts = dict(HEAD_DIM=512, ROPE_DIM=64, GS=group_size, BLOCK_T=block_t, BLOCK_N=block_n,
+    row = heads * head_dim
+    dg = row // groups
+    block_t, block_n = irq._tiles(tokens, row, group_size, packed)
+    ptrs = dict(o_ptr=f"*{o}", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", xq_ptr="*u8" if quant else f"*{o}",
+                xs_ptr=("*i32" if packed else "*u8") if quant else f"*{o}")
+    consts = dict(HEAD_DIM=head_dim, ROPE_DIM=rope_dim, GS=group_size, DG=dg, BLOCK_T=block_t, BLOCK_N=block_n,
+                  ONE_GROUP=groups == 1 or dg % block_n == 0, CROSSINGS=irq.crossings(dg, block_n),
                   FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == FNUZ, SCALE_FP32=False,
-                  PACKED=False, ROPE=rope, TAIL_SEGMENTS=rope and irq.tail_segments(512, 64, block_n),
-                  EXACT=irq.integer_fp8_rounding(fp8, tname))
-    return compile_kernel(irq._group_quant_kernel, ptrs, consts, {"ROW", "NBLK", "cos_stride", "sin_stride"},
-                          target, irq.num_warps_for(block_t * block_n, target.warp_size), enable_fp_fusion=False)
+                  PACKED=packed, MFMA_K=(2 if group_size == 128 else 8) if mfma else 0, QUANT=quant, ROPE=rope,
+                  TAIL_SEGMENTS=rope and irq.tail_segments(head_dim, rope_dim, block_n),
+                  EXACT=irq.integer_fp8_rounding(fp8, tname) if quant else False)
+    stride_s, stride_g = strides or x_strides(x_layout, tokens, groups, dg)
+    divisible = {"ROW", "NBLK", "cos_stride", "sin_stride"} | {
+        name for name, v in dict(x_stride_s=stride_s, x_stride_g=stride_g).items() if v % 16 == 0}
+    return compile_kernel(irq._group_quant_kernel, ptrs, consts, divisible, target,
+                          irq.num_warps_for(block_t * block_n, target.warp_size), enable_fp_fusion=False)
 
 
 def variants(tname) -> int:
     """Compile every other specialisation a GPU call can hit (dtypes, head_dims, masked halves, fp32 / packed
-    scales, int32 positions, the baseline's rope kernel): a first GPU run must not die in the compiler."""
+    scales, int32 positions, x layouts and tiles straddling groups, mfma scale tiles, quantize=False, the
+    baseline's rope kernel): a first GPU run must not die in the compiler."""
     target = TARGETS[tname]
     n = 0
     for dt in ("fp16", "fp32", "bf16"):
@@ -129,13 +147,29 @@ def variants(tname) -> int:
             block_t, block_n = irq._tiles(7, heads * head_dim, gs, packed)
             ptrs = dict(o_ptr="*fp16", pos_ptr="*i32", cos_ptr="*bf16", sin_ptr="*bf16", xq_ptr="*u8",
                         xs_ptr="*fp32" if scale_fp32 else "*i32")
-            consts = dict(HEAD_DIM=head_dim, ROPE_DIM=rope_dim, GS=gs, BLOCK_T=block_t, BLOCK_N=block_n,
+            consts = dict(HEAD_DIM=head_dim, ROPE_DIM=rope_dim, GS=gs, DG=heads * head_dim, BLOCK_T=block_t,
+                          BLOCK_N=block_n, ONE_GROUP=True, CROSSINGS=0,
                           FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == FNUZ,
-                          SCALE_FP32=scale_fp32, PACKED=packed, ROPE=True,
+                          SCALE_FP32=scale_fp32, PACKED=packed, MFMA_K=0, QUANT=True, ROPE=True,
                           TAIL_SEGMENTS=irq.tail_segments(head_dim, rope_dim, block_n),
                           EXACT=irq.integer_fp8_rounding(fp8, tname))
             compile_kernel(irq._group_quant_kernel, ptrs, consts, set(), target, 4, enable_fp_fusion=False)
             n += 1
+    # The output layouts: tiles that straddle groups (Dg 384 and 192 with a 1024-column tile) into group-major x,
+    # packed scales there (at S = 7); mfma tiles in both k alignments where tiles straddle groups (Dg 384);
+    # quantize=False in fp16 (group-major) and bf16 (straddling, row-padded); token and group strides not
+    # divisible by 16 (scalar stores), quantized and not.
+    d192 = dict(head_dim=192, rope_dim=32, x_layout="group_major")
+    quant_kernel(tname, fp8, 64, heads=4, groups=2, **d192)
+    quant_kernel(tname, fp8, 64, heads=6, groups=6, **d192)
+    quant_kernel(tname, fp8, 32, heads=4, groups=2, packed=True, tokens=7, **d192)
+    for gs in (128, 32):
+        quant_kernel(tname, fp8, gs, mfma=True, heads=6, head_dim=128, groups=2)
+    quant_kernel(tname, fp8, quant=False, o="fp16", x_layout="group_major")
+    quant_kernel(tname, fp8, 64, quant=False, heads=4, groups=2, **dict(d192, x_layout="padded"))
+    for quant in (True, False):
+        quant_kernel(tname, fp8, quant=quant, strides=(8195, 4097 * 1024))
+    n += 9
     compile_kernel(irq._rope_tail_inplace_kernel, dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32",
                                                        sin_ptr="*fp32"),
                    dict(HEAD_DIM=512, HALF=32, HALF_P2=32, BLOCK_T=4, BLOCK_H=16, EXACT=False), set(), target,
@@ -152,6 +186,20 @@ def main() -> dict:
                 out[f"inverse_rope_quant_g{gs}_{fmt}/{tname}"] = counts(quant_kernel(tname, fp8, gs), target)
         for gs in (32, 128):  # the quant alone, in the arch's own format: what the rotation adds to it
             out[f"quant_only_g{gs}/{tname}"] = counts(quant_kernel(tname, arch_fp8_dtype(tname), gs, False), target)
+        # the output layouts, in the arch's own format: x group-major (vLLM) and row-padded, mfma scale tiles,
+        # quantize=False (bf16 x), and a head_dim whose tiles straddle groups (Dg 384, x group-major)
+        fp8 = arch_fp8_dtype(tname)
+        for layout in ("group_major", "padded"):
+            out[f"x_{layout}/{tname}"] = counts(quant_kernel(tname, fp8, x_layout=layout), target)
+        for gs in (32, 128):
+            out[f"mfma_tile_g{gs}/{tname}"] = counts(quant_kernel(tname, fp8, gs, mfma=True), target)
+        out[f"quantize_false/{tname}"] = counts(quant_kernel(tname, fp8, quant=False), target)
+        out[f"quantize_false_group_major/{tname}"] = counts(quant_kernel(tname, fp8, quant=False,
+                                                                         x_layout="group_major"), target)
+        out[f"straddling_group_major/{tname}"] = counts(quant_kernel(
+            tname, fp8, 64, x_layout="group_major", heads=4, head_dim=192, rope_dim=32, groups=2), target)
+        out[f"straddling_row/{tname}"] = counts(quant_kernel(
+            tname, fp8, 64, heads=4, head_dim=192, rope_dim=32, groups=2), target)
         out[f"variants/{tname}"] = {"compiled": variants(tname)}
     return out
 
