@@ -1,0 +1,232 @@
+"""inverse_rope_group_quant as the engines call it: vLLM's DeepSeek-V4 ``fused_inv_rope_fp8_quant`` and aiter's
+``inverse_rope_group_quant`` / ``scale_shape`` (fusedrope.integrations), and the main op's layouts behind them
+(group-major x_fp8, scale_layout, quantize=False). Every layout is checked against a construction written here
+from the layout's own description (strides, the mfma_tile index map), from the row-major reference outputs,
+on each backend that serves it."""
+
+import pytest
+import torch
+
+import fusedrope
+from fusedrope.integrations import aiter, vllm
+from fusedrope.reference import e8m0_to_float, inverse_rope_tail
+from fusedrope.testing import QUANT_HEAD_GROUPS, QuantCase, deepseek_rope_cache, make_quant_inputs, scale_bytes
+
+from conftest import DEVICE, backends_here
+
+OP = "inverse_rope_group_quant"
+BACKENDS = [p for p in backends_here(OP) if p.id in ("reference", "triton")]
+SEED = [(h, g, s) for (h, g) in QUANT_HEAD_GROUPS.values() for s in (1, 5, 33)]
+
+
+@pytest.fixture
+def force(monkeypatch):
+    """Run the adapters (which take no backend argument) on one backend, as FUSEDROPE_BACKEND does."""
+    return lambda backend: monkeypatch.setenv(fusedrope.ENV_BACKEND, backend)
+
+
+def inputs(S, H, seed=0):
+    o, pos, _, _ = make_quant_inputs(QuantCase(S, H, 1), device=DEVICE, seed=seed, edge_cases=True)
+    cache = torch.cat(deepseek_rope_cache(4096), dim=1).to(DEVICE)  # [max_pos, 64]: cos | sin, as vLLM keeps it
+    return o, pos, cache
+
+
+def row_major(o, pos, cache, G, **kw):
+    """The main op's default outputs on the reference: row-major x [S, G, Dg] and scales [S, G, Ks]."""
+    return fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], G, backend="reference", **kw)
+
+
+def storage_of(t: torch.Tensor) -> torch.Tensor:
+    """Every element of ``t``'s storage, in storage order, as ``t``'s dtype."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+
+
+# -- vLLM ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("H,G,S", SEED)
+@pytest.mark.parametrize("tma", [False, True], ids=["fp32-sm90", "ue8m0-sm100"])
+def test_vllm_adapter_returns_what_vllm_returns(backend, H, G, S, tma, force):
+    force(backend)
+    o, pos, cache = inputs(S, H)
+    want_x, want_scale = row_major(o, pos, cache, G)
+    x, scale = vllm.fused_inv_rope_fp8_quant(o, pos, cache, G, H // G, tma_aligned_scales=tma)
+    D, K = want_x.shape[2], want_scale.shape[2]
+    # o_fp8: [T, G, D] over [G, T, D] storage, the values of the row-major result
+    assert x.dtype == torch.float8_e4m3fn and x.shape == (S, G, D) and x.stride() == (D, S * D, 1)
+    assert torch.equal(x.view(torch.uint8), want_x.view(torch.uint8))
+    assert torch.equal(storage_of(x).view(torch.uint8), want_x.transpose(0, 1).reshape(-1).view(torch.uint8))
+    # o_scale: [T, G, K] MN-major, tokens padded to 4 in storage [G, K', T_pad], padding rows zero
+    t_pad, inner = -(-S // 4) * 4, K // 4 if tma else K
+    assert scale.shape == (S, G, inner) and scale.stride() == (1, inner * t_pad, t_pad)
+    stored = storage_of(scale)[: G * inner * t_pad].view(G, inner, t_pad)
+    if tma:
+        b = scale_bytes(want_scale).to(torch.int64)  # [S, G, K]
+        words = b[..., 0::4] | b[..., 1::4] << 8 | b[..., 2::4] << 16 | b[..., 3::4] << 24  # block 4j+i in byte i
+        got = stored[:, :, :S].permute(2, 0, 1).to(torch.int64) & 0xFFFFFFFF
+        assert scale.dtype == torch.int32 and torch.equal(got, words)
+    else:
+        want = e8m0_to_float(scale_bytes(want_scale))  # NaN for a block with NaN/Inf: compare the bits
+        assert scale.dtype == torch.float32
+        assert torch.equal(stored[:, :, :S].permute(2, 0, 1).contiguous().view(torch.int32), want.view(torch.int32))
+    assert not stored[:, :, S:].view(torch.int32).any(), "padding rows are not zero"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("H,G,S", SEED[:3])
+def test_vllm_adapter_without_quantization(backend, H, G, S, force):
+    force(backend)
+    o, pos, cache = inputs(S, H, seed=3)
+    x, scale = vllm.fused_inv_rope_fp8_quant(o, pos, cache, G, H // G, quantize=False)
+    want = inverse_rope_tail(o, pos, cache[:, :32], cache[:, 32:]).to(o.dtype).reshape(S, G, -1)  # fp32, rounded once
+    assert x.dtype == o.dtype and x.stride() == (want.shape[2], S * want.shape[2], 1) and scale.numel() == 0
+    assert torch.equal(x.view(torch.int16), want.view(torch.int16))
+
+
+def test_vllm_adapter_names_what_does_not_fit():
+    o, pos, cache = inputs(2, 16)
+    with pytest.raises(ValueError, match="fused_inv_rope_fp8_quant: argument 'o' expected H = n_groups \\* "
+                                         "heads_per_group = 12 heads, got H=16"):
+        vllm.fused_inv_rope_fp8_quant(o, pos, cache, 2, 6)
+    with pytest.raises(ValueError, match="argument 'cos_sin_cache' expected shape \\[max_pos, rope_dim=64\\]"):
+        vllm.fused_inv_rope_fp8_quant(o, pos, cache[:, :32], 2, 8)
+
+
+# -- aiter ------------------------------------------------------------------------------------------------------
+def mfma_tile_reference(byte: torch.Tensor, quant_group_size: int) -> dict:
+    """{flat offset in the [G, S_pad, Ks_pad] buffer: byte} for bytes [S, G, Ks], written from the index maps
+    alone: group 128 at (g, s // 32, k // 2, s % 16, k % 2, (s // 16) % 2) of [G, S_pad/32, Ks_pad/2, 16, 2, 2],
+    other groups at (g, s // 32, k // 8, k % 4, s % 16, (k // 4) % 2, (s // 16) % 2) of [G, S_pad/32, Ks_pad/8,
+    4, 16, 2, 2]."""
+    S, G, Ks = byte.shape
+    k_align = 2 if quant_group_size == 128 else 8
+    s_pad, k_pad = -(-S // 32) * 32, -(-Ks // k_align) * k_align
+    if quant_group_size == 128:
+        dims = (G, s_pad // 32, k_pad // 2, 16, 2, 2)
+    else:
+        dims = (G, s_pad // 32, k_pad // 8, 4, 16, 2, 2)
+    out = {}
+    for s in range(S):
+        for g in range(G):
+            for k in range(Ks):
+                if quant_group_size == 128:
+                    index = (g, s // 32, k // 2, s % 16, k % 2, (s // 16) % 2)
+                else:
+                    index = (g, s // 32, k // 8, k % 4, s % 16, (k // 4) % 2, (s // 16) % 2)
+                flat = 0
+                for i, n in zip(index, dims):
+                    flat = flat * n + i
+                out[flat] = int(byte[s, g, k])
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("S,H,G,group", [(1, 16, 2, 128), (33, 8, 1, 128), (5, 16, 2, 32), (40, 4, 2, 64)])
+def test_aiter_mfma_tile_scales_sit_where_the_index_map_says(backend, S, H, G, group, force):
+    force(backend)
+    o, pos, cache = inputs(S, H, seed=S)
+    cos, sin = cache[:, :32], cache[:, 32:]
+    want_x, want_scale = row_major(o, pos, cache, G, quant_group_size=group, fp8_dtype=torch.float8_e4m3fn)
+    Ks = want_scale.shape[2]
+    shape = aiter.scale_shape(S, G, Ks, "mfma_tile", group)
+    x_scale = torch.full(shape, 0xA5, dtype=torch.uint8, device=DEVICE).view(torch.float8_e8m0fnu)  # poisoned
+    x, s = aiter.inverse_rope_group_quant(o, pos, cos, sin, G, group, "mfma_tile", x_scale=x_scale)
+    assert s is x_scale and s.shape == shape and torch.equal(x.view(torch.uint8), want_x.view(torch.uint8))
+    flat = x_scale.view(torch.uint8).reshape(-1)
+    placed = mfma_tile_reference(scale_bytes(want_scale), group)
+    assert {i: int(flat[i]) for i in placed} == placed
+    untouched = torch.ones(flat.numel(), dtype=torch.bool, device=DEVICE)
+    untouched[list(placed)] = False
+    assert bool((flat[untouched] == 0xA5).all()), "padding bytes were written"
+
+
+def test_aiter_row_layout_scale_shape_and_what_it_refuses():
+    o, pos, cache = inputs(4, 16)
+    cos, sin = cache[:, :32], cache[:, 32:]
+    x, s = aiter.inverse_rope_group_quant(o, pos, cos, sin, 2)
+    want = row_major(o, pos, cache, 2, fp8_dtype=fusedrope._device.native_fp8_dtype(DEVICE))
+    assert s.shape == aiter.scale_shape(4, 2, 32) == (4, 2, 32) and x.dtype == want[0].dtype
+    assert torch.equal(x.view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(scale_bytes(s), scale_bytes(want[1]))
+    assert aiter.scale_shape(33, 2, 5, "mfma_tile", 64) == (2, 64, 8)
+    assert aiter.scale_shape(1, 1, 3, "mfma_tile") == (1, 32, 4)
+    with pytest.raises(NotImplementedError, match="scale_layout='n32k4'"):
+        aiter.inverse_rope_group_quant(o, pos, cos, sin, 2, scale_layout="n32k4")
+    with pytest.raises(ValueError, match="argument 'scale_layout' expected one of \\('row', 'mfma_tile'\\)"):
+        aiter.scale_shape(4, 2, 32, "col")
+
+
+# -- the main op's layouts and switches ------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_group_major_and_padded_rows_hold_the_row_major_values(backend):
+    o, pos, cache = inputs(6, 16, seed=7)
+    want_x, want_scale = row_major(o, pos, cache, 2)
+    for strides in ((4096, 6 * 4096, 1), (2 * 4096 + 64, 4096, 1)):
+        buf = torch.full((6 * 2 * 4096 + 1024,), 0x3C, dtype=torch.uint8, device=DEVICE)
+        x = buf.view(torch.float8_e4m3fn).as_strided((6, 2, 4096), strides)
+        got = fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], 2, x_fp8=x,
+                                                 x_scale=torch.empty_like(want_scale), backend=backend)
+        assert got[0] is x and torch.equal(x.view(torch.uint8), want_x.view(torch.uint8)), strides
+        assert torch.equal(scale_bytes(got[1]), scale_bytes(want_scale))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scale_layout_col_is_transpose_scale(backend):
+    o, pos, cache = inputs(5, 8, seed=9)
+    a = fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], 1, transpose_scale=True,
+                                           backend=backend)
+    b = fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], 1, scale_layout="col",
+                                           backend=backend)
+    assert a[1].stride() == b[1].stride() == (1, 32 * 5, 5) and torch.equal(scale_bytes(a[1]), scale_bytes(b[1]))
+
+
+@pytest.mark.parametrize("change, exc, message", [
+    (dict(transpose_scale=True, scale_layout="row"), ValueError,
+     "argument 'transpose_scale' expected False with scale_layout='row' (True means scale_layout='col'), got True"),
+    (dict(scale_layout="tiles"), ValueError, "argument 'scale_layout' expected None or one of ('row', 'col', "
+                                             "'mfma_tile'), got 'tiles'"),
+    (dict(quantize="no"), TypeError, "argument 'quantize' expected a bool, got str 'no'"),
+    (dict(quantize=False, fp8_dtype=torch.float8_e4m3fn), ValueError, "argument 'fp8_dtype' expected None with "
+                                                                       "quantize=False"),
+    (dict(quantize=False, scale_layout="col"), ValueError, "argument 'scale_layout' expected None with "
+                                                           "quantize=False"),
+    (dict(enable_pdl=1), TypeError, "argument 'enable_pdl' expected a bool, got int 1"),
+    (dict(scale_layout="mfma_tile", scale_dtype=torch.float32), TypeError,
+     "argument 'scale_dtype' expected float8_e8m0fnu or uint8, got torch.float32"),
+])
+def test_the_new_switches_name_what_they_refuse(change, exc, message):
+    o, pos, cache = inputs(2, 16)
+    with pytest.raises(exc, match="^inverse_rope_group_quant: " + __import__("re").escape(message)):
+        fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], 2, **change)
+
+
+def test_one_cos_sin_cache_passed_as_both_is_refused():
+    """The likeliest mistake: vLLM's whole [max_pos, 64] cos||sin cache as cos_cache and sin_cache, read as
+    rope_dim 128 (the last 128 dims rotated, silently). The same tensor, or overlapping views, are refused."""
+    o, pos, cache = inputs(2, 16)
+    for cos, sin in ((cache, cache), (cache[:, :40], cache[:, 24:])):
+        with pytest.raises(ValueError, match="argument 'sin_cache' expected memory apart from 'cos_cache' \\(a "
+                                             "cos\\|\\|sin cache \\[max_pos, rope_dim\\] splits into"):
+            fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend="reference")
+    fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], 2, backend="reference")  # the split
+
+
+def test_x_rows_that_overlap_are_refused():
+    o, pos, cache = inputs(3, 16)
+    x = torch.empty(3 * 4096 + 4096, dtype=torch.float8_e4m3fn).as_strided((3, 2, 4096), (2048, 4096, 1))
+    with pytest.raises(ValueError, match="argument 'x_fp8' expected rows of Dg=4096 contiguous and apart"):
+        fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], 2, x_fp8=x,
+                                           x_scale=torch.empty(3, 2, 32, dtype=torch.float8_e8m0fnu))
+
+
+def test_adapters_under_torch_compile_give_the_eager_bytes():
+    o, pos, cache = inputs(5, 16, seed=4)
+
+    def step(o, pos, cache):
+        x, s = vllm.fused_inv_rope_fp8_quant(o, pos, cache, 2, 8)
+        y, _ = vllm.fused_inv_rope_fp8_quant(o, pos, cache, 2, 8, quantize=False)
+        return x.view(torch.uint8) + 0, s.view(torch.int32) + 0, y.view(torch.int16) + 0  # bits: NaN blocks too
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for a, b in zip(compiled(o, pos, cache), step(o, pos, cache)):
+        assert torch.equal(a, b)
