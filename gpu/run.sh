@@ -20,8 +20,9 @@
 #              the seed sizes, and the CUDA graphs, whose capture cannot allocate without the caching allocator)
 #   bench      python -m fusedrope bench with BENCH_ARGS (default: op 2's seed matrix, S sweep first, the CUDA
 #              launch experiments against the default launch, fast_layout with an fp32 and a bf16 cache, the
-#              unfused baseline, the launch floor; the copy roofline is measured in the same run), --budget-s a
-#              little under its limit
+#              engines' layouts and modes through the public op (auto:col, auto:group_major, auto:mfma_tile,
+#              auto:bf16, auto:pdl, auto:vllm) against the row-major cuda and triton rows, the unfused baseline,
+#              the launch floor; the copy roofline is measured in the same run), --budget-s a little under its limit
 #   tests      pytest -m "not gpu" over TESTS: by default the suites that run kernels on the device (TESTS=tests:
 #              the whole suite, whose CPU-only parts, emulation, SASS, AOT, lint, give on the GPU machine what
 #              they give in CI, at the cost of minutes)
@@ -50,9 +51,9 @@ TOTAL_S="${TOTAL_S:-520}"
 MIN_S="${MIN_S:-20}"
 STEPS="${STEPS:-build gpu-tests memcheck bench tests ncu}"
 MEMCHECK_K="${MEMCHECK_K:-not rejects and not seed and not graph}"
-BENCH_ARGS="${BENCH_ARGS:---op inverse_rope_group_quant --no-compile --contenders cuda,cuda:default,cuda:fast_layout,\
-cuda:tail_warps,cuda:block_threads=128,cuda:block_threads=64,cuda:pdl,cuda:default:bf16_cache,\
-cuda:fast_layout:bf16_cache,unfused,floor}"
+BENCH_ARGS="${BENCH_ARGS:---op inverse_rope_group_quant --no-compile --contenders cuda,triton,cuda:default,\
+cuda:fast_layout,cuda:tail_warps,cuda:block_threads=128,cuda:block_threads=64,cuda:pdl,cuda:default:bf16_cache,\
+cuda:fast_layout:bf16_cache,auto:col,auto:group_major,auto:mfma_tile,auto:bf16,auto:pdl,auto:vllm,unfused,floor}"
 SANITIZER="${SANITIZER-$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null \
     | head -1)}"
 NCU="${NCU-$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}"

@@ -279,7 +279,8 @@ def test_contenders_say_why_they_cannot_run_here():
     quant = {c.name: c for c in B.contenders(B.QUANT, CPU)}
     assert list(tts) == ["eager", "compile", "cuda", "triton", "reference", "liger", "floor"]
     assert list(quant) == ["eager", "compile", "cuda", "hip", "triton", "reference", *B.QUANT_CUDA_EXPERIMENTS,
-                           "unfused", "floor"]
+                           *B.QUANT_LAYOUTS, "auto:vllm", "unfused", "floor"]
+    assert {quant[n].reason for n in (*B.QUANT_LAYOUTS, "auto:vllm")} == {quant["triton"].reason}
     assert tts["triton"].reason == quant["unfused"].reason == "CPU interpreter timings are not meaningful"
     assert tts["cuda"].reason.startswith("cuda backend unavailable: ")
     assert quant["hip"].reason.startswith("hip backend unavailable: ")
@@ -315,6 +316,35 @@ def test_cuda_launch_experiments_run_the_config_op_where_the_cuda_backend_runs(m
         assert calls.pop() == ((2, 16, 512), True, kw.get("cache_dtype", torch.float32), 64, switches), name
     assert {"fast_layout", "tail_warps", "block_threads", "pdl", "cache_dtype"} == {
         k for kw in B.QUANT_CUDA_EXPERIMENTS.values() for k in kw}
+
+
+def test_layout_contenders_call_the_public_op_with_their_layout(monkeypatch):
+    """auto:* time the engines' layouts through the public op: each call writes the bytes the reference writes
+    for that layout (into a group-major x for auto:group_major), and auto:bf16 counts a bf16 output."""
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "reference")
+    case = QuantCase(3, 4, 2, head_dim=128, quant_group_size=32)
+    sets = B.make_sets(B.QUANT, case, CPU, n=2)
+    quant = {c.name: c for c in B.contenders(B.QUANT, CPU, compile=False, interpreter=True)}
+    for name, kw in B.QUANT_LAYOUTS.items():
+        x, sc = quant[name].make(case, sets)(3)
+        kw = {k: v for k, v in kw.items() if k != "x_layout"}
+        want_x, want_sc = fusedrope.inverse_rope_group_quant(*sets[1][:4], 2, 32, **kw, backend="reference",
+                                                             **({} if kw.get("quantize") is False else
+                                                                {"fp8_dtype": sets[1][4].dtype}))
+        assert x.view(torch.uint8).equal(want_x.view(torch.uint8)), name
+        if name == "auto:mfma_tile":  # padding bytes are not part of the layout
+            at = fusedrope.reference.mfma_tile_offsets(3, 2, 8, 32)
+            sc, want_sc = sc.view(torch.uint8).flatten()[at], want_sc.view(torch.uint8).flatten()[at]
+        assert sc.shape == want_sc.shape and sc.view(torch.uint8).equal(want_sc.view(torch.uint8)), name
+        assert (x.stride() == (256, 3 * 256, 1)) == (name == "auto:group_major"), name
+    x, sc = quant["auto:vllm"].make(case, sets)(1)  # vLLM's layouts, on the set's o and its cos||sin cache
+    assert x.stride() == (256, 3 * 256, 1) and sc.dtype == torch.float32 and sc.stride() == (1, 8 * 4, 4)
+    assert x.view(torch.uint8).equal(fusedrope.inverse_rope_group_quant(*sets[1][:4], 2, 32)[0].view(torch.uint8))
+    elements = 3 * 4 * 128
+    assert quant["auto:bf16"].bytes_moved(case) == case.bytes_moved(torch.bfloat16, B.QUANT_CACHE_DTYPE) + \
+        elements - elements // 32
+    row, = B.measure(B.QUANT, case, [quant["auto:bf16"]], CPU, reps=1, copy_tbps=1.0)
+    assert row["bytes_moved"] == quant["auto:bf16"].bytes_moved(case) and row["tbps"] > 0
 
 
 def test_the_launch_floor_is_timed_without_a_bandwidth():

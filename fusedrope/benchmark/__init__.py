@@ -315,6 +315,7 @@ class Contender:
     backend: Optional[str] = None
     many_kernels: bool = False
     counts_bytes: bool = True  # False: moves none of the case's bytes (the launch floor), so no TB/s
+    bytes_moved: Optional[Callable] = None  # bytes_moved(case): other traffic than the case's (bf16 output)
 
     def case_reason(self, case, sets: list) -> Optional[str]:
         """Why this contender cannot run this case (None: it can)."""
@@ -407,6 +408,57 @@ def _quant_config_maker(kw: dict) -> Callable:
     return make
 
 
+def _bf16_output_bytes(case) -> int:
+    """``quantize=False`` traffic: the seed's bytes with a bf16 output (2 B per element) and no scales."""
+    elements = case.num_tokens * case.num_heads * case.head_dim
+    return case.bytes_moved(torch.bfloat16, QUANT_CACHE_DTYPE) + elements - elements // case.quant_group_size
+
+
+def _quant_layout_maker(kw: dict) -> Callable:
+    """The public op (``backend="auto"``) with the layout keywords ``kw``, into outputs of that layout allocated
+    once per set: ``x_layout="group_major"`` is vLLM's ``[S, G, Dg]`` over ``[G, S, Dg]``."""
+    from .. import empty_quant_outputs, inverse_rope_group_quant
+
+    kw = dict(kw)
+    group_major = kw.pop("x_layout", None) == "group_major"
+    quantize = kw.get("quantize", True)
+    layout = {k: v for k, v in kw.items() if k in ("scale_layout", "quantize")}
+
+    def make(case, sets):
+        outs = []
+        for o, *_, x, _, _ in sets:
+            x_new, sc = empty_quant_outputs(o, case.num_groups, case.quant_group_size,
+                                            fp8_dtype=x.dtype if quantize else None, **layout)
+            if group_major:
+                S, G, dg = x_new.shape
+                x_new = x_new.new_empty(G, S, dg).transpose(0, 1)
+            outs.append((x_new, sc if quantize else None))
+
+        def call(i):
+            o, p, c, s = sets[i % len(sets)][:4]
+            return inverse_rope_group_quant(o, p, c, s, case.num_groups, case.quant_group_size, False,
+                                            *outs[i % len(outs)], **kw)
+        return call
+    return make
+
+
+def _vllm_maker(case, sets):
+    from ..integrations.vllm import fused_inv_rope_fp8_quant
+
+    cache = torch.cat(sets[0][2:4], dim=1)  # vLLM's one cos||sin cache (every set shares it)
+    hpg = case.num_heads // case.num_groups
+    return lambda i: fused_inv_rope_fp8_quant(sets[i % len(sets)][0], sets[i % len(sets)][1], cache,
+                                              case.num_groups, hpg, case.head_dim - case.rope_dim, case.rope_dim,
+                                              case.quant_group_size)
+
+
+# The engines' layouts and modes through the public op (backend "auto": the kernel a caller gets), beside the
+# row-major contenders; "auto:vllm" is fusedrope.integrations.vllm, allocating as vLLM's own op does.
+QUANT_LAYOUTS = {"auto:col": {"scale_layout": "col"}, "auto:group_major": {"x_layout": "group_major"},
+                 "auto:mfma_tile": {"scale_layout": "mfma_tile"}, "auto:bf16": {"quantize": False},
+                 "auto:pdl": {"enable_pdl": True}}
+
+
 def _floor_maker(case, sets):
     t = torch.zeros(1, device=sets[0][0].device)
     return lambda i: t.fill_(1.0)
@@ -486,6 +538,15 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
             out.append(Contender(name, op, f"the raw CUDA op with {kw or 'the default launch'}, into preallocated "
                                            "outputs", _quant_config_maker(kw),
                                  reason=no_pdl if kw.get("pdl") else no_cuda, backend="cuda"))
+        # on a CPU auto picks Triton's interpreter for these: timed only with --interpreter
+        no_auto = _triton_reason(device, interpreter) if device.type == "cpu" else None
+        for name, kw in QUANT_LAYOUTS.items():
+            out.append(Contender(name, op, f"fusedrope.inverse_rope_group_quant(..., {kw}) into preallocated "
+                                           "outputs of that layout", _quant_layout_maker(kw), reason=no_auto,
+                                 bytes_moved=_bf16_output_bytes if kw.get("quantize") is False else None))
+        out.append(Contender("auto:vllm", op, "fusedrope.integrations.vllm.fused_inv_rope_fp8_quant (group-major "
+                                              "fp8, MN-major TMA-aligned fp32 scales), allocating its outputs",
+                             _vllm_maker, reason=no_auto))
         out.append(Contender("unfused", op, "fusedrope.benchmark.unfused: Triton inverse RoPE in place (bf16), then a "
                                             "separate Triton group-quant kernel",
                              _quant_api_maker(unfused_inverse_rope_group_quant),
@@ -597,7 +658,7 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
     """
     sets = sets if sets is not None else make_sets(op, case, device, transpose_scale=transpose_scale)
     n = len(sets)
-    moved, set_bytes = case_fields(op, case)["bytes_moved"], input_bytes(op, case)
+    set_bytes = input_bytes(op, case)
     base = {"op": op, **case_fields(op, case), "n_sets": n, "rotated_mb": round(n * set_bytes / 2**20, 2),
             "auto_backend": auto_backend(op, case, sets), "device": device.type}
     if device.type == "cuda":  # below 2, small cases (capped at MAX_SETS sets) partly hit the last cache
@@ -608,6 +669,8 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
     for c in contender_list:
         call = None  # the last contender's call and its buffers go before the next one allocates its own
         row = {**base, "contender": c.name, "status": "ok", "reason": ""}
+        if c.bytes_moved is not None:
+            row["bytes_moved"] = c.bytes_moved(case)
         rows.append(row)
         reason = c.case_reason(case, sets)
         if reason:
@@ -633,7 +696,7 @@ def measure(op: str, case, contender_list: list[Contender], device: torch.device
         t = row.get("device_us") or row["per_call_us"]
         row["tbps_basis"] = "device_us" if row.get("device_us") else "per_call_us"
         if c.counts_bytes:
-            row["tbps"] = _sig(moved / (t * 1e-6) / 1e12)
+            row["tbps"] = _sig(row["bytes_moved"] / (t * 1e-6) / 1e12)
             row.update(bandwidth_fields(row["tbps"], copy_tbps, device))
         log(f"  {case.id:<28} {c.name:<10} per call {row['per_call_us']:>10.2f} us"
             + (f"   device {row['device_us']:>9.2f} us" if row.get("device_us") else "")
