@@ -1,4 +1,4 @@
-"""The README's quick start and the docstring examples run as written."""
+"""The README's quick start, the op pages' ``python`` blocks and the docstring examples run as written."""
 
 import doctest
 import importlib
@@ -12,15 +12,18 @@ import fusedrope  # noqa: F401
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_quick_start_runs():
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+@pytest.mark.parametrize("page", ["README.md", "docs/inverse_rope_group_quant.md"])
+def test_python_blocks_run(page):
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)
     assert blocks
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, page, "exec"), {})
 
 
-MODULES = ["fusedrope", "fusedrope.registry", "fusedrope.qwen3_tts_rope", "fusedrope.qwen3_tts_rope.reference",
-           "fusedrope.inverse_rope_group_quant", "fusedrope.inverse_rope_group_quant.reference", "fusedrope.testing",
+MODULES = ["fusedrope", "fusedrope.registry", "fusedrope.reference", "fusedrope.qwen3_tts_rope",
+           "fusedrope.qwen3_tts_rope.reference", "fusedrope.inverse_rope_group_quant",
+           "fusedrope.inverse_rope_group_quant.reference", "fusedrope.integrations.vllm",
+           "fusedrope.integrations.aiter", "fusedrope.testing",
            "fusedrope.benchmark", "fusedrope.benchmark.timing", "fusedrope.benchmark.report"]
 
 
