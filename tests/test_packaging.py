@@ -45,7 +45,7 @@ def test_installed_wheel_imports_and_finds_its_kernels(wheel, tmp_path):
         "import torch; q = torch.randn(1, 2, 3, 8); c = torch.randn(1, 3, 8);"
         "fusedrope.qwen3_tts_rope(q, q[:, :1], c, c, backend='reference');"
         "o = torch.randn(2, 2, 128, dtype=torch.bfloat16); cs = torch.ones(4, 32);"
-        "fusedrope.inverse_rope_group_quant(o, torch.arange(2), cs, cs, 2, backend='reference')"
+        "fusedrope.inverse_rope_group_quant(o, torch.arange(2), cs, cs.clone(), 2, backend='reference')"
     ) % (str(target), str(target))
     env = dict(os.environ, PYTHONPATH=str(target))
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env,
