@@ -100,7 +100,7 @@ def _store_x_tile(xq_ptr, v, t, t_mask, g, c0, DG: tl.constexpr, x_stride_s, x_s
     """Store the [tokens, BLOCK_N] tile ``v`` (columns ``c0 ..`` of group ``g``, one scalar: the tile lies in one
     group) into ``x [S, G, Dg]`` with strides ``(x_stride_s, x_stride_g, 1)``; columns past the group masked."""
     col = tl.arange(0, BLOCK_N)
-    ptr = xq_ptr + g * x_stride_g + c0 + t[:, None] * x_stride_s + col[None, :]
+    ptr = xq_ptr + g.to(tl.int64) * x_stride_g + c0 + t[:, None] * x_stride_s + col[None, :]  # > 2^31 apart
     tl.store(ptr, v, mask=t_mask[:, None] & (c0 + col < DG)[None, :])
 
 
