@@ -1,10 +1,6 @@
-"""Shared input validation: every op reports bad input the same way.
-
-Messages always name the op, the argument, what was expected and what was given, e.g.
-``qwen3_tts_rope: argument 'k' expected shape [2, Hkv, 16, 128], got [2, 8, 17, 128]``.
-The ops test their usual arguments in one expression first and come here to name what fails; in-place writes and
-caller buffers also get the overlap, writability and autograd checks below.
-"""
+"""Shared input validation: every op reports bad input the same way, naming the op, the argument, what was
+expected and what was given (``qwen3_tts_rope: argument 'k' expected shape [2, Hkv, 16, 128], got [2, 8, 17,
+128]``), and checks in-place writes and caller buffers for overlap, writability and autograd."""
 
 from __future__ import annotations
 

@@ -234,6 +234,9 @@ QUANT_CASES = {
     "quantize=False with a scale layout": (quant_bad(quantize=False, scale_layout="col"), ValueError,
                                            "argument 'scale_layout' expected None with quantize=False (there are no "
                                            "scales), got 'col'"),
+    "quantize=False with transpose_scale": (quant_bad(quantize=False, transpose_scale=True), ValueError,
+                                            "argument 'transpose_scale' expected False with quantize=False (there are "
+                                            "no scales), got True"),
     "quantize=False with x_scale": (quant_bad(quantize=False, x_scale=lambda a: _bufs()(a)[1]), ValueError,
                                     "argument 'x_scale' expected None with quantize=False (the output has o's dtype, "
                                     "and there are no scales), got a tensor"),

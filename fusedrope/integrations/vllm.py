@@ -61,6 +61,7 @@ def fused_inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_c
     >>> x.shape, x.stride(), s.shape, s.stride(), s.dtype
     (torch.Size([3, 2, 1024]), (1024, 3072, 1), torch.Size([3, 2, 8]), (1, 32, 4), torch.float32)
     """
+    C.check_tensor(WHO, "o", o, 3, "[T, H, nope_dim + rope_dim]")
     T, H, head_dim = o.shape
     if H != n_groups * heads_per_group:
         C.fail(WHO, "o", f"H = n_groups * heads_per_group = {n_groups * heads_per_group} heads", f"H={H}")
@@ -77,6 +78,9 @@ def fused_inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_c
         inverse_rope_group_quant(o, positions, cos, sin, n_groups, quant_group_size, x_fp8=x, quantize=False)
         return x, torch.empty(0, dtype=torch.float32, device=o.device)
     K = D // quant_group_size
+    if tma_aligned_scales and K % 4:
+        C.fail(WHO, "tma_aligned_scales", f"False when the blocks per group D/quant_group_size={K} are not a multiple "
+               "of 4 (packed UE8M0 holds four per int32)", "True")
     inner = K // 4 if tma_aligned_scales else K
     t_pad = -(-T // 4) * 4  # TMA: 16-byte aligned token columns of 4-byte scales
     storage = torch.empty((n_groups, inner, t_pad), dtype=torch.int32 if tma_aligned_scales else torch.float32,

@@ -17,7 +17,8 @@ from .. import _validation as C
 from .._device import cuda_toolkit_reason, hip_toolkit_reason, triton_available
 from ..registry import Backend, getenv, new_registry
 from . import reference
-from .outputs import (FP8_DTYPES, OP, PACKED_UE8M0, QUANT_GROUP_SIZES, SCALE_DTYPES, buffer_scale_strides,
+from .outputs import (FP8_DTYPES, MFMA_SCALE_DTYPES, OP, PACKED_UE8M0, QUANT_GROUP_SIZES, SCALE_DTYPES,
+                      SCALE_LAYOUTS, buffer_scale_strides,
                       empty_outputs, group_widths, is_int, resolve_dtypes, resolve_layout, rows_apart,
                       scale_strides, shapes)
 
@@ -90,7 +91,7 @@ REGISTRY.register(Backend("reference", reference.inverse_rope_group_quant))
 
 def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_groups: int,
                         quant_group_size: int = 128, scale_dtype: Optional[torch.dtype] = None, *,
-                        scale_layout: str = "row", quantize: bool = True) -> tuple[tuple, tuple]:
+                        scale_layout: Optional[str] = None, quantize: bool = True) -> tuple[tuple, tuple]:
     """The shapes of the op's two outputs, for callers who allocate them (e.g. before CUDA-graph capture).
 
     ``S, H, head_dim`` are ``o``'s; the other arguments are :func:`inverse_rope_group_quant`'s. Returns
@@ -104,6 +105,8 @@ def quant_output_shapes(num_tokens: int, num_heads: int, head_dim: int, num_grou
     ((8, 2, 4096), (8, 2, 32))
     >>> fusedrope.quant_output_shapes(8, 16, 512, 2, scale_layout="mfma_tile")
     ((8, 2, 4096), (2, 32, 32))
+    >>> fusedrope.quant_output_shapes(8, 16, 512, 2, quantize=False)
+    ((8, 2, 4096), (0,))
     """
     who = "quant_output_shapes"
     for name, v in (("num_tokens", num_tokens), ("num_heads", num_heads), ("head_dim", head_dim)):
@@ -169,8 +172,9 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
             and type(sin_cache) is _Tensor
             and type(num_groups) is int and type(quant_group_size) is int and num_groups > 0
             and (transpose_scale is False or (transpose_scale is True and scale_layout is None))
-            and (scale_layout is None or (scale_layout in ("row", "col") and quantize is True))
-            and (quantize is True or quantize is False) and (enable_pdl is None or type(enable_pdl) is bool)
+            and (scale_layout is None or (scale_layout in SCALE_LAYOUTS and quantize is True))
+            and (quantize is True or (quantize is False and transpose_scale is False))
+            and (enable_pdl is None or type(enable_pdl) is bool)
             and row % num_groups == 0 and quant_group_size in QUANT_GROUP_SIZES
             and (row // num_groups) % quant_group_size == 0
             and o.dtype in O_DTYPES and D % 2 == 0 and o.is_contiguous()
@@ -185,14 +189,15 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
             fp8_t = fp8_dtype or (torch.float8_e4m3fn if x_fp8 is None else x_fp8.dtype)
             scale_t = scale_dtype or (torch.float8_e8m0fnu if x_scale is None else x_scale.dtype)
             ks = row // num_groups // quant_group_size
-            ok = not (scale_t is PACKED_UE8M0 and ks % 4) and scale_t in SCALE_DTYPES and fp8_t in FP8_DTYPES
+            ok = (not (scale_t is PACKED_UE8M0 and ks % 4) and fp8_t in FP8_DTYPES
+                  and scale_t in (MFMA_SCALE_DTYPES if layout == "mfma_tile" else SCALE_DTYPES))
         elif ok:
             fp8_t, scale_t = o.dtype, None
             ok = fp8_dtype is None and scale_dtype is None and x_scale is None
         x_contiguous = True
         if ok and (x_fp8 is not None or x_scale is not None):
             x_shape, sc_shape = shapes(S, num_groups, row // num_groups, row // num_groups // quant_group_size,
-                                       scale_t, layout, quantize)
+                                       scale_t, layout, quantize, quant_group_size)
             x_contiguous = x_fp8 is not None and x_fp8.is_contiguous()
             ok = (x_fp8 is not None and type(x_fp8) is _Tensor and x_fp8.dtype is fp8_t and x_fp8.shape == x_shape
                   and (x_contiguous or rows_apart(x_shape, x_fp8.stride())) and x_fp8.device == dev
@@ -239,8 +244,6 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
         C.fail(OP, "cos_cache", f"shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim={D}",
                C.shape_str(cos_cache.shape))
     C.check_same_device(OP, "o", o, {"positions": positions, "cos_cache": cos_cache, "sin_cache": sin_cache})
-    if sin_cache is cos_cache or (not torch.compiler.is_compiling() and C.shares_memory(cos_cache, sin_cache)):
-        _refuse_one_cache()  # (traced, the eager check of the call's torch op says so)
     fp8_dtype, scale_dtype = resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype, layout, quantize, o.dtype)
     dg, ks = group_widths(H * D, num_groups, quant_group_size, scale_dtype)
     x_shape, sc_shape = shapes(S, num_groups, dg, ks, scale_dtype, layout, quantize, quant_group_size)
@@ -268,11 +271,24 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
     return key, fp8_dtype, scale_dtype
 
 
-def _refuse_one_cache():
+def _refuse_one_cache(cos_cache, sin_cache) -> None:
     """The likeliest mistake: a whole [max_pos, rope_dim] cos||sin cache passed as both, read as a rope_dim twice
-    as wide (rotating the wrong dims, silently)."""
-    C.fail(OP, "sin_cache", "memory apart from 'cos_cache' (a cos||sin cache [max_pos, rope_dim] splits into "
-           "cache[:, :rope_dim//2] and cache[:, rope_dim//2:])", "a tensor sharing elements with 'cos_cache'")
+    as wide (rotating the wrong dims, silently). Exact, in a few integer operations for rows of one stride (views
+    of one cache, shifted rows, the same tensor); :func:`C.shares_memory` else."""
+    if C.has_no_data(cos_cache):
+        return
+    max_pos, half = cos_cache.shape
+    size = cos_cache.element_size()
+    gap, st, row = sin_cache.data_ptr() - cos_cache.data_ptr(), cos_cache.stride(0) * size, half * size
+    if max_pos == 1 or (st == sin_cache.stride(0) * size and st >= row):
+        # row j of sin meets row i of cos iff |gap - (i - j) * st| < row, for some |i - j| < max_pos
+        k = gap // st if max_pos > 1 else 0
+        overlap = any(abs(gap - i * st) < row for i in (k, k + 1) if -max_pos < i < max_pos)
+    else:
+        overlap = C.shares_memory(cos_cache, sin_cache)
+    if overlap:
+        C.fail(OP, "sin_cache", "memory apart from 'cos_cache' (a cos||sin cache [max_pos, rope_dim] splits into "
+               "cache[:, :rope_dim//2] and cache[:, rope_dim//2:])", "a tensor sharing elements with 'cos_cache'")
 
 
 def _check_buffer_dtype(name: str, buffer: torch.Tensor, dtype: torch.dtype, why: str) -> None:
@@ -282,8 +298,7 @@ def _check_buffer_dtype(name: str, buffer: torch.Tensor, dtype: torch.dtype, why
 
 
 def check_positions_on_host(positions: torch.Tensor, num_tokens: int, max_pos: int) -> None:
-    """Debug switch (``FUSEDROPE_CHECK_POSITIONS=1``): raise on out-of-range positions instead of clamping.
-    Synchronises with the device, so it is off by default. Meta and fake tensors have no values to check."""
+    """``FUSEDROPE_CHECK_POSITIONS=1``: raise on out-of-range positions instead of clamping (synchronises)."""
     if C.has_no_data(positions):
         return
     p = positions[:num_tokens]
@@ -299,9 +314,7 @@ def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
     caller's buffers (None when not given) are writable here and apart from the inputs; returns those buffers."""
     if getenv(ENV_CHECK_POSITIONS).lower() not in SWITCH_OFF:
         check_positions_on_host(positions, o.shape[0], cos_cache.shape[0])
-    gap = abs(sin_cache.data_ptr() - cos_cache.data_ptr())
-    if gap < cos_cache.shape[1] * cos_cache.element_size() and not C.has_no_data(cos_cache):
-        _refuse_one_cache()  # rows that start within one another: overlapping views of one cache
+    _refuse_one_cache(cos_cache, sin_cache)
     mine = {n: t for n, t in (("x_fp8", x_fp8), ("x_scale", x_scale)) if t is not None}
     if mine and o.numel():
         C.check_writable_here(OP, mine)

@@ -53,6 +53,8 @@ def resolve_layout(transpose_scale, scale_layout, quantize, op: str = OP) -> str
     """The scale layout a call asks for: ``scale_layout``, else ``"col"`` or ``"row"`` by ``transpose_scale``."""
     C.check_bool(op, "transpose_scale", transpose_scale)
     C.check_bool(op, "quantize", quantize)
+    if not quantize and transpose_scale:
+        C.fail(op, "transpose_scale", "False with quantize=False (there are no scales)", "True")
     if scale_layout is None:
         return "col" if transpose_scale else "row"
     if not isinstance(scale_layout, str) or scale_layout not in SCALE_LAYOUTS:
@@ -164,7 +166,9 @@ def rows_apart(shape: tuple, strides: tuple) -> bool:
         return True
     if dg > 1 and strides[2] != 1:
         return False
-    dims = sorted((st, n) for st, n in ((strides[0], S), (strides[1], G)) if n > 1)
+    dims = [(st, n) for st, n in ((strides[0], S), (strides[1], G)) if n > 1]
+    if len(dims) == 2 and dims[1][0] < dims[0][0]:  # smaller stride first (no sorted(): SymInt strides compare)
+        dims.reverse()
     reach = dg  # elements from a row's start that the dims below this one cover
     for st, n in dims:
         if st < reach:

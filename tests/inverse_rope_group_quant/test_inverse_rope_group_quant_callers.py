@@ -89,6 +89,11 @@ def test_vllm_adapter_names_what_does_not_fit():
         vllm.fused_inv_rope_fp8_quant(o, pos, cache, 2, 6)
     with pytest.raises(ValueError, match="argument 'cos_sin_cache' expected shape \\[max_pos, rope_dim=64\\]"):
         vllm.fused_inv_rope_fp8_quant(o, pos, cache[:, :32], 2, 8)
+    with pytest.raises(ValueError, match="^fused_inv_rope_fp8_quant: argument 'o' expected a 3-D tensor"):
+        vllm.fused_inv_rope_fp8_quant(o[0], pos, cache, 2, 8)
+    with pytest.raises(ValueError, match="^fused_inv_rope_fp8_quant: argument 'tma_aligned_scales' expected False when "
+                                         "the blocks per group D/quant_group_size=2 are not a multiple of 4"):
+        vllm.fused_inv_rope_fp8_quant(o, pos, cache, 16, 1, quant_group_size=256, tma_aligned_scales=True)
 
 
 # -- aiter ------------------------------------------------------------------------------------------------------
@@ -179,35 +184,16 @@ def test_scale_layout_col_is_transpose_scale(backend):
     assert a[1].stride() == b[1].stride() == (1, 32 * 5, 5) and torch.equal(scale_bytes(a[1]), scale_bytes(b[1]))
 
 
-@pytest.mark.parametrize("change, exc, message", [
-    (dict(transpose_scale=True, scale_layout="row"), ValueError,
-     "argument 'transpose_scale' expected False with scale_layout='row' (True means scale_layout='col'), got True"),
-    (dict(scale_layout="tiles"), ValueError, "argument 'scale_layout' expected None or one of ('row', 'col', "
-                                             "'mfma_tile'), got 'tiles'"),
-    (dict(quantize="no"), TypeError, "argument 'quantize' expected a bool, got str 'no'"),
-    (dict(quantize=False, fp8_dtype=torch.float8_e4m3fn), ValueError, "argument 'fp8_dtype' expected None with "
-                                                                       "quantize=False"),
-    (dict(quantize=False, scale_layout="col"), ValueError, "argument 'scale_layout' expected None with "
-                                                           "quantize=False"),
-    (dict(enable_pdl=1), TypeError, "argument 'enable_pdl' expected a bool, got int 1"),
-    (dict(scale_layout="mfma_tile", scale_dtype=torch.float32), TypeError,
-     "argument 'scale_dtype' expected float8_e8m0fnu or uint8, got torch.float32"),
-])
-def test_the_new_switches_name_what_they_refuse(change, exc, message):
-    o, pos, cache = inputs(2, 16)
-    with pytest.raises(exc, match="^inverse_rope_group_quant: " + __import__("re").escape(message)):
-        fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], 2, **change)
-
-
 def test_one_cos_sin_cache_passed_as_both_is_refused():
     """The likeliest mistake: vLLM's whole [max_pos, 64] cos||sin cache as cos_cache and sin_cache, read as
     rope_dim 128 (the last 128 dims rotated, silently). The same tensor, or overlapping views, are refused."""
     o, pos, cache = inputs(2, 16)
-    for cos, sin in ((cache, cache), (cache[:, :40], cache[:, 24:])):
-        with pytest.raises(ValueError, match="argument 'sin_cache' expected memory apart from 'cos_cache' \\(a "
-                                             "cos\\|\\|sin cache \\[max_pos, rope_dim\\] splits into"):
-            fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend="reference")
-    fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], 2, backend="reference")  # the split
+    for layout in ("row", "col", "mfma_tile"):  # each validation path (mfma_tile takes the slow one)
+        for cos, sin in ((cache, cache), (cache[:, :40], cache[:, 24:]), (cache[:-1, :32], cache[1:, :32])):
+            with pytest.raises(ValueError, match="argument 'sin_cache' expected memory apart from 'cos_cache' \\(a "
+                                                 "cos\\|\\|sin cache \\[max_pos, rope_dim\\] splits into"):
+                fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, scale_layout=layout, backend="reference")
+        fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], 2, scale_layout=layout)  # the split
 
 
 def test_x_rows_that_overlap_are_refused():
@@ -230,3 +216,20 @@ def test_adapters_under_torch_compile_give_the_eager_bytes():
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     for a, b in zip(compiled(o, pos, cache), step(o, pos, cache)):
         assert torch.equal(a, b)
+
+
+def test_vllm_adapter_compiles_with_a_dynamic_token_count():
+    """vLLM compiles its model with fullgraph=True and the token dim marked dynamic: one graph serves every T,
+    group-major fp8 and padded scales included."""
+    def step(o, pos, cache):
+        x, s = vllm.fused_inv_rope_fp8_quant(o, pos, cache, 2, 8)
+        return x.view(torch.uint8) + 0, s.view(torch.int32) + 0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for T in (5, 8, 11):
+        o, pos, cache = inputs(T, 16, seed=T)
+        torch._dynamo.mark_dynamic(o, 0)
+        torch._dynamo.mark_dynamic(pos, 0)
+        for a, b in zip(compiled(o, pos, cache), step(o, pos, cache)):
+            assert torch.equal(a, b), T
