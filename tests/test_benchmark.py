@@ -340,6 +340,8 @@ def test_layout_contenders_call_the_public_op_with_their_layout(monkeypatch):
     x, sc = quant["auto:vllm"].make(case, sets)(1)  # vLLM's layouts, on the set's o and its cos||sin cache
     assert x.stride() == (256, 3 * 256, 1) and sc.dtype == torch.float32 and sc.stride() == (1, 8 * 4, 4)
     assert x.view(torch.uint8).equal(fusedrope.inverse_rope_group_quant(*sets[1][:4], 2, 32)[0].view(torch.uint8))
+    assert quant["auto:vllm"].bytes_moved(case) == case.bytes_moved(torch.bfloat16, B.QUANT_CACHE_DTYPE) + \
+        3 * 3 * 16 + 4 * 1 * 16  # fp32 scales: 3 more bytes per block; one padding token of 16 zeroed blocks
     elements = 3 * 4 * 128
     assert quant["auto:bf16"].bytes_moved(case) == case.bytes_moved(torch.bfloat16, B.QUANT_CACHE_DTYPE) + \
         elements - elements // 32

@@ -442,6 +442,13 @@ def _quant_layout_maker(kw: dict) -> Callable:
     return make
 
 
+def _vllm_bytes(case) -> int:
+    """The vLLM drop-in's traffic: fp32 scales (4 B per block), and the zeroed padding tokens of their storage."""
+    blocks = case.num_heads * case.head_dim // case.quant_group_size  # per token
+    padding = -case.num_tokens % 4
+    return case.bytes_moved(torch.bfloat16, QUANT_CACHE_DTYPE) + 3 * case.num_tokens * blocks + 4 * padding * blocks
+
+
 def _vllm_maker(case, sets):
     from ..integrations.vllm import fused_inv_rope_fp8_quant
 
@@ -546,7 +553,7 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
                                  bytes_moved=_bf16_output_bytes if kw.get("quantize") is False else None))
         out.append(Contender("auto:vllm", op, "fusedrope.integrations.vllm.fused_inv_rope_fp8_quant (group-major "
                                               "fp8, MN-major TMA-aligned fp32 scales), allocating its outputs",
-                             _vllm_maker, reason=no_auto))
+                             _vllm_maker, reason=no_auto, bytes_moved=_vllm_bytes))
         out.append(Contender("unfused", op, "fusedrope.benchmark.unfused: Triton inverse RoPE in place (bf16), then a "
                                             "separate Triton group-quant kernel",
                              _quant_api_maker(unfused_inverse_rope_group_quant),
