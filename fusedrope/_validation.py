@@ -207,6 +207,22 @@ def check_apart(op: str, writes: dict, reads: dict, why: str = "") -> None:
                 fail(op, name, f"memory apart from '{other}'{why}", f"a tensor sharing elements with '{other}'")
 
 
+ENV_CHECK_POSITIONS = "FUSEDROPE_CHECK_POSITIONS"
+SWITCH_OFF = ("", "0", "false", "no", "off")  # FUSEDROPE_CHECK_POSITIONS values that leave the check off
+
+
+def check_positions_on_host(op: str, positions: torch.Tensor, max_pos: int) -> None:
+    """``FUSEDROPE_CHECK_POSITIONS=1``: raise on out-of-range positions instead of clamping (synchronises)."""
+    if has_no_data(positions):
+        return
+    p = positions.reshape(-1)
+    bad = ((p < 0) | (p >= max_pos)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        at = f"positions[{i}]" if positions.dim() == 1 else f"positions.flatten()[{i}]"
+        fail(op, "positions", f"values in [0, max_pos={max_pos})", f"{at}={int(p[i])} ({bad.numel()} out of range)")
+
+
 def check_aligned(op: str, named: dict) -> None:
     """Each tensor's data starts at a multiple of its element size, as a compiled kernel's loads need (torch's
     own tensors always do; one over a numpy, DLPack or ``frombuffer`` buffer at an odd offset may not)."""

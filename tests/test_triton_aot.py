@@ -56,6 +56,24 @@ def test_tts_rope_is_all_16_byte_accesses(counts, target):
     assert c["loads_after_first_store"] == 0, c
 
 
+@pytest.mark.parametrize("kernel", ["tts_rope_eager", "tts_rope_table", "tts_qk_norm_rope"])
+@pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])
+def test_tts_modes_keep_16_byte_accesses_and_one_round_trip(counts, target, kernel):
+    """numerics="eager", cos/sin tables read at positions, and the fused q/k norm (with an fp32 table): q, k,
+    their outputs, the bf16 cos/sin rows and the norm weights move in 16-byte vectors; the one scalar load is
+    the token's position (on AMD a scalar-unit load, not counted); fp32 table rows take 128-bit loads too. No
+    local memory, and every load before the first store."""
+    c = counts[f"{kernel}/{target}"]
+    if target.startswith("sm_"):
+        scalar = 1 if kernel != "tts_rope_eager" else 0  # the position
+        assert c["sass_ldg128"] == c["ld"] - scalar > 0 and c["sass_stg128"] == c["st"] > 0, c
+        assert c["sass_local"] == 0, c
+    else:
+        assert c["load_x4"] == c["loads"] > 0 and c["store_x4"] == c["stores"] > 0, c
+        assert c["scratch"] == 0, c
+    assert c["loads_after_first_store"] == 0, c
+
+
 @pytest.mark.parametrize("warp_size", [32, 64])
 def test_tts_launch_shape_takes_every_seed_shape_in_one_pass_of_16_byte_vectors(warp_size):
     """Q's and K's heads of every seed shape fit one tile (one memory round trip per program), and every thread
@@ -193,7 +211,7 @@ def test_new_layouts_keep_16_byte_accesses_and_add_no_shared_memory(counts, targ
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])
 def test_every_other_specialisation_compiles(counts, target):
-    # 9 TTS dtype x head_dim variants, 6 quant shape x scale-format variants, 9 output-layout variants (tiles
-    # straddling groups, packed scales there, mfma tiles, quantize=False, x strides not divisible by 16), the
-    # baseline's rope kernel.
-    assert counts[f"variants/{target}"]["compiled"] == 25
+    # 18 TTS dtype x head_dim variants (plain; eager numerics with an fp32 table, int32 positions and the q/k
+    # norm), 6 quant shape x scale-format variants, 9 output-layout variants (tiles straddling groups, packed
+    # scales there, mfma tiles, quantize=False, x strides not divisible by 16), the baseline's rope kernel.
+    assert counts[f"variants/{target}"]["compiled"] == 34

@@ -27,8 +27,7 @@ __all__ = ["inverse_rope_group_quant", "empty_quant_outputs", "quant_output_shap
 O_DTYPES = (torch.bfloat16, torch.float16)
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 POSITION_DTYPES = (torch.int64, torch.int32)
-ENV_CHECK_POSITIONS = "FUSEDROPE_CHECK_POSITIONS"
-SWITCH_OFF = ("", "0", "false", "no", "off")  # FUSEDROPE_CHECK_POSITIONS values that leave the check off
+ENV_CHECK_POSITIONS = C.ENV_CHECK_POSITIONS
 _Tensor = torch.Tensor
 
 
@@ -297,23 +296,11 @@ def _check_buffer_dtype(name: str, buffer: torch.Tensor, dtype: torch.dtype, why
         C.fail(OP, name, f"dtype {C.dtype_name(dtype)} ({why})", C.dtype_name(buffer.dtype), TypeError)
 
 
-def check_positions_on_host(positions: torch.Tensor, num_tokens: int, max_pos: int) -> None:
-    """``FUSEDROPE_CHECK_POSITIONS=1``: raise on out-of-range positions instead of clamping (synchronises)."""
-    if C.has_no_data(positions):
-        return
-    p = positions[:num_tokens]
-    bad = ((p < 0) | (p >= max_pos)).nonzero()
-    if bad.numel():
-        i = int(bad[0, 0])
-        C.fail(OP, "positions", f"values in [0, max_pos={max_pos})",
-               f"positions[{i}]={int(p[i])} ({bad.numel()} out of range)")
-
-
 def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
     """What the call checks beyond :func:`validate` (explain does too): the positions debug switch, and that the
     caller's buffers (None when not given) are writable here and apart from the inputs; returns those buffers."""
-    if getenv(ENV_CHECK_POSITIONS).lower() not in SWITCH_OFF:
-        check_positions_on_host(positions, o.shape[0], cos_cache.shape[0])
+    if getenv(ENV_CHECK_POSITIONS).lower() not in C.SWITCH_OFF:
+        C.check_positions_on_host(OP, positions[:o.shape[0]], cos_cache.shape[0])
     _refuse_one_cache(cos_cache, sin_cache)
     mine = {n: t for n, t in (("x_fp8", x_fp8), ("x_scale", x_scale)) if t is not None}
     if mine and o.numel():

@@ -1,5 +1,6 @@
 """qwen3_tts_rope: NeoX RoPE on standalone Q and K in one launch. The public function, its validation (shared by
-every backend), its backends and its torch ops.
+every backend), its backends and its torch ops; :mod:`.modes` adds ``numerics="eager"``, ``positions=`` and
+:func:`qwen3_tts_qk_norm_rope` (the model's q/k RMSNorm first) on the same registry and ops.
 
 Backends: ``cuda`` (:mod:`.cuda`, the hand-written kernel), ``triton`` (:mod:`.triton`), ``reference``
 (:mod:`.reference`, plain PyTorch and the float64 oracle).
@@ -7,7 +8,7 @@ Backends: ``cuda`` (:mod:`.cuda`, the hand-written kernel), ``triton`` (:mod:`.t
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 from torch.autograd.graph import increment_version
@@ -32,9 +33,22 @@ class Facts(NamedTuple):
     dtype: torch.dtype
     head_dim: int
     inplace: bool
+    eager: bool = False  # numerics="eager"
+    table: bool = False  # positions= given: cos/sin are tables read at them
+    norm: bool = False  # qwen3_tts_qk_norm_rope
 
 
-REGISTRY = new_registry(OP, Facts)
+def _user_protocol(run, supports):
+    """register_backend's backends keep their six-argument run: fp32 numerics on cos/sin rows, no norm."""
+    def user_supports(facts):
+        if facts.eager or facts.table or facts.norm:
+            return "a registered backend serves numerics='fp32' on cos/sin rows, without positions= or the norm"
+        return supports(facts)
+    return run, user_supports
+
+
+REGISTRY = new_registry(OP, Facts, _user_protocol)
+_DEFAULT_MODES = (None, "fp32", None, None, 0.0)  # (positions, numerics, q_norm_weight, k_norm_weight, eps)
 
 
 def _load_triton():  # Triton is optional: its kernel module is imported when the backend is first chosen
@@ -56,10 +70,14 @@ REGISTRY.register(Backend("reference", reference.qwen3_tts_rope))
 
 
 # -- validation ----------------------------------------------------------------------------------------------
-def validate(q, k, cos, sin, inplace: bool = False) -> tuple:
+def validate(q, k, cos, sin, inplace: bool = False, modes=None) -> tuple:
     """Check the inputs (and, for ``inplace``, that q and k can be written); return the selection key, the
     :class:`Facts` as a plain tuple. Valid inputs take one boolean expression (this is the hot path: every
-    attribute read counts); the others, :func:`_diagnose`'s precise error."""
+    attribute read counts); the others, :func:`_diagnose`'s precise error. ``modes``: :mod:`.modes`."""
+    if modes is not None:  # numerics="eager", positions= or the norm: checked in .modes, loaded on first use
+        from .modes import validate_modes
+
+        return validate_modes(q, k, cos, sin, inplace, *modes)
     try:
         cos_shape = cos.shape
         B, _, S, D = q.shape
@@ -97,18 +115,19 @@ def _diagnose(q, k, cos, sin) -> None:
         raise AssertionError("validate() refused inputs that _diagnose() accepts")  # pragma: no cover
 
 
-def _check_inplace(q, k, cos, sin) -> None:
-    """What in-place writes need beyond valid inputs, as torch's own in-place ops demand it."""
+def _check_inplace(q, k, cos, sin, more=None) -> None:
+    """What in-place writes need beyond valid inputs (``more``: other inputs by name), as torch's ops demand."""
     if 0 in q.stride() or 0 in k.stride():
         V.check_writable_no_overlap(OP, "q", q)
         V.check_writable_no_overlap(OP, "k", k)
-    V.check_apart(OP, {"k": k, "q": q}, {"cos": cos, "sin": sin}, " for inplace=True")
-    if V.needs_grad(q, k, cos, sin):
-        V.refuse_grad(OP, "inplace=True has", {"q": q, "k": k, "cos": cos, "sin": sin}, "use inplace=False")
+    reads = {"cos": cos, "sin": sin, **(more or {})}
+    V.check_apart(OP, {"k": k, "q": q}, reads, " for inplace=True")
+    if V.needs_grad(q, k, *reads.values()):
+        V.refuse_grad(OP, "inplace=True has", {"q": q, "k": k, **reads}, "use inplace=False")
     V.check_writable_here(OP, {"q": q, "k": k}, " (inplace=True)")
 
 
-def _check_outputs(q, k, cos, sin, q_out, k_out) -> dict:
+def _check_outputs(q, k, cos, sin, q_out, k_out, modes=None) -> dict:
     """Caller buffers (either or both): shaped, typed and placed like ``q`` / ``k``, writable, last dim
     contiguous, sharing no element with each other or an input. Returns them by name."""
     given = {}
@@ -123,9 +142,19 @@ def _check_outputs(q, k, cos, sin, q_out, k_out) -> dict:
         if not ok:
             _diagnose_output(name, out, src, src_name)
         given[name] = out
-    V.check_apart(OP, given, {"q": q, "k": k, "cos": cos, "sin": sin})
+    V.check_apart(OP, given, {"q": q, "k": k, "cos": cos, "sin": sin, **_mode_tensors(modes)})
     V.check_writable_here(OP, given)
     return given
+
+
+def _mode_tensors(modes) -> dict:  # the tensors among the modes, by name
+    names = ("positions", "", "q_norm_weight", "k_norm_weight")
+    return {n: t for n, t in zip(names, modes or ()) if n and t is not None}
+
+
+def _backend_args(modes) -> tuple:  # a built-in backend's run arguments after the outputs
+    positions, numerics, q_weight, k_weight, eps = modes
+    return positions, numerics == "eager", None if q_weight is None else (q_weight, k_weight, float(eps))
 
 
 def _diagnose_output(name, out, src, src_name) -> None:
@@ -140,20 +169,21 @@ def _diagnose_output(name, out, src, src_name) -> None:
                f"'{src_name}' itself")
 
 
-def _check_call(q, k, cos, sin, inplace, q_out, k_out) -> tuple:
+def _check_call(q, k, cos, sin, inplace, q_out, k_out, modes=None) -> tuple:
     """The checks of a call in place or with buffers that come before choosing a backend (the buffers' own come
     after, :func:`_check_outputs`); returns the selection key."""
     if inplace is not False and inplace is not True:
         V.check_bool(OP, "inplace", inplace)
     if q_out is None and k_out is None:
-        return validate(q, k, cos, sin, inplace)
+        return validate(q, k, cos, sin, inplace, modes)
     if inplace:
         V.fail(OP, "q_out" if q_out is not None else "k_out", "None with inplace=True (which writes into q and k)",
                "a tensor")
-    if V.needs_grad(q, k, cos, sin, q_out, k_out):  # torch's out= refuses autograd too
-        V.refuse_grad(OP, "q_out= / k_out= have", dict(q=q, k=k, cos=cos, sin=sin, q_out=q_out, k_out=k_out),
+    mine = _mode_tensors(modes)
+    if V.needs_grad(q, k, cos, sin, q_out, k_out, *mine.values()):  # torch's out= refuses autograd too
+        V.refuse_grad(OP, "q_out= / k_out= have", dict(q=q, k=k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, **mine),
                       "without buffers")
-    return validate(q, k, cos, sin)
+    return validate(q, k, cos, sin, False, modes)
 
 
 # -- the public function ----------------------------------------------------------------------------------------
@@ -164,22 +194,23 @@ def _new_out(t: torch.Tensor) -> torch.Tensor:
     return _empty_like(t, memory_format=_CONTIGUOUS)
 
 
-def _into_new_outputs(impl: Backend, q, k, cos, sin, alloc: bool = True):
+def _into_new_outputs(impl: Backend, q, k, cos, sin, alloc: bool = True, modes=None):
     """New contiguous outputs written by ``impl``; allocated by its compiled op where it has one and ``alloc``
     (in C++: two Python calls fewer). Nothing runs for empty inputs."""
     work = q.numel() or k.numel()
-    if alloc and work and impl.run_alloc is not None:
+    if alloc and work and impl.run_alloc is not None and modes is None:
         return impl.run_alloc(q, k, cos, sin)
     q_out, k_out = _empty_like(q, memory_format=_CONTIGUOUS), _empty_like(k, memory_format=_CONTIGUOUS)
     if work:
-        impl.run(q, k, cos, sin, q_out, k_out)
+        impl.run(q, k, cos, sin, q_out, k_out, *(_backend_args(modes) if modes else ()))
     return q_out, k_out
 
 
-def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
+def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, inplace: bool = False, q_out=None,
+                   k_out=None, backend: str = "auto"):
     """NeoX (rotate_half) RoPE on standalone query and key tensors, fused into one launch.
 
-    Computes, per row ``x`` of length ``D`` with ``h = D/2``, in fp32 and rounded once (RNE)::
+    Computes, per row ``x`` of length ``D`` with ``h = D/2``::
 
         out[i]   = x[i]   * cos[i]   - x[i+h] * sin[i]        (i < h)
         out[i+h] = x[i+h] * cos[i+h] + x[i]   * sin[i+h]
@@ -193,7 +224,15 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
     k : torch.Tensor
         ``[B, Hkv, S, D]``, same dtype and device as ``q``; ``Hkv`` is independent of ``Hq``.
     cos, sin : torch.Tensor
-        ``[B, S, D]`` or ``[1, S, D]`` (broadcast over the batch), both the same shape, dtype and device.
+        ``[B, S, D]`` or ``[1, S, D]`` (broadcast over the batch), both the same shape, dtype and device. With
+        ``positions``: tables ``[max_pos, D]`` in q's dtype or fp32, read at each token's position.
+    numerics : {"fp32", "eager"}, default "fp32"
+        ``"fp32"``: fp32 math, one rounding (RNE) to the dtype. ``"eager"``: bit-identical to PyTorch evaluating
+        the formula in q's dtype, as Hugging Face and qwen-tts do (each product rounded, then the sum; no FMA;
+        an fp32 table rounded to the dtype first).
+    positions : torch.Tensor, optional
+        ``[B, S]`` or ``[S]``, int32 / int64. Out-of-range positions are clamped to ``[0, max_pos)``;
+        ``FUSEDROPE_CHECK_POSITIONS=1`` raises instead (synchronises).
     inplace : bool, default False
         Write the results into ``q`` and ``k`` through their own strides and return them.
     q_out, k_out : torch.Tensor, optional
@@ -203,7 +242,8 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
         as torch's ``out=``, not with grad mode on and an input or buffer that requires grad.
     backend : str, default "auto"
         ``"auto"``, ``"cuda"``, ``"triton"``, ``"reference"`` or one of yours
-        (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``.
+        (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``. The cuda kernel serves
+        ``numerics="fp32"`` without ``positions``; other calls go to Triton.
 
     Returns
     -------
@@ -231,93 +271,129 @@ def qwen3_tts_rope(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=N
     >>> torch.equal(q_out, q)
     True
     """
-    if inplace is False and q_out is None and k_out is None and not _is_compiling():
+    if inplace is False and q_out is None and k_out is None and positions is None and numerics == "fp32" \
+            and not _is_compiling():
         key = validate(q, k, cos, sin)
         if not (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad) or not _grad_enabled():
             return _into_new_outputs(REGISTRY.select(key, backend), q, k, cos, sin)
-        # Inputs that require grad: the torch op, whose outputs raise on backward (no derivative) instead of
-        # silently cutting the graph; the backend name is checked first, for the same errors as without grad.
-        REGISTRY.select(key, backend)
-        return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
-    if _is_compiling():
-        # Traced: the torch ops. Their fakes validate, but storage overlap cannot be traced here, so the
-        # cheap checks eager gives first come first.
-        if q_out is None and k_out is None:
-            if inplace is not False and inplace is not True:
-                V.check_bool(OP, "inplace", inplace)
-            if not inplace:
-                return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend)
-            if V.needs_grad(q, k, cos, sin):
-                V.refuse_grad(OP, "inplace=True has", {"q": q, "k": k, "cos": cos, "sin": sin}, "use inplace=False")
-            torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend)
-            return q, k
-        _check_call(q, k, cos, sin, inplace, q_out, k_out)  # the buffers: the _out op's fake checks them
-        q_out = _new_out(q) if q_out is None else q_out
-        k_out = _new_out(k) if k_out is None else k_out
-        torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, backend)
-        return q_out, k_out
-    return _run(q, k, cos, sin, inplace, q_out, k_out, backend)
+    modes = None if positions is None and numerics == "fp32" else (positions, numerics, None, None, 0.0)
+    return _call(q, k, cos, sin, modes, inplace, q_out, k_out, backend)
 
 
-def _run(q, k, cos, sin, inplace, q_out, k_out, backend):
+def _call(q, k, cos, sin, modes, inplace, q_out, k_out, backend):
+    """Both public functions past qwen3_tts_rope's hot path: ``modes`` None or ``(positions, numerics,
+    q_norm_weight, k_norm_weight, eps)``."""
+    m = modes or _DEFAULT_MODES
+    if not _is_compiling():
+        if inplace is False and q_out is None and k_out is None:
+            key = validate(q, k, cos, sin, False, modes)
+            if not V.needs_grad(q, k, cos, sin, *_mode_tensors(modes).values()):
+                return _into_new_outputs(REGISTRY.select(key, backend), q, k, cos, sin, modes=modes)
+            # Inputs that require grad: the torch op, whose outputs raise on backward (no derivative) instead of
+            # silently cutting the graph; the backend name is checked first, for the same errors as without grad.
+            REGISTRY.select(key, backend)
+            return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend, *m)
+        return _run(q, k, cos, sin, inplace, q_out, k_out, backend, modes)
+    # Traced: the torch ops. Their fakes validate, but storage overlap cannot be traced here, so the cheap checks
+    # eager gives first come first.
+    if q_out is None and k_out is None:
+        if inplace is not False and inplace is not True:
+            V.check_bool(OP, "inplace", inplace)
+        if not inplace:
+            return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend, *m)
+        mine = {"q": q, "k": k, "cos": cos, "sin": sin, **_mode_tensors(modes)}
+        if V.needs_grad(*mine.values()):
+            V.refuse_grad(OP, "inplace=True has", mine, "use inplace=False")
+        torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend, *m)
+        return q, k
+    _check_call(q, k, cos, sin, inplace, q_out, k_out, modes)  # the buffers: the _out op's fake checks them
+    q_out = _new_out(q) if q_out is None else q_out
+    k_out = _new_out(k) if k_out is None else k_out
+    torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, backend, *m)
+    return q_out, k_out
+
+
+def _run(q, k, cos, sin, inplace, q_out, k_out, backend, modes=None):
     """In place, or into the caller's buffers (eager; also what the torch ops run)."""
-    impl = REGISTRY.select(_check_call(q, k, cos, sin, inplace, q_out, k_out), backend)
+    impl = REGISTRY.select(_check_call(q, k, cos, sin, inplace, q_out, k_out, modes), backend)
     if inplace:
         q_out, k_out = q, k
     else:
-        _check_outputs(q, k, cos, sin, q_out, k_out)
+        _check_outputs(q, k, cos, sin, q_out, k_out, modes)
     written = (q, k) if inplace else tuple(t for t in (q_out, k_out) if t is not None)
     q_out = _new_out(q) if q_out is None else q_out
     k_out = _new_out(k) if k_out is None else k_out
     if q.numel() or k.numel():
-        impl.run(q, k, cos, sin, q_out, k_out)
+        impl.run(q, k, cos, sin, q_out, k_out, *(_backend_args(modes) if modes else ()))
         increment_version(written)  # written through raw pointers: saved copies are now stale
     return q_out, k_out
 
 
-def explain_args(q, k, cos, sin, *, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
+def explain_args(q, k, cos, sin, *, numerics: str = "fp32", positions=None, inplace: bool = False, q_out=None,
+                 k_out=None, backend: str = "auto"):
     """The selection key and backend of a call with these arguments, after every check the call makes."""
-    key = _check_call(q, k, cos, sin, inplace, q_out, k_out)
+    return _explain(q, k, cos, sin, None if positions is None and numerics == "fp32" else
+                    (positions, numerics, None, None, 0.0), inplace, q_out, k_out, backend)
+
+
+def _explain(q, k, cos, sin, modes, inplace, q_out, k_out, backend):
+    key = _check_call(q, k, cos, sin, inplace, q_out, k_out, modes)
     if q_out is not None or k_out is not None:
-        _check_outputs(q, k, cos, sin, q_out, k_out)
+        _check_outputs(q, k, cos, sin, q_out, k_out, modes)
     return key, backend
 
 
 # -- torch ops: opaque to torch.compile, capturable in CUDA graphs -----------------------------------------
+# Each takes the modes after ``backend``: (positions, numerics, q_norm_weight, k_norm_weight, eps).
+def _modes(positions, numerics, q_weight, k_weight, eps):
+    return None if positions is None and numerics == "fp32" and q_weight is None else (
+        positions, numerics, q_weight, k_weight, eps)
+
+
+_Opt = Optional[torch.Tensor]
+
+
 @torch.library.custom_op("fusedrope::qwen3_tts_rope", mutates_args=())
-def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    impl = REGISTRY.select(validate(q, k, cos, sin), backend)
+def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str = "auto",
+        positions: _Opt = None, numerics: str = "fp32", q_weight: _Opt = None, k_weight: _Opt = None,
+        eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    modes = _modes(positions, numerics, q_weight, k_weight, eps)
+    impl = REGISTRY.select(validate(q, k, cos, sin, False, modes), backend)
     # inputs that require grad: outputs of a compiled op would come back with an autograd placeholder
-    return _into_new_outputs(impl, q, k, cos, sin, alloc=not (q.requires_grad or k.requires_grad))
+    return _into_new_outputs(impl, q, k, cos, sin, not (q.requires_grad or k.requires_grad), modes)
 
 
 @_op.register_fake
-def _op_fake(q, k, cos, sin, backend="auto"):
-    validate(q, k, cos, sin)
+def _op_fake(q, k, cos, sin, backend="auto", positions=None, numerics="fp32", q_weight=None, k_weight=None, eps=0.0):
+    validate(q, k, cos, sin, False, _modes(positions, numerics, q_weight, k_weight, eps))
     return _new_out(q), _new_out(k)
 
 
 @torch.library.custom_op("fusedrope::qwen3_tts_rope_", mutates_args=("q", "k"))
-def _op_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                backend: str = "auto") -> None:
-    _run(q, k, cos, sin, True, None, None, backend)
+def _op_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str = "auto",
+                positions: _Opt = None, numerics: str = "fp32", q_weight: _Opt = None, k_weight: _Opt = None,
+                eps: float = 0.0) -> None:
+    _run(q, k, cos, sin, True, None, None, backend, _modes(positions, numerics, q_weight, k_weight, eps))
 
 
 @_op_inplace.register_fake
-def _op_inplace_fake(q, k, cos, sin, backend="auto"):
-    validate(q, k, cos, sin, True)
+def _op_inplace_fake(q, k, cos, sin, backend="auto", positions=None, numerics="fp32", q_weight=None, k_weight=None,
+                     eps=0.0):
+    validate(q, k, cos, sin, True, _modes(positions, numerics, q_weight, k_weight, eps))
 
 
 @torch.library.custom_op("fusedrope::qwen3_tts_rope_out", mutates_args=("q_out", "k_out"))
 def _op_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
-            k_out: torch.Tensor, backend: str = "auto") -> None:
+            k_out: torch.Tensor, backend: str = "auto", positions: _Opt = None, numerics: str = "fp32",
+            q_weight: _Opt = None, k_weight: _Opt = None, eps: float = 0.0) -> None:
     for name, t in (("q_out", q_out), ("k_out", k_out)):
         V.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
-    _run(q, k, cos, sin, False, q_out, k_out, backend)
+    _run(q, k, cos, sin, False, q_out, k_out, backend, _modes(positions, numerics, q_weight, k_weight, eps))
 
 
 @_op_out.register_fake
-def _op_out_fake(q, k, cos, sin, q_out, k_out, backend="auto"):
-    validate(q, k, cos, sin)
-    _check_outputs(q, k, cos, sin, q_out, k_out)
+def _op_out_fake(q, k, cos, sin, q_out, k_out, backend="auto", positions=None, numerics="fp32", q_weight=None,
+                 k_weight=None, eps=0.0):
+    modes = _modes(positions, numerics, q_weight, k_weight, eps)
+    validate(q, k, cos, sin, False, modes)
+    _check_outputs(q, k, cos, sin, q_out, k_out, modes)

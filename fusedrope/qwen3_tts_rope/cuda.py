@@ -18,6 +18,8 @@ HEAD_DIMS = (64, 128, 256)
 
 
 def supports(facts) -> Optional[str]:
+    if facts.eager or facts.table or facts.norm:
+        return "cuda kernel serves numerics='fp32' on cos/sin rows (no positions=, no q/k norm)"
     if facts.dtype in DTYPES and facts.head_dim in HEAD_DIMS:
         return None
     return (f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {dtype_name(facts.dtype)} "

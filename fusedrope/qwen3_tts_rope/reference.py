@@ -10,17 +10,27 @@ from .. import _validation as V
 OP = "qwen3_tts_rope"
 
 
-def check_shapes(q, k, cos, sin, op: str = OP) -> None:
+def check_shapes(q, k, cos, sin, op: str = OP, positions=None) -> None:
     """The op's shape contract, which the public function and the oracle both demand: ``q [B, Hq, S, D]``,
-    ``k [B, Hkv, S, D]``, ``cos`` and ``sin [B or 1, S, D]``, ``D`` even."""
+    ``k [B, Hkv, S, D]``, ``D`` even; ``cos`` and ``sin [B or 1, S, D]``, or with ``positions`` (``[B, S]`` or
+    ``[S]``) tables ``[max_pos, D]``."""
     V.check_tensor(op, "q", q, 4, "[B, Hq, S, D]")
     V.check_tensor(op, "k", k, 4, "[B, Hkv, S, D]")
-    V.check_tensor(op, "cos", cos, 3, "[B or 1, S, D]")
-    V.check_tensor(op, "sin", sin, 3, "[B or 1, S, D]")
     B, _, S, D = q.shape
     if D < 2 or D % 2:
         V.fail(op, "q", "an even head_dim D >= 2 (last dim)", f"D={D}")
     V.check_shape(op, "k", k, (B, None, S, D), ("B", "Hkv"))
+    if positions is not None:
+        V.check_tensor(op, "positions", positions, None)
+        if tuple(positions.shape) not in ((B, S), (S,)):
+            V.fail(op, "positions", f"shape [{B}, {S}] or [{S}]", V.shape_str(positions.shape))
+        V.check_tensor(op, "cos", cos, 2, "[max_pos, D] (a table, with positions=)")
+        V.check_tensor(op, "sin", sin, 2, "[max_pos, D] (a table, with positions=)")
+        V.check_shape(op, "cos", cos, (max(cos.shape[0], 1), D))  # a table of at least one position
+        V.check_shape(op, "sin", sin, tuple(cos.shape))
+        return
+    V.check_tensor(op, "cos", cos, 3, "[B or 1, S, D]")
+    V.check_tensor(op, "sin", sin, 3, "[B or 1, S, D]")
     if cos.shape[0] not in (1, B):
         V.fail(op, "cos", f"shape [{B if B == 1 else f'{B} or 1'}, {S}, {D}]", V.shape_str(cos.shape))
     V.check_shape(op, "cos", cos, (cos.shape[0], S, D))
@@ -42,25 +52,29 @@ def neox_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, compute_dty
     return x * cos + rotate_half(x) * sin
 
 
-def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
-    """Reference backend: fp32 math, one round-to-nearest-even to the output dtype (``copy_``).
+def rows_of(cos, sin, positions, dtype: torch.dtype) -> tuple:
+    """``cos``/``sin`` tables ``[max_pos, D]`` gathered at ``positions`` (clamped to ``[0, max_pos)``), as
+    ``[B or 1, S, D]`` in ``dtype``."""
+    p = positions.long().clamp(0, cos.shape[0] - 1)
+    p = p if p.dim() == 2 else p[None]
+    return cos[p].to(dtype), sin[p].to(dtype)
 
-    ``out = x * cos + rotate_half(x) * sin`` for every row ``x`` of ``q`` and ``k`` (see :func:`neox_rope`).
 
-    Parameters
-    ----------
-    q : torch.Tensor
-        ``[B, Hq, S, D]``, bf16 / fp16 / fp32, ``D`` even; any strides.
-    k : torch.Tensor
-        ``[B, Hkv, S, D]``, same dtype and device as ``q``.
-    cos, sin : torch.Tensor
-        ``[B or 1, S, D]`` (batch 1 broadcasts), same dtype and device. Both halves are read.
-    q_out, k_out : torch.Tensor
-        Shaped like ``q`` and ``k``, written in place through their own strides (may be ``q`` and ``k``).
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3(-TTS)'s RMSNorm over the last dim, as the model computes it: fp32 variance, the normalised value
+    rounded to ``x``'s dtype, then times ``weight``."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
 
-    Returns
-    -------
-    None
+
+def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, norm=None) -> None:
+    """Reference backend: ``out = x * cos + rotate_half(x) * sin`` (:func:`neox_rope`) for every row ``x`` of
+    ``q [B, Hq, S, D]`` and ``k [B, Hkv, S, D]``, written into ``q_out`` / ``k_out`` (which may be q and k)
+    through their strides. ``cos``/``sin`` are ``[B or 1, S, D]``, or tables read at ``positions``
+    (:func:`rows_of`). fp32 math rounded once (RNE) to the dtype; with ``eager``, the formula in the dtype (each
+    product and the sum rounded: Hugging Face's numerics). ``norm = (q_weight, k_weight, eps)`` first applies
+    :func:`rms_norm` to q and k.
 
     Examples
     --------
@@ -77,5 +91,10 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
     >>> torch.equal(q_out[:, :, 0], q[:, :, 0])  # position 0: cos 1, sin 0
     True
     """
-    q_out.copy_(neox_rope(q, cos, sin, torch.float32))
-    k_out.copy_(neox_rope(k, cos, sin, torch.float32))
+    dtype = q.dtype if eager else torch.float32
+    if positions is not None:  # eager: the table is rounded to q's dtype first, as the model's rotary module does
+        cos, sin = rows_of(cos, sin, positions, q.dtype if eager else cos.dtype)
+    if norm is not None:
+        q, k = rms_norm(q, norm[0], norm[2]), rms_norm(k, norm[1], norm[2])
+    q_out.copy_(neox_rope(q, cos, sin, dtype))
+    k_out.copy_(neox_rope(k, cos, sin, dtype))

@@ -1,10 +1,12 @@
 """qwen3_tts_rope in Triton: NeoX (rotate_half) RoPE on standalone Q and K, both in one launch.
 
 One program owns one token (b, s): it loads the token's cos and sin rows once (both halves, which may
-differ) and applies them to all Hq query heads and all Hkv key heads, BLOCK_H heads of each at a time, all
-loads of a tile before its stores. Each head row is read as two contiguous halves of D/2 elements, so
-accesses along D are 16-byte vectors when the strides allow it. Math is fp32 with one RNE rounding to the
-output dtype.
+differ; with ``TABLE``, the rows at the token's position) and applies them to all Hq query heads and all Hkv
+key heads, BLOCK_H heads of each at a time, all loads of a tile before its stores. Each head row is read as two
+contiguous halves of D/2 elements, so accesses along D are 16-byte vectors when the strides allow it. Math is
+fp32 with one RNE rounding to the output dtype; with ``EAGER``, each product and the sum are rounded to the
+dtype, as PyTorch evaluates ``x * cos + rotate_half(x) * sin`` (the launch turns FMA fusion off). ``NORM``
+first applies the model's per-head RMSNorm to every row.
 """
 
 import triton
@@ -15,41 +17,82 @@ from .._validation import check_aligned
 
 
 @triton.jit
-def _load_heads(x_ptr, x_off, h, n_heads, x_sh, d, d_mask, HALF: tl.constexpr, EXACT: tl.constexpr):
-    m = (h < n_heads)[:, None] & d_mask[None, :]
-    src = x_ptr + x_off + h[:, None] * x_sh + d[None, :]
-    return to_f32(tl.load(src, mask=m), EXACT), to_f32(tl.load(src + HALF, mask=m), EXACT), m
+def _in(x, dtype: tl.constexpr, EXACT: tl.constexpr):
+    """fp32 ``x`` rounded to ``dtype`` and back: one rounding of PyTorch's eager arithmetic."""
+    return to_f32(round_to(x, dtype, EXACT), EXACT)
 
 
 @triton.jit
-def _store_rotated(o_ptr, o_off, h, o_sh, x1, x2, m, c1, c2, s1, s2, d, HALF: tl.constexpr, EXACT: tl.constexpr):
-    o1 = x1 * c1[None, :] - x2 * s1[None, :]
-    o2 = x2 * c2[None, :] + x1 * s2[None, :]
+def _load_heads(x_ptr, x_off, h, n_heads, x_sh, d, d_mask, w1, w2, eps, HALF: tl.constexpr, NORM: tl.constexpr,
+                EXACT: tl.constexpr):
+    m = (h < n_heads)[:, None] & d_mask[None, :]
+    src = x_ptr + x_off + h[:, None] * x_sh + d[None, :]
+    if NORM:  # masked lanes must add nothing to the sum of squares
+        x1 = to_f32(tl.load(src, mask=m, other=0.0), EXACT)
+        x2 = to_f32(tl.load(src + HALF, mask=m, other=0.0), EXACT)
+    else:
+        x1 = to_f32(tl.load(src, mask=m), EXACT)
+        x2 = to_f32(tl.load(src + HALF, mask=m), EXACT)
+    if NORM:  # the model's RMSNorm: fp32 mean of squares, x * rsqrt rounded to the dtype, times the weight rounded
+        var = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps
+        # torch.rsqrt: 1/sqrt on the CPU (what the interpreter stands for), the hardware rsqrt on GPUs
+        r = (1.0 / tl.sqrt(var) if EXACT else tl.math.rsqrt(var))[:, None]
+        dt: tl.constexpr = x_ptr.dtype.element_ty
+        x1 = _in(w1[None, :] * _in(x1 * r, dt, EXACT), dt, EXACT)
+        x2 = _in(w2[None, :] * _in(x2 * r, dt, EXACT), dt, EXACT)
+    return x1, x2, m
+
+
+@triton.jit
+def _store_rotated(o_ptr, o_off, h, o_sh, x1, x2, m, c1, c2, s1, s2, d, HALF: tl.constexpr, EAGER: tl.constexpr,
+                   EXACT: tl.constexpr):
+    dt: tl.constexpr = o_ptr.dtype.element_ty
+    if EAGER:
+        o1 = _in(x1 * c1[None, :], dt, EXACT) - _in(x2 * s1[None, :], dt, EXACT)
+        o2 = _in(x2 * c2[None, :], dt, EXACT) + _in(x1 * s2[None, :], dt, EXACT)
+    else:
+        o1 = x1 * c1[None, :] - x2 * s1[None, :]
+        o2 = x2 * c2[None, :] + x1 * s2[None, :]
     dst = o_ptr + o_off + h[:, None] * o_sh + d[None, :]
-    tl.store(dst, round_to(o1, o_ptr.dtype.element_ty, EXACT), mask=m)
-    tl.store(dst + HALF, round_to(o2, o_ptr.dtype.element_ty, EXACT), mask=m)
+    tl.store(dst, round_to(o1, dt, EXACT), mask=m)
+    tl.store(dst + HALF, round_to(o2, dt, EXACT), mask=m)
 
 
 @triton.jit
 def _tts_rope_kernel(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
-    S, HQ, HKV, H_MAX,
+    q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, pos_ptr, qw_ptr, kw_ptr,
+    S, HQ, HKV, H_MAX, MAX_POS, eps,
     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
-    c_sb, c_ss, s_sb, s_ss,
+    c_sb, c_ss, s_sb, s_ss, p_sb, p_ss,
     qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
-    HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, EXACT: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, EAGER: tl.constexpr, TABLE: tl.constexpr,
+    NORM: tl.constexpr, EXACT: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     b = tok // S
     s = tok % S
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HALF
-    cp = cos_ptr + b * c_sb + s * c_ss + d
-    sp = sin_ptr + b * s_sb + s * s_ss + d
+    if TABLE:  # out-of-range positions are clamped, as inverse_rope_group_quant does
+        row = tl.minimum(tl.maximum(tl.load(pos_ptr + b * p_sb + s * p_ss).to(tl.int64), 0), MAX_POS - 1)
+        cp = cos_ptr + row * c_ss + d
+        sp = sin_ptr + row * s_ss + d
+    else:
+        cp = cos_ptr + b * c_sb + s * c_ss + d
+        sp = sin_ptr + b * s_sb + s * s_ss + d
     c1 = to_f32(tl.load(cp, mask=d_mask), EXACT)
     c2 = to_f32(tl.load(cp + HALF, mask=d_mask), EXACT)
     s1 = to_f32(tl.load(sp, mask=d_mask), EXACT)
     s2 = to_f32(tl.load(sp + HALF, mask=d_mask), EXACT)
+    if EAGER and TABLE:  # an fp32 table is rounded to the dtype first, as the model's rotary module returns it
+        dt: tl.constexpr = qo_ptr.dtype.element_ty
+        c1, c2, s1, s2 = _in(c1, dt, EXACT), _in(c2, dt, EXACT), _in(s1, dt, EXACT), _in(s2, dt, EXACT)
+    qw1, qw2, kw1, kw2 = c1, c1, c1, c1  # unused unless NORM
+    if NORM:
+        qw1 = to_f32(tl.load(qw_ptr + d, mask=d_mask), EXACT)
+        qw2 = to_f32(tl.load(qw_ptr + HALF + d, mask=d_mask), EXACT)
+        kw1 = to_f32(tl.load(kw_ptr + d, mask=d_mask), EXACT)
+        kw2 = to_f32(tl.load(kw_ptr + HALF + d, mask=d_mask), EXACT)
     q_off, qo_off = b * q_sb + s * q_ss, b * qo_sb + s * qo_ss
     k_off, ko_off = b * k_sb + s * k_ss, b * ko_sb + s * ko_ss
     # Q's and K's tiles of the same heads are loaded before either is stored: the stores may alias the loads
@@ -58,10 +101,10 @@ def _tts_rope_kernel(
     # trip; past H_MAX = max(HQ, HKV) the masks are all false.
     for h0 in range(0, H_MAX, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
-        q1, q2, qm = _load_heads(q_ptr, q_off, h, HQ, q_sh, d, d_mask, HALF, EXACT)
-        k1, k2, km = _load_heads(k_ptr, k_off, h, HKV, k_sh, d, d_mask, HALF, EXACT)
-        _store_rotated(qo_ptr, qo_off, h, qo_sh, q1, q2, qm, c1, c2, s1, s2, d, HALF, EXACT)
-        _store_rotated(ko_ptr, ko_off, h, ko_sh, k1, k2, km, c1, c2, s1, s2, d, HALF, EXACT)
+        q1, q2, qm = _load_heads(q_ptr, q_off, h, HQ, q_sh, d, d_mask, qw1, qw2, eps, HALF, NORM, EXACT)
+        k1, k2, km = _load_heads(k_ptr, k_off, h, HKV, k_sh, d, d_mask, kw1, kw2, eps, HALF, NORM, EXACT)
+        _store_rotated(qo_ptr, qo_off, h, qo_sh, q1, q2, qm, c1, c2, s1, s2, d, HALF, EAGER, EXACT)
+        _store_rotated(ko_ptr, ko_off, h, ko_sh, k1, k2, km, c1, c2, s1, s2, d, HALF, EAGER, EXACT)
 
 
 def launch_shape(hq: int, hkv: int, head_dim: int, warp_size: int = WARP_SIZE) -> tuple[int, int, int]:
@@ -73,21 +116,29 @@ def launch_shape(hq: int, hkv: int, head_dim: int, warp_size: int = WARP_SIZE) -
     return block_d, block_h, max(1, min(8, block_h * block_d // (8 * warp_size)))
 
 
-def qwen3_tts_rope(q, k, cos, sin, q_out, k_out) -> None:
-    check_aligned("qwen3_tts_rope", {"q": q, "k": k, "cos": cos, "sin": sin, "q_out": q_out, "k_out": k_out})
+def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, norm=None) -> None:
+    qw, kw, eps = norm if norm is not None else (q, q, 0.0)  # unread without NORM
+    named = {"q": q, "k": k, "cos": cos, "sin": sin, "q_out": q_out, "k_out": k_out, "positions": positions,
+             "q_norm_weight": norm and qw, "k_norm_weight": norm and kw}
+    check_aligned("qwen3_tts_rope", {n: t for n, t in named.items() if t is not None})
     B, HQ, S, D = q.shape
     HKV = k.shape[1]
     half = D // 2
     block_d, block_h, num_warps = launch_shape(HQ, HKV, D)
-    # cos/sin broadcast over the batch: stride 0 re-reads batch 0.
-    c_sb = cos.stride(0) if cos.shape[0] > 1 else 0
-    s_sb = sin.stride(0) if sin.shape[0] > 1 else 0
+    table = positions is not None
+    # cos/sin broadcast over the batch: stride 0 re-reads batch 0; [S] positions likewise.
+    c_sb = cos.stride(0) if cos.shape[0] > 1 and not table else 0
+    s_sb = sin.stride(0) if sin.shape[0] > 1 and not table else 0
+    p_sb, p_ss = (0, 0) if not table else (positions.stride(0), positions.stride(1)) if positions.dim() == 2 else (
+        0, positions.stride(0))
+    c_ss, s_ss = cos.stride(-2), sin.stride(-2)
     with launch_lock():
         _tts_rope_kernel[(B * S,)](
-            q, k, cos, sin, q_out, k_out,
-            S, HQ, HKV, max(HQ, HKV),
+            q, k, cos, sin, q_out, k_out, positions if table else q, qw, kw,
+            S, HQ, HKV, max(HQ, HKV), cos.shape[0], float(eps),
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            c_sb, cos.stride(1), s_sb, sin.stride(1),
+            c_sb, c_ss, s_sb, s_ss, p_sb, p_ss,
             q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
-            HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EXACT=INTERPRETED, num_warps=num_warps,
+            HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EAGER=bool(eager), TABLE=table, NORM=norm is not None,
+            EXACT=INTERPRETED, num_warps=num_warps, enable_fp_fusion=not eager,
         )

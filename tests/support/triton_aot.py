@@ -88,13 +88,27 @@ def counts(k, target) -> dict:
             "scratch": int(bool(re.search(r"\bscratch_(load|store)", asm)))}
 
 
-def tts_kernel(target, dtype="bf16", head_dim=128, hq=32, hkv=8):
-    """The kernel with the launch shape the launcher picks on ``target`` (default: wide_heads, the widest tile)."""
+TTS_TENSORS = ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr", "qw_ptr", "kw_ptr")
+
+
+def tts_ptrs(dtype: str, table: str = "", positions: str = "i64") -> dict:
+    ptrs = {n: f"*{dtype}" for n in TTS_TENSORS}
+    ptrs.update(pos_ptr=f"*{positions}", eps="fp32")
+    if table:
+        ptrs.update(cos_ptr=f"*{table}", sin_ptr=f"*{table}")
+    return ptrs
+
+
+def tts_kernel(target, dtype="bf16", head_dim=128, hq=32, hkv=8, eager=False, table="", norm=False):
+    """The kernel with the launch shape the launcher picks on ``target`` (default: wide_heads, the widest tile);
+    ``eager`` numerics (no FP fusion, as launched), cos/sin ``table`` of that dtype read at positions, the q/k
+    ``norm``."""
     block_d, block_h, warps = tts.launch_shape(hq, hkv, head_dim, target.warp_size)
-    ptrs = {n: f"*{dtype}" for n in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")}
+    ptrs = tts_ptrs(dtype, table)
     strides = {n for n in tts._tts_rope_kernel.arg_names if "_s" in n and n not in ptrs}
-    return compile_kernel(tts._tts_rope_kernel, ptrs, dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_H=block_h,
-                                                           EXACT=False), strides, target, warps)
+    consts = dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_H=block_h, EAGER=eager, TABLE=bool(table), NORM=norm,
+                  EXACT=False)
+    return compile_kernel(tts._tts_rope_kernel, ptrs, consts, strides, target, warps, enable_fp_fusion=not eager)
 
 
 def x_strides(layout: str, tokens: int, groups: int, dg: int) -> tuple:
@@ -136,10 +150,12 @@ def variants(tname) -> int:
     for dt in ("fp16", "fp32", "bf16"):
         for head_dim in (64, 96, 256):
             block_d, block_h, warps = tts.launch_shape(32, 8, head_dim, target.warp_size)
-            ptrs = {p: f"*{dt}" for p in ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")}
-            consts = dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_H=block_h, EXACT=False)
-            compile_kernel(tts._tts_rope_kernel, ptrs, consts, set(), target, warps)
-            n += 1
+            for eager, table, norm, pos in ((False, "", False, "i64"), (True, "fp32", True, "i32")):
+                ptrs = tts_ptrs(dt, table, pos)
+                consts = dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_H=block_h, EAGER=eager, TABLE=bool(table),
+                              NORM=norm, EXACT=False)
+                compile_kernel(tts._tts_rope_kernel, ptrs, consts, set(), target, warps, enable_fp_fusion=not eager)
+                n += 1
     fp8 = arch_fp8_dtype(tname)
     # (3, 96, 24): a rope_dim that is no power of two, the per-pair cos/sin gather
     for (heads, head_dim, rope_dim, gs) in ((3, 192, 32, 64), (16, 512, 64, 256), (3, 96, 24, 32)):
@@ -181,6 +197,9 @@ def main() -> dict:
     out = {}
     for tname, target in TARGETS.items():
         out[f"tts_rope/{tname}"] = counts(tts_kernel(target), target)
+        out[f"tts_rope_eager/{tname}"] = counts(tts_kernel(target, eager=True), target)
+        out[f"tts_rope_table/{tname}"] = counts(tts_kernel(target, table="bf16"), target)
+        out[f"tts_qk_norm_rope/{tname}"] = counts(tts_kernel(target, eager=True, table="fp32", norm=True), target)
         for fmt, fp8 in FP8_FORMATS.items():  # every format on every target: fnuz on gfx950 is a real call
             for gs in (32, 128):
                 out[f"inverse_rope_quant_g{gs}_{fmt}/{tname}"] = counts(quant_kernel(tname, fp8, gs), target)

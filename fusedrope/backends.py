@@ -1,0 +1,114 @@
+"""Choosing and adding backends: :func:`explain` says which backend a call would use and why not the others;
+:func:`register_backend` plugs in your own kernel. Loaded on first use (``fusedrope.explain``)."""
+
+from __future__ import annotations
+
+import inspect
+from importlib import import_module
+from typing import Callable, Optional
+
+from .registry import BACKENDS, Backend, Explanation, _yes, registry
+
+
+def explain(op, *args, **kwargs) -> Explanation:
+    """Say, per backend, whether it would run this call and why not.
+
+    Parameters
+    ----------
+    op : str or callable
+        The op's name (``"qwen3_tts_rope"``) or the public function itself.
+        ``qwen3_tts_qk_norm_rope`` is served by ``qwen3_tts_rope``'s registry.
+    *args, **kwargs
+        Exactly what you would pass to the op, ``backend=`` included.
+
+    Returns
+    -------
+    Explanation
+        A list of ``Decision(backend, runs, reason)`` in registry order with ``.chosen``; ``print()`` it.
+        Where the call would raise at selection (a named or forced backend that cannot run these inputs, or a
+        ``backend=`` the op does not have), ``.chosen`` is None and a last ``(error)`` row holds the message.
+
+    Raises
+    ------
+    TypeError, ValueError, RuntimeError
+        What the call itself would raise for these arguments (validation, caller buffers, overlap), before any
+        backend runs; with ``FUSEDROPE_CHECK_POSITIONS=1`` that includes the positions check of
+        ``inverse_rope_group_quant`` (a device sync, as in the call).
+
+    Examples
+    --------
+    >>> import torch, fusedrope
+    >>> q, k = torch.zeros(1, 2, 4, 8), torch.zeros(1, 1, 4, 8)
+    >>> cos = sin = torch.zeros(1, 4, 8)
+    >>> fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, backend="reference").chosen
+    'reference'
+    """
+    name = op if isinstance(op, str) else getattr(op, "__name__", str(op))
+    if name not in _EXPLAINERS:
+        raise ValueError(f"explain: argument 'op' expected one of {sorted(_EXPLAINERS)}, got {name!r}")
+    explainer = getattr(import_module(_EXPLAINERS[name][0], __package__), _EXPLAINERS[name][1])
+    try:
+        inspect.signature(explainer).bind(*args, **kwargs)
+    except TypeError as e:  # name the op, not the internal helper
+        raise TypeError(f"explain({name!r}, ...): {e}") from None
+    key, backend = explainer(*args, **kwargs)
+    return registry(_EXPLAINERS[name][2]).explain(key, backend)
+
+
+# op -> (its module, the function that checks a call's arguments as the op does, the op's registry)
+_EXPLAINERS = {
+    "qwen3_tts_rope": (".qwen3_tts_rope", "explain_args", "qwen3_tts_rope"),
+    "qwen3_tts_qk_norm_rope": (".qwen3_tts_rope.modes", "explain_norm_args", "qwen3_tts_rope"),
+    "inverse_rope_group_quant": (".inverse_rope_group_quant", "explain_args", "inverse_rope_group_quant"),
+}
+
+
+def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Callable] = None,
+                     available: Optional[Callable] = None) -> None:
+    """Plug your own kernel into an op: it gets fusedrope's validation, output allocation, dispatch,
+    ``explain`` and test helpers (:func:`fusedrope.testing.check_backend`).
+
+    Parameters
+    ----------
+    op : str
+        ``"qwen3_tts_rope"`` or ``"inverse_rope_group_quant"``.
+    name : str
+        The backend's name, for ``backend=name`` and ``FUSEDROPE_BACKEND`` (which the other op, without such a
+        backend, ignores); not a built-in one. Registering a name again replaces that backend.
+    run : callable
+        Called with validated inputs and allocated outputs, which it writes in place; its return value is
+        ignored. ``qwen3_tts_rope``: ``run(q, k, cos, sin, q_out, k_out)`` (``q_out``/``k_out`` may be ``q``/``k``
+        for ``inplace=True``). ``inverse_rope_group_quant``: ``run(o, positions, cos_cache, sin_cache, x_fp8,
+        x_scale, quant_group_size)`` with a row-major ``x_fp8`` and row- or column-major scales (read their
+        strides); calls asking for more (``scale_layout="mfma_tile"``, ``quantize=False``, a group-major
+        ``x_fp8``) go to the built-in backends.
+    supports : callable, optional
+        ``supports(facts) -> None or str``: None when it serves the inputs described by ``facts`` (the op's
+        named tuple: ``device``, ``dtype``, ``head_dim``, ...), else why not. Default: every input.
+    available : callable, optional
+        ``available(device) -> None or str``, asked once per device. Default: every device.
+
+    ``backend="auto"`` tries user backends first, in the order registered, then the built-in ones.
+
+    Examples
+    --------
+    >>> import torch, fusedrope
+    >>> def my_rope(q, k, cos, sin, q_out, k_out):
+    ...     fusedrope.reference.qwen3_tts_rope(q, k, cos, sin, q_out, k_out)  # your kernel here
+    >>> fusedrope.register_backend("qwen3_tts_rope", "mine", my_rope,
+    ...                            supports=lambda f: None if f.head_dim == 64 else "head_dim 64 only")
+    >>> q, k = torch.randn(1, 2, 3, 64), torch.randn(1, 1, 3, 64)
+    >>> cos, sin = torch.ones(1, 3, 64), torch.zeros(1, 3, 64)
+    >>> fusedrope.explain("qwen3_tts_rope", q, k, cos, sin).chosen
+    'mine'
+    >>> fusedrope.registry("qwen3_tts_rope").unregister("mine")
+    """
+    reg = registry(op)
+    if not isinstance(name, str) or not name or name == "auto" or name in BACKENDS:
+        raise ValueError(f"register_backend: argument 'name' expected a new backend name (not 'auto' or one of "
+                         f"{list(BACKENDS)}), got {name!r}")
+    for arg, fn in (("run", run), ("supports", supports or _yes), ("available", available or _yes)):
+        if not callable(fn):
+            raise TypeError(f"register_backend: argument '{arg}' expected a callable, got {type(fn).__name__}")
+    run, supports = reg.user_protocol(run, supports or _yes)
+    reg.register(Backend(name, run, supports, available or _yes))

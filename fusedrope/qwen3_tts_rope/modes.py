@@ -1,0 +1,102 @@
+"""qwen3_tts_rope's modes beyond fp32 math on cos/sin rows, loaded on first use: ``numerics="eager"``,
+``positions=`` (cos/sin tables read at each token's position) and :func:`qwen3_tts_qk_norm_rope`, the model's
+per-head RMSNorm then the RoPE. They share the op's registry, buffers checks and torch ops."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _validation as V
+from ..registry import getenv
+from . import DTYPES, OP, reference
+from . import _call as call
+from . import _check_inplace as check_inplace
+from . import _explain
+
+NUMERICS = ("fp32", "eager")
+POSITION_DTYPES = (torch.int64, torch.int32)
+
+
+def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_weight, eps) -> tuple:
+    """:func:`validate` for calls with ``numerics="eager"``, ``positions=`` or the norm (``q_weight`` not None):
+    ``positions [B, S]`` or ``[S]`` int32/int64, with cos/sin tables ``[max_pos, D]`` in q's dtype or fp32; norm
+    weights ``[D]`` in q's dtype; ``eps`` a number >= 0."""
+    if numerics not in NUMERICS:
+        V.fail(OP, "numerics", "'fp32' or 'eager'", repr(numerics))
+    reference.check_shapes(q, k, cos, sin, positions=positions)
+    V.check_dtype(OP, "q", q, DTYPES)
+    V.check_same_dtype(OP, "q", q, {"k": k} if positions is not None else {"k": k, "cos": cos, "sin": sin})
+    named = {"k": k, "cos": cos, "sin": sin}
+    if positions is not None:
+        V.check_dtype(OP, "cos", cos, (q.dtype, torch.float32))
+        V.check_same_dtype(OP, "cos", cos, {"sin": sin})
+        V.check_dtype(OP, "positions", positions, POSITION_DTYPES)
+        named["positions"] = positions
+    if q_weight is not None:
+        for name, w in (("q_norm_weight", q_weight), ("k_norm_weight", k_weight)):
+            V.check_tensor(OP, name, w, 1, "[D]")
+            V.check_shape(OP, name, w, (q.shape[3],))
+            V.check_dtype(OP, name, w, (q.dtype,))
+            named[name] = w
+        if type(eps) not in (int, float) or not eps >= 0:
+            V.fail(OP, "eps", "a float >= 0", repr(eps), TypeError if type(eps) not in (int, float) else ValueError)
+    V.check_same_device(OP, "q", q, named)
+    for name, t in (("q", q), *named.items()):
+        V.check_last_dim_contiguous(OP, name, t)
+    if positions is not None and getenv(V.ENV_CHECK_POSITIONS).lower() not in V.SWITCH_OFF:
+        V.check_positions_on_host(OP, positions, cos.shape[0])
+    if inplace:
+        check_inplace(q, k, cos, sin, {n: t for n, t in named.items() if n not in ("k", "cos", "sin")})
+    return q.device, q.dtype, q.shape[3], inplace is True, numerics == "eager", positions is not None, \
+        q_weight is not None
+
+
+def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: float = 1e-6, *,
+                           numerics: str = "eager", positions=None, inplace: bool = False, q_out=None, k_out=None,
+                           backend: str = "auto"):
+    """Qwen3(-TTS)'s per-head RMSNorm (``q_norm``, ``k_norm``) then NeoX RoPE on q and k, in one launch.
+
+    Every head row ``x`` becomes ``n = w * (x * rsqrt(mean(x**2) + eps))``, as the model's RMSNorm computes it
+    (fp32 variance, the normalised value rounded to the dtype, then times the weight, rounded), and then
+    ``n * cos + rotate_half(n) * sin`` as :func:`qwen3_tts_rope` computes it.
+
+    Parameters
+    ----------
+    q, k, cos, sin, positions, inplace, q_out, k_out, backend
+        As for :func:`qwen3_tts_rope`: q/k ``[B, H, S, D]`` views such as the transposed ``[B, S, H, D]``
+        projection, before the norm.
+    q_norm_weight, k_norm_weight : torch.Tensor
+        ``[D]``, q's dtype: the weights of the model's ``q_norm`` and ``k_norm``.
+    eps : float, default 1e-6
+        The norms' ``variance_epsilon``.
+    numerics : {"eager", "fp32"}, default "eager"
+        The RoPE's arithmetic (see :func:`qwen3_tts_rope`). ``"eager"`` matches the model's own modules bit for
+        bit except where the fp32 variance's summation order differs (docs/qwen3_tts_rope.md says how often).
+
+    Returns
+    -------
+    (q_out, k_out) : tuple of torch.Tensor
+        As :func:`qwen3_tts_rope` returns them.
+
+    Examples
+    --------
+    >>> import torch, fusedrope
+    >>> q = torch.randn(1, 16, 4, 128, dtype=torch.bfloat16)
+    >>> k = torch.randn(1, 8, 4, 128, dtype=torch.bfloat16)
+    >>> w = torch.ones(128, dtype=torch.bfloat16)
+    >>> cos, sin = torch.ones(1, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 4, 128, dtype=torch.bfloat16)
+    >>> q_out, k_out = fusedrope.qwen3_tts_qk_norm_rope(q, k, w, w, cos, sin, backend="reference")
+    >>> bool(q_out.float().pow(2).mean(-1).sub(1).abs().max() < 0.02)  # unit RMS per head
+    True
+    """
+    if q_norm_weight is None or k_norm_weight is None:
+        V.check_tensor(OP, "q_norm_weight" if q_norm_weight is None else "k_norm_weight", None)
+    return call(q, k, cos, sin, (positions, numerics, q_norm_weight, k_norm_weight, eps), inplace, q_out, k_out,
+                 backend)
+
+
+def explain_norm_args(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: float = 1e-6, *, numerics: str = "eager",
+                      positions=None, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
+    """:func:`explain_args` for :func:`qwen3_tts_qk_norm_rope`."""
+    return _explain(q, k, cos, sin, (positions, numerics, q_norm_weight, k_norm_weight, eps), inplace, q_out, k_out,
+                    backend)
