@@ -1,12 +1,17 @@
-"""Qwen3-TTS code-predictor attention, HF's ``apply_rotary_pos_emb`` replaced by ``fusedrope.qwen3_tts_rope``.
+"""Qwen3-TTS code-predictor attention with fusedrope in place of HF's RoPE, or of its q/k norms and RoPE.
 
 The block is written the way HF's Qwen3 attention is: q/k/v projections, per-head RMSNorm on q and k
 (``q_norm``, ``k_norm``), then rotary embedding on the ``[B, H, S, D]`` views, grouped-query attention,
 ``o_proj``. The code predictor's attention has 16 query heads, 8 KV heads, head_dim 128 and rope_theta 1e6;
-``hidden_size`` is a free parameter here. Two ways to use fusedrope in such a model:
+``hidden_size`` is a free parameter here. Ways to use fusedrope in such a model:
 
 * pass ``rope=fused_apply_rotary_pos_emb`` (or assign it over the modeling file's module-level
-  ``apply_rotary_pos_emb``): it has HF's signature and returns new tensors, one launch for q and k;
+  ``apply_rotary_pos_emb``): it has HF's signature and returns new tensors, one launch for q and k, fp32 math
+  rounded once (more accurate than HF's three roundings);
+* ``numerics="eager"`` (or ``fusedrope.integrations.hf.apply_rotary_pos_emb``): HF's rounding, bit for bit;
+* ``fusedrope.qwen3_tts_qk_norm_rope``: ``q_norm``, ``k_norm`` and the RoPE in one launch (``forward(...,
+  fused_backend=...)`` below); for a transformers or qwen-tts model, ``fusedrope.integrations.hf.patch_qk_norm_rope``
+  does that without editing the modeling code;
 * or call ``fusedrope.qwen3_tts_rope(q, k, cos, sin, inplace=True)`` to rotate the views in place.
 
 q and k reach the op as strided views (``q_norm(...).transpose(1, 2)``): no ``.contiguous()`` copy is needed.
@@ -101,10 +106,18 @@ class CodePredictorAttention(nn.Module):
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
         return q, k, v
 
-    def forward(self, hidden_states, position_embeddings):
-        q, k, v = self.project(hidden_states)
+    def forward(self, hidden_states, position_embeddings, fused_backend=None):
         cos, sin = position_embeddings
-        q, k = self.rope(q, k, cos, sin)
+        if fused_backend is None:
+            q, k, v = self.project(hidden_states)
+            q, k = self.rope(q, k, cos, sin)
+        else:  # q_norm, k_norm and the RoPE in one launch, on the projections' [B, H, S, D] views
+            shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+            q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+            k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+            v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+            q, k = fusedrope.qwen3_tts_qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, cos, sin,
+                                                    self.q_norm.eps, backend=fused_backend)
         out = F.scaled_dot_product_attention(q, k.repeat_interleave(self.num_heads // self.num_kv_heads, 1),
                                              v.repeat_interleave(self.num_heads // self.num_kv_heads, 1),
                                              is_causal=True)
@@ -125,6 +138,8 @@ def check(batch=2, seq_len=16, hidden_size=256, backend="auto", seed=0, dtype=to
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(seed)
     hf = CodePredictorAttention(hidden_size).to(device, dtype)
+    for norm in (hf.q_norm, hf.k_norm):  # trained norms are not the identity
+        norm.weight.normal_(1.0, 0.2)
     fused = CodePredictorAttention(hidden_size, rope=lambda q, k, c, s: fused_apply_rotary_pos_emb(
         q, k, c, s, backend=backend)).to(device, dtype)
     fused.load_state_dict(hf.state_dict())
@@ -144,9 +159,18 @@ def check(batch=2, seq_len=16, hidden_size=256, backend="auto", seed=0, dtype=to
     out_hf, out_fr = hf(x, (cos, sin)), fused(x, (cos, sin))
     rel = float((out_fr.float() - out_hf.float()).norm() / out_hf.float().norm())
     assert rel < 2**-6, f"attention outputs differ by {rel:.2e} (relative Frobenius), expected < 2^-6"
+
+    # HF's own numerics: every element identical (the cuda kernel serves fp32 math only: auto picks another)
+    other = "auto" if backend == "cuda" else backend
+    q_eager, k_eager = fusedrope.qwen3_tts_rope(q, k, cos, sin, numerics="eager", backend=other)
+    assert torch.equal(q_eager, q_hf) and torch.equal(k_eager, k_hf)
+    # q_norm, k_norm and the RoPE in one launch: identical but where the variance's summation order differs
+    out_norm_rope = hf(x, (cos, sin), fused_backend=other)
+    rel_norm_rope = float((out_norm_rope.float() - out_hf.float()).norm() / out_hf.float().norm())
+    assert rel_norm_rope < 2**-6, f"fused norm+rope: attention outputs differ by {rel_norm_rope:.2e}"
     return {"rope_max_abs_diff_vs_hf": float(max((q_fr.float() - q_hf.float()).abs().max(),
                                                  (k_fr.float() - k_hf.float()).abs().max())),
-            "attention_output_rel_diff": rel,
+            "attention_output_rel_diff": rel, "norm_rope_attention_output_rel_diff": rel_norm_rope,
             "backend": fusedrope.explain("qwen3_tts_rope", q, k, cos, sin, backend=backend).chosen}
 
 
@@ -156,6 +180,8 @@ def main():
     print("  q/k within 1 ulp of the fp64 oracle; within bf16 rounding of HF's apply_rotary_pos_emb "
           f"(max |diff| {stats['rope_max_abs_diff_vs_hf']:.3g})")
     print(f"  attention output vs the HF block: relative difference {stats['attention_output_rel_diff']:.2e}")
+    print("  numerics='eager': q/k identical to HF's apply_rotary_pos_emb; q_norm + k_norm + RoPE in one launch: "
+          f"attention output relative difference {stats['norm_rope_attention_output_rel_diff']:.2e}")
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ def test_python_blocks_run(page):
         exec(compile(code, page, "exec"), {})
 
 
-MODULES = ["fusedrope", "fusedrope.registry", "fusedrope.reference", "fusedrope.qwen3_tts_rope",
+MODULES = ["fusedrope.backends", "fusedrope.reference", "fusedrope.qwen3_tts_rope", "fusedrope.qwen3_tts_rope.modes",
            "fusedrope.qwen3_tts_rope.reference", "fusedrope.inverse_rope_group_quant",
            "fusedrope.inverse_rope_group_quant.reference", "fusedrope.integrations.vllm",
-           "fusedrope.integrations.aiter", "fusedrope.testing",
+           "fusedrope.integrations.aiter", "fusedrope.integrations.hf", "fusedrope.testing",
            "fusedrope.benchmark", "fusedrope.benchmark.timing", "fusedrope.benchmark.report"]
 
 

@@ -1,0 +1,151 @@
+"""fusedrope.integrations.hf against transformers' own Qwen3 code: its apply_rotary_pos_emb and RMSNorm, and a
+small randomly initialised Qwen3 attention block with and without patch_qk_norm_rope."""
+
+import pytest
+import torch
+
+import fusedrope
+from fusedrope.integrations import hf
+
+from conftest import DEVICE, backends_here
+
+transformers = pytest.importorskip("transformers", reason="transformers is in the test extras: pip install '.[test]'")
+from transformers import Qwen3Config  # noqa: E402
+from transformers.models.qwen3 import modeling_qwen3 as qwen3  # noqa: E402
+
+BACKENDS = [b for b in backends_here("qwen3_tts_rope") if b.values[0] != "cuda"]  # cuda declines eager numerics
+
+
+def _randn(*shape, dtype, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_apply_rotary_pos_emb_is_transformers_bit_for_bit(backend, dtype, unsqueeze_dim):
+    B, S, HQ, HKV, D = 2, 7, 8, 2, 128
+    proj = _randn(B, S, HQ + HKV, D, dtype=dtype, seed=1)
+    q, k = proj[:, :, :HQ], proj[:, :, HQ:]  # [B, S, H, D] views of one projection
+    if unsqueeze_dim == 1:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    cos, sin = _randn(B, S, D, dtype=dtype, seed=2), _randn(B, S, D, dtype=dtype, seed=3)
+    want = qwen3.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    got = hf.apply_rotary_pos_emb(q, k, cos, sin, None, unsqueeze_dim, backend=backend)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_apply_rotary_pos_emb_falls_back_to_the_formula_where_fusedrope_cannot_serve():
+    q = _randn(1, 4, 3, 64, dtype=torch.bfloat16, seed=4)
+    cos32, sin32 = _randn(1, 3, 64, dtype=torch.float32, seed=5), _randn(1, 3, 64, dtype=torch.float32, seed=6)
+    got = hf.apply_rotary_pos_emb(q, q, cos32, sin32)  # mixed dtypes promote to fp32 in PyTorch
+    assert got[0].dtype == torch.float32 and torch.equal(got[0], qwen3.apply_rotary_pos_emb(q, q, cos32, sin32)[0])
+    leaf = q.clone().requires_grad_()
+    cos, sin = cos32.to(torch.bfloat16), sin32.to(torch.bfloat16)
+    out = hf.apply_rotary_pos_emb(leaf, leaf, cos, sin)[0]
+    out.sum().backward()  # autograd: the formula, which has a backward
+    assert leaf.grad is not None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_qk_norm_rope_against_transformers_rmsnorm_and_rope(backend, dtype):
+    B, S, HQ, HKV, D = 2, 9, 16, 8, 128
+    q_norm, k_norm = qwen3.Qwen3RMSNorm(D, eps=1e-6), qwen3.Qwen3RMSNorm(D, eps=1e-6)
+    with torch.no_grad():
+        q_norm.weight.copy_(1 + 0.2 * _randn(D, dtype=torch.float32, seed=7))
+        k_norm.weight.copy_(1 + 0.2 * _randn(D, dtype=torch.float32, seed=8))
+    q_norm, k_norm = q_norm.to(DEVICE, dtype), k_norm.to(DEVICE, dtype)
+    proj = _randn(B, S, HQ + HKV, D, dtype=dtype, seed=9)
+    cos, sin = _randn(B, S, D, dtype=dtype, seed=10), _randn(B, S, D, dtype=dtype, seed=11)
+    with torch.no_grad():
+        want = qwen3.apply_rotary_pos_emb(q_norm(proj[:, :, :HQ]).transpose(1, 2),
+                                          k_norm(proj[:, :, HQ:]).transpose(1, 2), cos, sin)
+        got = fusedrope.qwen3_tts_qk_norm_rope(proj[:, :, :HQ].transpose(1, 2), proj[:, :, HQ:].transpose(1, 2),
+                                               q_norm.weight, k_norm.weight, cos, sin, q_norm.variance_epsilon,
+                                               backend=backend)
+    same = sum(int((g == w).sum()) for g, w in zip(got, want)) / sum(w.numel() for w in want)
+    assert same >= (1.0 if backend == "reference" else 0.999), f"{same:.5%} identical"
+
+
+def _attention_block(dtype):
+    config = Qwen3Config(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         rms_norm_eps=1e-6, attn_implementation="eager")
+    torch.manual_seed(12)
+    attn = qwen3.Qwen3Attention(config, layer_idx=0)
+    with torch.no_grad():  # norms that are not the identity, so skipping one would show
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.copy_(1 + 0.3 * torch.randn(64))
+    rotary = qwen3.Qwen3RotaryEmbedding(config)
+    return attn.to(DEVICE, dtype).eval(), rotary.to(DEVICE)
+
+
+def _forward(attn, rotary, hidden):
+    position_ids = torch.arange(hidden.shape[1], device=DEVICE)[None].expand(hidden.shape[0], -1)
+    cos, sin = rotary(hidden, position_ids)
+    return attn(hidden, (cos, sin), None)[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_patched_attention_block_gives_the_models_output(backend):
+    dtype = torch.bfloat16
+    attn, rotary = _attention_block(dtype)
+    hidden = _randn(2, 11, 256, dtype=dtype, seed=13)
+    calls = []
+    real = fusedrope.qwen3_tts_rope.__globals__["_into_new_outputs"]
+    models_rope = qwen3.apply_rotary_pos_emb
+    with torch.no_grad():
+        want = _forward(attn, rotary, hidden)
+        with hf.patch_qk_norm_rope(attn, backend=backend) as patch:
+            assert patch.blocks == [attn]
+            fused = fusedrope.qwen3_tts_rope.__globals__
+            fused["_into_new_outputs"] = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+            try:
+                got = _forward(attn, rotary, hidden)
+            finally:
+                fused["_into_new_outputs"] = real
+        again = _forward(attn, rotary, hidden)
+    assert calls == [1]  # one fused call did the norms and the RoPE
+    assert torch.equal(again, want)  # removed: the model's own code again
+    if backend == "reference":
+        assert torch.equal(got, want)
+    else:  # a norm's variance summed in another order may move an element by one rounding step
+        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=2 ** -7)
+    assert "forward" not in attn.__dict__ and "forward" not in attn.q_norm.__dict__
+    assert qwen3.apply_rotary_pos_emb is models_rope
+
+
+def test_patch_runs_the_models_code_where_fusedrope_cannot():
+    """Autograd on: the block's own norms and RoPE run, and gradients flow."""
+    attn, rotary = _attention_block(torch.float32)
+    hidden = _randn(1, 5, 256, dtype=torch.float32, seed=14)
+    want = _forward(attn, rotary, hidden)
+    with hf.patch_qk_norm_rope(attn):
+        got = _forward(attn, rotary, hidden)
+        got.sum().backward()
+    assert torch.equal(got, want) and attn.q_norm.weight.grad is not None
+
+
+def test_patch_refuses_models_without_such_blocks_and_double_patches():
+    with pytest.raises(ValueError, match="argument 'model' expected a module with attention blocks"):
+        hf.patch_qk_norm_rope(torch.nn.Linear(2, 2))
+    attn, _ = _attention_block(torch.float32)
+    with hf.patch_qk_norm_rope(attn):
+        with pytest.raises(ValueError, match="already replaced"):
+            hf.patch_qk_norm_rope(attn)
+
+
+def test_a_forward_that_skips_the_rope_raises_instead_of_dropping_the_norm():
+    class NormOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_norm, self.k_norm = qwen3.Qwen3RMSNorm(8), qwen3.Qwen3RMSNorm(8)
+
+        def forward(self, x):
+            return self.q_norm(x)
+
+    NormOnly.__module__ = qwen3.__name__  # a block of that modeling file, which has apply_rotary_pos_emb
+    block = NormOnly()
+    with hf.patch_qk_norm_rope(block):
+        with pytest.raises(RuntimeError, match="without calling apply_rotary_pos_emb"):
+            block(torch.randn(2, 8))
