@@ -1,5 +1,6 @@
 """qwen3_tts_rope over the seed matrix (6 shapes x batch 1, 8, 32): eager torch, torch.compile, every
-fusedrope backend, Liger-Kernel's RoPE. One pytest-benchmark group per case:
+fusedrope backend, numerics='eager', cos/sin tables, the fused q/k norm+RoPE against the model's chain,
+Liger-Kernel's RoPE. One pytest-benchmark group per case:
 
     pytest bench/test_bench_tts_rope.py --benchmark-only [--benchmark-json out.json]
 """

@@ -281,7 +281,8 @@ def main(argv=None) -> int:
     be.add_argument("--interpreter", action="store_true", help="on a CPU, time Triton in its interpreter too")
     be.add_argument("--transpose-scale", action="store_true", help="op 2 with the column-major scale layout")
     be.add_argument("--contenders", default="", help="comma-separated contender names to run (default: all)")
-    be.add_argument("--cases", default="", help="comma-separated case ids to run (default: the whole matrix)")
+    be.add_argument("--cases", default="", help="comma-separated case ids to run (default: the whole matrix; "
+                                                "an op none of whose cases is named runs all of them)")
     be.add_argument("--budget-s", type=_positive(float), default=None,
                     help="start no new case after this many seconds")
     pl = sub.add_parser("plot", help="PNG plots from saved results.json files (bench/results/...)")

@@ -18,11 +18,14 @@
 #   memcheck   compute-sanitizer memcheck (PYTORCH_NO_CUDA_MEMORY_CACHING=1, so each tensor is its own
 #              allocation) over the gpu tests of both ops but those MEMCHECK_K leaves out (the child processes,
 #              the seed sizes, and the CUDA graphs, whose capture cannot allocate without the caching allocator)
-#   bench      python -m fusedrope bench with BENCH_ARGS (default: op 2's seed matrix, S sweep first, the CUDA
-#              launch experiments against the default launch, fast_layout with an fp32 and a bf16 cache, the
-#              engines' layouts and modes through the public op (auto:col, auto:group_major, auto:mfma_tile,
-#              auto:bf16, auto:pdl, auto:vllm) against the row-major cuda and triton rows, the unfused baseline,
-#              the launch floor; the copy roofline is measured in the same run), --budget-s a little under its limit
+#   bench      python -m fusedrope bench with BENCH_ARGS (default: op 1 on four seed cases: numerics='eager',
+#              cos/sin tables read by the kernel against gathered ones, the fused q/k norm+RoPE against the
+#              model's eager chain, torch.compile of it and two torch RMSNorms then the op, beside cuda and triton;
+#              then op 2's seed matrix, S sweep first, the CUDA launch experiments against the default launch,
+#              fast_layout with an fp32 and a bf16 cache, the engines' layouts and modes through the public op
+#              (auto:col, auto:group_major, auto:mfma_tile, auto:bf16, auto:pdl, auto:vllm) against the
+#              row-major cuda and triton rows, the unfused baseline, the launch floor; the copy roofline is
+#              measured in the same run), --budget-s a little under its limit
 #   tests      pytest -m "not gpu" over TESTS: by default the suites that run kernels on the device (TESTS=tests:
 #              the whole suite, whose CPU-only parts, emulation, SASS, AOT, lint, give on the GPU machine what
 #              they give in CI, at the cost of minutes)
@@ -51,15 +54,18 @@ TOTAL_S="${TOTAL_S:-520}"
 MIN_S="${MIN_S:-20}"
 STEPS="${STEPS:-build gpu-tests memcheck bench tests ncu}"
 MEMCHECK_K="${MEMCHECK_K:-not rejects and not seed and not graph}"
-BENCH_ARGS="${BENCH_ARGS:---op inverse_rope_group_quant --no-compile --contenders cuda,triton,cuda:default,\
+BENCH_ARGS="${BENCH_ARGS:---op all --contenders cuda,triton,cuda:default,\
 cuda:fast_layout,cuda:tail_warps,cuda:block_threads=128,cuda:block_threads=64,cuda:pdl,cuda:default:bf16_cache,\
-cuda:fast_layout:bf16_cache,auto:col,auto:group_major,auto:mfma_tile,auto:bf16,auto:pdl,auto:vllm,unfused,floor}"
+cuda:fast_layout:bf16_cache,auto:col,auto:group_major,auto:mfma_tile,auto:bf16,auto:pdl,auto:vllm,unfused,floor,\
+auto:eager,auto:table,gather+auto,norm_rope:eager,norm_rope:compile,norm_rope:2norms+auto,auto:qk_norm_rope \
+--cases qwen3_tts-B1,qwen3_tts-B8,qwen3_tts-B32,wide_heads-B32}"
 SANITIZER="${SANITIZER-$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null \
     | head -1)}"
 NCU="${NCU-$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}"
 GPU_TEST_FILES=(tests/qwen3_tts_rope/test_qwen3_tts_rope_gpu.py
                 tests/inverse_rope_group_quant/test_inverse_rope_group_quant_gpu.py)
 TESTS="${TESTS:-tests/qwen3_tts_rope/test_qwen3_tts_rope.py tests/qwen3_tts_rope/test_qwen3_tts_rope_buffers.py \
+tests/qwen3_tts_rope/test_qwen3_tts_rope_modes.py \
 tests/inverse_rope_group_quant/test_inverse_rope_group_quant.py tests/test_registry.py tests/test_dynamic_shapes.py \
 tests/test_examples.py}"
 ROWS=()     # "step|status|seconds|note", one per step, for the summary
@@ -158,7 +164,7 @@ main() {
         record memcheck skipped 0 "compute-sanitizer not found"
     fi
     local lim
-    lim=$(limit "${BENCH_S:-150}" 50)
+    lim=$(limit "${BENCH_S:-210}" 50)
     # shellcheck disable=SC2086  # BENCH_ARGS, TESTS: several arguments
     step bench "$lim" "$PY" -m fusedrope bench --out "$OUT/bench" --no-plots \
         --budget-s $((lim > 80 ? lim - 40 : (lim + 1) / 2)) $BENCH_ARGS

@@ -277,7 +277,12 @@ def test_measure_frees_each_contenders_buffers_before_the_next_makes_its_own():
 def test_contenders_say_why_they_cannot_run_here():
     tts = {c.name: c for c in B.contenders(B.TTS, CPU)}
     quant = {c.name: c for c in B.contenders(B.QUANT, CPU)}
-    assert list(tts) == ["eager", "compile", "cuda", "triton", "reference", "liger", "floor"]
+    modes = ["auto:eager", "auto:table", "gather+auto", "norm_rope:2norms+auto", "auto:qk_norm_rope"]
+    assert list(tts) == ["eager", "compile", "cuda", "triton", "reference", "auto:eager", "auto:table", "gather+auto",
+                         "norm_rope:eager", "norm_rope:compile", "norm_rope:2norms+auto", "auto:qk_norm_rope", "liger",
+                         "floor"]
+    assert {tts[n].reason for n in modes} == {tts["triton"].reason}  # on a CPU, auto runs Triton's interpreter
+    assert tts["norm_rope:eager"].reason is None and tts["norm_rope:compile"].reason == tts["compile"].reason
     assert list(quant) == ["eager", "compile", "cuda", "hip", "triton", "reference", *B.QUANT_CUDA_EXPERIMENTS,
                            *B.QUANT_LAYOUTS, "auto:vllm", "unfused", "floor"]
     assert {quant[n].reason for n in (*B.QUANT_LAYOUTS, "auto:vllm")} == {quant["triton"].reason}
@@ -316,6 +321,22 @@ def test_cuda_launch_experiments_run_the_config_op_where_the_cuda_backend_runs(m
         assert calls.pop() == ((2, 16, 512), True, kw.get("cache_dtype", torch.float32), 64, switches), name
     assert {"fast_layout", "tail_warps", "block_threads", "pdl", "cache_dtype"} == {
         k for kw in B.QUANT_CUDA_EXPERIMENTS.values() for k in kw}
+
+
+def test_tts_mode_contenders_compute_what_they_name(monkeypatch):
+    """The op-1 modes' contenders, on the reference backend: the table path equals the gathered one, the fused
+    q/k norm+RoPE equals the model's eager chain and two norms then the op in eager numerics."""
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "reference")
+    case = TTS_CASES[0]
+    sets = B.make_sets(B.TTS, case, CPU, n=2)
+    tts = {c.name: c for c in B.contenders(B.TTS, CPU, compile=False, interpreter=True)}
+    run = {name: tts[name].make(case, sets)(3) for name in ("eager", "auto:eager", "auto:table", "gather+auto",
+                                                            "norm_rope:eager", "auto:qk_norm_rope")}
+    assert all(torch.equal(a, b) for a, b in zip(run["auto:eager"], run["eager"]))
+    assert all(torch.equal(a, b) for a, b in zip(run["auto:table"], run["gather+auto"]))
+    assert all(torch.equal(a, b) for a, b in zip(run["auto:table"], fusedrope.qwen3_tts_rope(*sets[1])))
+    assert all(torch.equal(a, b) for a, b in zip(run["auto:qk_norm_rope"], run["norm_rope:eager"]))
+    assert not torch.equal(run["auto:qk_norm_rope"][0], run["eager"][0])  # the norms did something
 
 
 def test_layout_contenders_call_the_public_op_with_their_layout(monkeypatch):
@@ -448,20 +469,20 @@ def test_pytest_benchmark_suite_runs_and_skips_with_reasons(tmp_path):
     assert "triton: CPU interpreter timings are not meaningful" in out
     assert "unfused: CPU interpreter timings are not meaningful" in out
     assert "cuda: cuda backend unavailable" in out
-    assert "6 passed" in out  # eager, reference and the launch floor, for each op
+    assert "7 passed" in out  # eager, reference and the launch floor, for each op; op 1's norm_rope:eager chain
     # the JSON carries our provenance next to pytest-benchmark's, and each row its bandwidth fields
     saved = json.loads(saved.read_text())
     meta = saved["machine_info"]["fusedrope"]
     assert meta["device"] == "cpu" and meta["torch"] == torch.__version__ and meta["git_commit"]
     assert meta["timing"] == B.CPU_TIMING and "command" in meta
     rows = {b["extra_info"]["contender"]: b["extra_info"] for b in saved["benchmarks"]}
-    assert len(saved["benchmarks"]) == 6 and set(rows) == {"eager", "reference", "floor"}
+    assert len(saved["benchmarks"]) == 7 and set(rows) == {"eager", "reference", "norm_rope:eager", "floor"}
     assert all(r["per_call_us"] > 0 and r["bytes_moved"] > 0 for r in rows.values())
     assert all(r["tbps"] > 0 for n, r in rows.items() if n != "floor") and "tbps" not in rows["floor"]
     # --benchmark-disable (a smoke run of the suite) runs each call once and times nothing: no crash
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "bench/test_bench_tts_rope.py", "--benchmark-disable", "-q",
-         "-p", "no:cacheprovider", "-k", "small_tts-B1 and eager"],
+         "-p", "no:cacheprovider", "-k", "small_tts-B1-eager]"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "1 passed" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
 

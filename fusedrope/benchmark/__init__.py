@@ -369,6 +369,57 @@ def _tts_maker(get_fn: Callable) -> Callable:
     return make
 
 
+def rms_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float = 1e-6):
+    """The Qwen3-TTS code predictor's eager chain: ``q_norm``, ``k_norm`` (Qwen3TTSRMSNorm), then
+    ``apply_rotary_pos_emb``, in the input dtype (HF's modules)."""
+    return tts_formula(R.rms_norm(q, q_weight, eps), R.rms_norm(k, k_weight, eps), cos, sin)
+
+
+def _qk_norm_rope():
+    from ..qwen3_tts_rope.modes import qwen3_tts_qk_norm_rope
+
+    return qwen3_tts_qk_norm_rope
+
+
+def _two_norms_then_rope(q, k, q_weight, k_weight, cos, sin, eps: float = 1e-6):
+    from .. import qwen3_tts_rope
+
+    return qwen3_tts_rope(R.rms_norm(q, q_weight, eps), R.rms_norm(k, k_weight, eps), cos, sin)
+
+
+def _norm_weights(case, sets) -> tuple:
+    g = torch.Generator().manual_seed(1)
+    w = (1 + 0.3 * torch.randn(2, case.head_dim, generator=g)).to(sets[0][0].dtype).to(sets[0][0].device)
+    return w[0], w[1]
+
+
+def _tts_norm_maker(get_fn: Callable) -> Callable:
+    """``call(i)`` runs ``get_fn()(q, k, q_weight, k_weight, cos, sin)`` on set ``i``: the norm+RoPE chains."""
+    def make(case, sets):
+        fn, (qw, kw) = get_fn(), _norm_weights(case, sets)
+        return lambda i: fn(sets[i % len(sets)][0], sets[i % len(sets)][1], qw, kw, *sets[i % len(sets)][2:])
+    return make
+
+
+def _tts_table_maker(gather: bool) -> Callable:
+    """cos/sin read from ``[B*S, D]`` tables at ``[B, S]`` positions: by the kernel (``positions=``), or gathered
+    by torch first (``gather``), as an engine without the table path does."""
+    def make(case, sets):
+        from .. import qwen3_tts_rope
+
+        B, S = case.batch, case.seq_len
+        tables = [(c.reshape(B * S, -1).clone(), n.reshape(B * S, -1).clone()) for _, _, c, n in sets]
+        pos = torch.arange(B * S, device=sets[0][0].device).view(B, S)
+
+        def call(i):
+            (q, k, _, _), (ct, st) = sets[i % len(sets)], tables[i % len(sets)]
+            if gather:
+                return qwen3_tts_rope(q, k, ct[pos], st[pos])
+            return qwen3_tts_rope(q, k, ct, st, positions=pos)
+        return call
+    return make
+
+
 def _quant_formula_maker(get_fn: Callable) -> Callable:
     def make(case, sets):
         fn, fp8_dtype = get_fn(), sets[0][4].dtype
@@ -519,6 +570,29 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
                                  _tts_maker(lambda b=b: functools.partial(qwen3_tts_rope, backend=b)),
                                  reason=_backend_reason(op, b, device, interpreter), backend=b,
                                  many_kernels=b == "reference"))
+        # the modes and the fused q/k norm through the public functions (on a CPU auto picks Triton's interpreter
+        # for them: timed only with --interpreter), beside the model's eager chain and torch.compile of it
+        no_auto = _triton_reason(device, interpreter) if device.type == "cpu" else None
+        out.append(Contender("auto:eager", op, "fusedrope.qwen3_tts_rope(..., numerics='eager'): HF's rounding",
+                             _tts_maker(lambda: functools.partial(qwen3_tts_rope, numerics="eager")),
+                             reason=no_auto))
+        out.append(Contender("auto:table", op, "fusedrope.qwen3_tts_rope(..., positions=): cos/sin rows read from "
+                                               "[B*S, D] tables by the kernel", _tts_table_maker(False),
+                             reason=no_auto))
+        out.append(Contender("gather+auto", op, "the same tables gathered by torch (cos[pos], sin[pos]), then "
+                                                "fusedrope.qwen3_tts_rope", _tts_table_maker(True), reason=no_auto,
+                             many_kernels=True))
+        out.append(Contender("norm_rope:eager", op, "the model's chain: q_norm, k_norm (RMSNorm), then "
+                                                    "apply_rotary_pos_emb, eager torch", _tts_norm_maker(
+                                                        lambda: rms_norm_rope), many_kernels=True))
+        out.append(Contender("norm_rope:compile", op, "torch.compile of that chain (default options)",
+                             _tts_norm_maker(lambda: compiled(rms_norm_rope)), reason=no_compile,
+                             many_kernels=True))
+        out.append(Contender("norm_rope:2norms+auto", op, "two torch RMSNorms, then fusedrope.qwen3_tts_rope",
+                             _tts_norm_maker(lambda: _two_norms_then_rope), reason=no_auto, many_kernels=True))
+        out.append(Contender("auto:qk_norm_rope", op, "fusedrope.qwen3_tts_qk_norm_rope: both norms and the RoPE "
+                                                      "in one launch", _tts_norm_maker(_qk_norm_rope),
+                             reason=no_auto))
         fn, info = _liger()
         reason = info if fn is None else (
             None if device.type == "cuda" else "liger_kernel's Triton kernel needs a GPU")
@@ -856,7 +930,7 @@ class RunConfig:
     interpreter: bool = False
     transpose_scale: bool = False
     only_contenders: Optional[tuple] = None
-    only_cases: Optional[tuple] = None  # case ids
+    only_cases: Optional[tuple] = None  # case ids; an op none of whose cases is named runs its whole matrix
     cases: Optional[dict] = None  # {op: [case, ...]}: an explicit matrix instead of ``matrix``'s
     budget_s: Optional[float] = None
     plots: bool = True
@@ -910,7 +984,7 @@ def _run(cfg: RunConfig, out: Path, device: torch.device, command: Optional[str]
         results["contenders"][op] = [{"name": c.name, "what": c.what, "unavailable": c.reason} for c in cl]
         cases = (cfg.cases or {}).get(op) or (
             seed_cases(op) if cfg.matrix == "seed" else quick_cases(op, device))
-        if cfg.only_cases:
+        if cfg.only_cases and any(c.id in cfg.only_cases for c in cases):  # an op none of them names runs all
             cases = [c for c in cases if c.id in cfg.only_cases]
         log(f"== {op}: {len(cases)} cases x {len(cl)} contenders"
             + "".join(f"\n  skip {c.name}: {c.reason}" for c in cl if c.reason))
