@@ -6,13 +6,17 @@ for both ops, with a no-op backend registered through ``fusedrope.register_backe
 ``public`` calls the op; ``direct`` allocates the same outputs with ``torch.empty_like`` (two calls) and calls
 the no-op itself; ``bare aten`` is one ``torch.neg`` on a tiny tensor. The last test prints, per op, how many
 bare aten calls the public call costs over the direct one (the ratio engines compare against torch.compile
-and CUDA-graph replay); ``--benchmark-json`` keeps it in that test's ``extra_info``.
+and CUDA-graph replay); ``--benchmark-json`` keeps it in that test's ``extra_info``. qwen3_tts_rope's other
+entry points (``numerics="eager"``, ``positions=``, ``qwen3_tts_qk_norm_rope``) go to built-in backends only: a
+no-op registered as one of those (``noop_builtin``) stands in for the kernel there.
 """
 
 import pytest
 import torch
 
 import fusedrope
+from fusedrope.qwen3_tts_rope import REGISTRY as TTS_REGISTRY
+from fusedrope.registry import Backend
 
 pytestmark = pytest.mark.benchmark(warmup=True, min_rounds=2000)
 MEDIANS: dict = {}  # test name -> median seconds, for the ratio at the end
@@ -26,9 +30,11 @@ def _noop(*args):
 def noop_backends():
     for op in ("qwen3_tts_rope", "inverse_rope_group_quant"):
         fusedrope.register_backend(op, "noop", _noop)
+    TTS_REGISTRY.register(Backend("noop_builtin", _noop))  # takes the modes' arguments, as built-in ones do
     yield
     for op in ("qwen3_tts_rope", "inverse_rope_group_quant"):
         fusedrope.registry(op).unregister("noop")
+    TTS_REGISTRY.unregister("noop_builtin")
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +78,26 @@ def test_tts_public_auto(benchmark, tts, monkeypatch):
 def test_tts_direct(benchmark, tts):
     q, k, cos, sin = tts
     timed(benchmark, "tts direct", lambda: _noop(q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)))
+
+
+def test_tts_public_eager(benchmark, tts):
+    q, k, cos, sin = tts
+    timed(benchmark, "eager public", lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin, numerics="eager",
+                                                                      backend="noop_builtin"))
+
+
+def test_tts_public_table(benchmark, tts):
+    q, k, cos, sin = tts
+    table, positions = cos[0], torch.zeros(1, dtype=torch.int64)
+    timed(benchmark, "table public", lambda: fusedrope.qwen3_tts_rope(q, k, table, table, positions=positions,
+                                                                      backend="noop_builtin"))
+
+
+def test_qk_norm_rope_public(benchmark, tts):
+    q, k, cos, sin = tts
+    w = torch.ones(8, dtype=torch.bfloat16)
+    timed(benchmark, "qk_norm public", lambda: fusedrope.qwen3_tts_qk_norm_rope(q, k, w, w, cos, sin,
+                                                                                backend="noop_builtin"))
 
 
 def test_tts_public_inplace_fused_qkv(benchmark):
@@ -121,7 +147,11 @@ def test_ratio_public_over_direct_in_bare_aten_calls(benchmark):
         pytest.skip("needs the timings above (run the whole file with --benchmark-only)")
     aten = MEDIANS["aten"]
     ratios = {op: round((MEDIANS[f"{op} public"] - MEDIANS[f"{op} direct"]) / aten, 2) for op in ("tts", "quant")}
+    ratios.update({f"tts {mode}": round((MEDIANS[f"{mode} public"] - MEDIANS["tts direct"]) / aten, 2)
+                   for mode in ("eager", "table", "qk_norm") if f"{mode} public" in MEDIANS})
     benchmark.extra_info.update({"ratios": ratios, "medians_us": {k: v * 1e6 for k, v in MEDIANS.items()}})
     benchmark.pedantic(lambda: None, rounds=1)
     print(f"\nhost overhead over a direct backend call, in bare aten calls ({aten * 1e6:.2f} us each): "
-          f"qwen3_tts_rope {ratios['tts']}, inverse_rope_group_quant {ratios['quant']}")
+          f"qwen3_tts_rope {ratios['tts']}, inverse_rope_group_quant {ratios['quant']}; qwen3_tts_rope's "
+          f"numerics='eager' {ratios.get('tts eager')}, positions= {ratios.get('tts table')}, "
+          f"qwen3_tts_qk_norm_rope {ratios.get('tts qk_norm')}")

@@ -33,7 +33,8 @@ def __getattr__(name):
         raise AttributeError(f"module 'fusedrope' has no attribute {name!r}")
     module, attr = _LAZY[name]
     module = _importlib.import_module(module, __name__)
-    return module if attr is None else getattr(module, attr)
+    globals()[name] = value = module if attr is None else getattr(module, attr)  # next time, a plain attribute
+    return value
 
 
 def __dir__():

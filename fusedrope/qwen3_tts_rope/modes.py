@@ -15,12 +15,49 @@ from . import _explain
 
 NUMERICS = ("fp32", "eager")
 POSITION_DTYPES = (torch.int64, torch.int32)
+_Tensor, _F32 = torch.Tensor, torch.float32
 
 
 def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_weight, eps) -> tuple:
     """:func:`validate` for calls with ``numerics="eager"``, ``positions=`` or the norm (``q_weight`` not None):
     ``positions [B, S]`` or ``[S]`` int32/int64, with cos/sin tables ``[max_pos, D]`` in q's dtype or fp32; norm
-    weights ``[D]`` in q's dtype; ``eps`` a number >= 0."""
+    weights ``[D]`` in q's dtype; ``eps`` a number >= 0. Valid inputs take one expression, as in validate."""
+    table, norm = positions is not None, q_weight is not None
+    try:
+        B, _, S, D = q.shape
+        kb, _, ks, kd = k.shape
+        dt, dev, c_dt = q.dtype, q.device, cos.dtype
+        ok = (
+            (numerics == "eager" or numerics == "fp32") and type(q) is _Tensor and type(k) is _Tensor
+            and type(cos) is _Tensor and type(sin) is _Tensor and kb == B and ks == S and kd == D and D % 2 == 0
+            and D > 0 and dt in DTYPES and k.dtype is dt and k.device == dev and cos.device == dev
+            and sin.device == dev and sin.shape == cos.shape and sin.dtype is c_dt and q.stride()[3] == 1
+            and k.stride()[3] == 1 and cos.stride()[-1] == 1 and sin.stride()[-1] == 1
+            and ((cos.dim() == 2 and cos.shape[0] > 0 and cos.shape[1] == D and (c_dt is dt or c_dt is _F32)
+                  and type(positions) is _Tensor and positions.dtype in POSITION_DTYPES and positions.device == dev
+                  and (positions.shape == (B, S) or positions.shape == (S,))) if table else
+                 (cos.dim() == 3 and c_dt is dt and cos.shape[1] == S and cos.shape[2] == D
+                  and (cos.shape[0] == B or cos.shape[0] == 1)))
+            and (not norm or (isinstance(q_weight, _Tensor) and isinstance(k_weight, _Tensor)
+                              and q_weight.shape == (D,) and k_weight.shape == (D,) and q_weight.dtype is dt
+                              and k_weight.dtype is dt and q_weight.device == dev and k_weight.device == dev
+                              and q_weight.stride()[0] == 1 and k_weight.stride()[0] == 1
+                              and (type(eps) is float or type(eps) is int) and eps >= 0))
+        )
+    except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
+        ok = False
+    if not ok:
+        _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps)
+    if table and getenv(V.ENV_CHECK_POSITIONS).lower() not in V.SWITCH_OFF:
+        V.check_positions_on_host(OP, positions, cos.shape[0])
+    if inplace:
+        check_inplace(q, k, cos, sin, {n: t for n, t in (("positions", positions), ("q_norm_weight", q_weight),
+                                                         ("k_norm_weight", k_weight)) if t is not None})
+    return q.device, q.dtype, q.shape[3], inplace is True, numerics == "eager", table, norm
+
+
+def _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps) -> None:
+    """The precise error for inputs :func:`validate_modes`' expression refused; valid tensor subclasses pass."""
     if numerics not in NUMERICS:
         V.fail(OP, "numerics", "'fp32' or 'eager'", repr(numerics))
     reference.check_shapes(q, k, cos, sin, positions=positions)
@@ -43,12 +80,6 @@ def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_wei
     V.check_same_device(OP, "q", q, named)
     for name, t in (("q", q), *named.items()):
         V.check_last_dim_contiguous(OP, name, t)
-    if positions is not None and getenv(V.ENV_CHECK_POSITIONS).lower() not in V.SWITCH_OFF:
-        V.check_positions_on_host(OP, positions, cos.shape[0])
-    if inplace:
-        check_inplace(q, k, cos, sin, {n: t for n, t in named.items() if n not in ("k", "cos", "sin")})
-    return q.device, q.dtype, q.shape[3], inplace is True, numerics == "eager", positions is not None, \
-        q_weight is not None
 
 
 def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: float = 1e-6, *,
