@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import contextvars
 import sys
+import threading
+import types
 from dataclasses import dataclass, field
 
 import torch
 
 from .. import qwen3_tts_rope
+from ..qwen3_tts_rope import DTYPES as _DTYPES
 from ..qwen3_tts_rope.modes import qwen3_tts_qk_norm_rope
 
-__all__ = ["apply_rotary_pos_emb", "patch_qk_norm_rope", "Patch"]
+__all__ = ["apply_rotary_pos_emb", "patch_qk_norm_rope", "Patch", "QWEN3_NORMS"]
 
 
 def _rotate_half(x):
@@ -33,14 +36,30 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
-def _heads_dim(q, k, cos, unsqueeze_dim):
-    """Where the heads are in q/k (1: ``[B, H, S, D]``, 2: ``[B, S, H, D]``) when fusedrope can serve the call."""
-    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(cos, torch.Tensor)):
-        return None
-    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or not isinstance(unsqueeze_dim, int):
-        return None
-    heads = unsqueeze_dim % 4 if -4 <= unsqueeze_dim < 4 else None
-    return heads if heads in (1, 2) else None
+def _servable(q, k, cos, sin, heads: int) -> bool:
+    """Whether fusedrope gives the formula's result for these arguments (heads at dim ``heads``, 1 or 2):
+    q/k 4-D, cos/sin ``[B or 1, S, D]``, one dtype it serves, one device, last dims contiguous, no autograd."""
+    ts = (q, k, cos, sin)
+    if not all(isinstance(t, torch.Tensor) for t in ts):
+        return False
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
+        return False
+    B, S, D = q.shape[0], q.shape[3 - heads], q.shape[3]
+    dtype, device = q.dtype, q.device
+    return (k.shape[0] == B and k.shape[3 - heads] == S and k.shape[3] == D and D % 2 == 0 and D > 0
+            and cos.shape[0] in (1, B) and tuple(cos.shape[1:]) == (S, D) and dtype in _DTYPES
+            and all(t.dtype is dtype and t.device == device and t.stride(-1) == 1 for t in ts)
+            and not _autograd(*ts))
+
+
+def _unsqueeze_dim(args: tuple, kwargs: dict) -> int:
+    """``unsqueeze_dim`` from the arguments after ``sin``, in either signature: transformers 5's ``(...,
+    unsqueeze_dim=1)`` or 4.x's and qwen-tts's ``(..., position_ids=None, unsqueeze_dim=1)``."""
+    if "unsqueeze_dim" in kwargs:
+        return kwargs["unsqueeze_dim"]
+    if len(args) >= 2:
+        return args[1]
+    return args[0] if args and isinstance(args[0], int) else 1
 
 
 def _autograd(*tensors) -> bool:
@@ -61,7 +80,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, *, 
     cos, sin : torch.Tensor
         ``[B or 1, S, D]``, q's dtype, as the model's rotary embedding returns them.
     position_ids : ignored
-        Kept for the older signature (transformers 4.x, qwen-tts), where it is unused too.
+        transformers 4.x's and qwen-tts's signature, where it is unused too; an int here is transformers 5's
+        positional ``unsqueeze_dim``.
     unsqueeze_dim : int, default 1
         The dim of q/k that holds the heads, as in Hugging Face.
     backend : str, default "auto"
@@ -70,8 +90,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, *, 
     Returns
     -------
     (q_embed, k_embed) : tuple of torch.Tensor
-        Shaped like ``q`` and ``k``. Calls fusedrope cannot serve (other shapes, mixed dtypes, autograd) get the
-        formula in PyTorch, i.e. exactly Hugging Face's result.
+        Contiguous, shaped like ``q`` and ``k``. Calls fusedrope cannot serve (other shapes or dtypes, mixed
+        dtypes or devices, broadcast cos/sin, autograd) get the formula in PyTorch, i.e. Hugging Face's result.
 
     Examples
     --------
@@ -83,43 +103,61 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, *, 
     >>> torch.equal(q_embed, q * cos[:, None] + torch.cat((-q[..., 32:], q[..., :32]), -1) * sin[:, None])
     True
     """
-    heads = _heads_dim(q, k, cos, unsqueeze_dim)
-    dtypes = {getattr(t, "dtype", None) for t in (q, k, cos, sin)}
-    if heads is None or len(dtypes) != 1 or _autograd(q, k, cos, sin):
+    if isinstance(position_ids, int) and not isinstance(position_ids, bool):
+        unsqueeze_dim = position_ids
+    heads = unsqueeze_dim % 4 if isinstance(unsqueeze_dim, int) and -4 <= unsqueeze_dim < 4 else None
+    if heads not in (1, 2) or not _servable(q, k, cos, sin, heads):
         return _eager(q, k, cos, sin, unsqueeze_dim)
-    if heads == 2:
-        q_out, k_out = qwen3_tts_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, numerics="eager",
-                                      backend=backend)
-        return q_out.transpose(1, 2), k_out.transpose(1, 2)
-    return qwen3_tts_rope(q, k, cos, sin, numerics="eager", backend=backend)
+    if heads == 1:
+        return qwen3_tts_rope(q, k, cos, sin, numerics="eager", backend=backend)
+    q_out, k_out = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(
+        k, memory_format=torch.contiguous_format)  # [B, S, H, D], as the formula returns them
+    qwen3_tts_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, numerics="eager", q_out=q_out.transpose(1, 2),
+                   k_out=k_out.transpose(1, 2), backend=backend)
+    return q_out, k_out
 
 
 # -- patching a model ----------------------------------------------------------------------------------------
+# The norms whose formula qwen3_tts_qk_norm_rope is: w * (x * rsqrt(mean(x**2) + eps)).to(dtype), per head.
+QWEN3_NORMS = ("Qwen3RMSNorm", "Qwen3TTSRMSNorm")
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("fusedrope_hf_call", default=None)
+_LOCK = threading.Lock()
+_MODULE_PATCHES: dict = {}  # modeling module name -> [its own apply_rotary_pos_emb, how many blocks use it]
+_SAVED = "_fusedrope_saved_forward"  # on a patched module: its own instance forward (None: its class's)
+_BACKEND = "_fusedrope_backend"  # on a patched attention block
+
+
 @dataclass(eq=False)
-class _Block:
-    """One patched attention block while its forward runs: which norms it deferred to the RoPE."""
+class _Call:
+    """One run of a patched block's forward (per thread and task, through the context variable): which of its
+    norms passed their input through for the RoPE to apply."""
 
     attn: torch.nn.Module
-    backend: str
     deferred: set = field(default_factory=set)
-
-
-_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("fusedrope_hf_block", default=None)
-_MODULE_PATCHES: dict = {}  # modeling module name -> [its own apply_rotary_pos_emb, how many patches use it]
 
 
 def _eps(norm) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
-def _patchable(m: torch.nn.Module):
-    """The modeling module of an attention block fusedrope can patch (q_norm and k_norm with a weight, and a
-    module-level apply_rotary_pos_emb), else None."""
-    norms = [getattr(m, n, None) for n in ("q_norm", "k_norm")]
-    if not all(isinstance(getattr(n, "weight", None), torch.Tensor) for n in norms):
-        return None
-    module = sys.modules.get(type(m).__module__)
+def _modeling_module(m: torch.nn.Module):
+    """The module that defines ``m``'s forward, if it has an ``apply_rotary_pos_emb`` that forward calls."""
+    module = sys.modules.get(getattr(type(m).forward, "__module__", None) or type(m).__module__)
     return module if callable(getattr(module, "apply_rotary_pos_emb", None)) else None
+
+
+def _patchable(m: torch.nn.Module):
+    """The modeling module of an attention block fusedrope can patch: ``q_norm`` and ``k_norm`` Qwen3 RMSNorms
+    (:data:`QWEN3_NORMS`) over the head dim, and a module-level apply_rotary_pos_emb; else None."""
+    norms = [getattr(m, n, None) for n in ("q_norm", "k_norm")]
+    if not all(type(n).__name__ in QWEN3_NORMS and isinstance(getattr(n, "weight", None), torch.Tensor)
+               and n.weight.dim() == 1 for n in norms) or norms[0].weight.shape != norms[1].weight.shape:
+        return None
+    return _modeling_module(m)
+
+
+def _is_ours(m: torch.nn.Module) -> bool:
+    return _SAVED in m.__dict__
 
 
 class Patch:
@@ -129,16 +167,21 @@ class Patch:
         self.blocks, self._modules = blocks, modules
 
     def remove(self) -> None:
-        for attn in self.blocks:
-            for m in (attn, attn.q_norm, attn.k_norm):
-                m.__dict__.pop("forward", None)
-        for name in self._modules:
-            entry = _MODULE_PATCHES[name]
-            entry[1] -= 1
-            if entry[1] == 0:
-                sys.modules[name].apply_rotary_pos_emb = entry[0]
-                del _MODULE_PATCHES[name]
-        self.blocks, self._modules = [], []
+        with _LOCK:
+            for attn in self.blocks:
+                attn.__dict__.pop(_BACKEND, None)
+                for m in (attn, attn.q_norm, attn.k_norm):
+                    saved = m.__dict__.pop(_SAVED, None)
+                    m.__dict__.pop("forward", None)
+                    if saved is not None:  # an instance forward of its own (a hook's): back in place
+                        m.__dict__["forward"] = saved
+            for name in self._modules:
+                entry = _MODULE_PATCHES[name]
+                entry[1] -= 1
+                if entry[1] == 0:
+                    sys.modules[name].apply_rotary_pos_emb = entry[0]
+                    del _MODULE_PATCHES[name]
+            self.blocks, self._modules = [], []
 
     def __enter__(self) -> "Patch":
         return self
@@ -152,10 +195,11 @@ def patch_qk_norm_rope(model: torch.nn.Module, *, backend: str = "auto") -> Patc
     :func:`fusedrope.qwen3_tts_qk_norm_rope` launch, with the model's numerics.
 
     Serves blocks written as transformers' ``Qwen3Attention`` and qwen-tts's ``Qwen3TTSAttention`` are: ``q_norm``
-    and ``k_norm`` modules (an RMSNorm with ``weight`` and ``variance_epsilon``) applied to the projections, then
-    the modeling file's ``apply_rotary_pos_emb``. Inside a patched block's forward, the norms pass their input
+    and ``k_norm`` Qwen3 RMSNorms over the head dim (:data:`QWEN3_NORMS`) applied to the projections, then the
+    modeling file's ``apply_rotary_pos_emb``. Inside a patched block's forward, the norms pass their input
     through and that function applies them, fused with the RoPE; everywhere else both behave as before. Where
-    fusedrope cannot serve a call (mixed dtypes, autograd) the block's own modules run.
+    fusedrope cannot serve a call (other shapes, mixed dtypes or devices, autograd) and under ``torch.compile``
+    the block's own modules run.
 
     Parameters
     ----------
@@ -185,69 +229,70 @@ def patch_qk_norm_rope(model: torch.nn.Module, *, backend: str = "auto") -> Patc
     ...     len(patch.blocks)
     1
     """
-    blocks = [(m, mod) for m in model.modules() if (mod := _patchable(m)) is not None]
-    if not blocks:
-        raise ValueError(f"patch_qk_norm_rope: argument 'model' expected a module with attention blocks that have "
-                         f"q_norm and k_norm, got a {type(model).__name__} without any")
-    if any("forward" in attn.__dict__ for attn, _ in blocks):
-        raise ValueError("patch_qk_norm_rope: argument 'model' expected blocks not patched yet, got one whose "
-                         "forward is already replaced (remove the earlier Patch first)")
-    for attn, module in blocks:
-        block = _Block(attn, backend)
-        attn.forward = _block_forward(block, type(attn).forward.__get__(attn))
-        for which in ("q", "k"):
-            norm = getattr(attn, f"{which}_norm")
-            norm.forward = _deferred_norm(block, which, type(norm).forward.__get__(norm))
-        entry = _MODULE_PATCHES.setdefault(module.__name__, [module.apply_rotary_pos_emb, 0])
-        entry[1] += 1
-        module.apply_rotary_pos_emb = _fused_rope(entry[0])
+    with _LOCK:
+        blocks = [(m, mod) for m in model.modules() if (mod := _patchable(m)) is not None]
+        if not blocks:
+            raise ValueError(f"patch_qk_norm_rope: argument 'model' expected a module with attention blocks whose "
+                             f"q_norm and k_norm are {' or '.join(QWEN3_NORMS)}, got a {type(model).__name__} "
+                             f"without any")
+        if any(_is_ours(attn) for attn, _ in blocks):
+            raise ValueError("patch_qk_norm_rope: argument 'model' expected blocks not patched yet, got one that "
+                             "is (remove the earlier Patch first)")
+        for attn, module in blocks:
+            attn.__dict__[_BACKEND] = backend
+            for m, forward in ((attn, _attention_forward), (attn.q_norm, _norm_forward),
+                               (attn.k_norm, _norm_forward)):
+                m.__dict__[_SAVED] = m.__dict__.get("forward")
+                m.__dict__["forward"] = types.MethodType(forward, m)  # a deep copy rebinds it to the copy
+            entry = _MODULE_PATCHES.setdefault(module.__name__, [module.apply_rotary_pos_emb, 0])
+            entry[1] += 1
+            module.apply_rotary_pos_emb = _fused_rope(entry[0])
     return Patch([attn for attn, _ in blocks], [module.__name__ for _, module in blocks])
 
 
-def _block_forward(block: _Block, forward):
-    def patched_forward(*args, **kwargs):
-        token = _ACTIVE.set(block)
-        try:
-            out = forward(*args, **kwargs)
-        finally:
-            _ACTIVE.reset(token)
-            deferred, block.deferred = block.deferred, set()
-        if deferred:  # a norm passed its input through and no RoPE applied it: this forward's result is wrong
-            raise RuntimeError(f"patch_qk_norm_rope: {type(block.attn).__name__}.forward applied {sorted(deferred)} "
-                               f"norm(s) without calling apply_rotary_pos_emb; remove the patch for this model")
-        return out
-    return patched_forward
+def _own(m, *args, **kwargs):
+    """``m``'s forward as it was before the patch."""
+    saved = m.__dict__.get(_SAVED)
+    return saved(*args, **kwargs) if saved is not None else type(m).forward(m, *args, **kwargs)
 
 
-def _deferred_norm(block: _Block, which: str, forward):
-    def norm_forward(x):
-        if _ACTIVE.get() is block and which not in block.deferred:
-            block.deferred.add(which)
+def _attention_forward(self, *args, **kwargs):
+    if torch.compiler.is_compiling():  # traced: the block's own code (the context variable is not traceable)
+        return _own(self, *args, **kwargs)
+    call = _Call(self)
+    token = _ACTIVE.set(call)
+    try:
+        out = _own(self, *args, **kwargs)
+    finally:
+        _ACTIVE.reset(token)
+    if call.deferred:  # a norm passed its input through and no RoPE applied it: this forward's result is wrong
+        raise RuntimeError(f"patch_qk_norm_rope: {type(self).__name__}.forward applied {sorted(call.deferred)} "
+                           f"norm(s) without calling apply_rotary_pos_emb; remove the patch for this model")
+    return out
+
+
+def _norm_forward(self, x):
+    call = None if torch.compiler.is_compiling() else _ACTIVE.get()
+    if call is not None:
+        which = "q" if call.attn.q_norm is self else "k" if call.attn.k_norm is self else None
+        if which is not None and which not in call.deferred:
+            call.deferred.add(which)
             return x
-        return forward(x)
-    return norm_forward
+    return _own(self, x)
 
 
 def _fused_rope(original):
     def fused_apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        block = _ACTIVE.get()
-        if block is None or block.deferred != {"q", "k"}:
+        call = None if torch.compiler.is_compiling() else _ACTIVE.get()
+        if call is None or call.deferred != {"q", "k"}:
             return original(q, k, cos, sin, *args, **kwargs)
-        block.deferred = set()
-        attn = block.attn
-        qw, kw = attn.q_norm.weight, attn.k_norm.weight
-        unsqueeze = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1)
-        same = len({t.dtype for t in (q, k, cos, sin, qw, kw)}) == 1
-        eps = _eps(attn.q_norm)
-        if (_heads_dim(q, k, cos, unsqueeze) == 1 and same and eps == _eps(attn.k_norm)
-                and not _autograd(q, k, cos, sin, qw, kw)):
-            return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=block.backend)
-        return _unfused(attn, original, q, k, cos, sin, args, kwargs)
+        call.deferred = set()
+        attn = call.attn
+        qw, kw, eps = attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm)
+        if (_unsqueeze_dim(args, kwargs) == 1 and _servable(q, k, cos, sin, 1) and eps == _eps(attn.k_norm)
+                and all(w.dtype is q.dtype and w.device == q.device and w.shape == q.shape[3:] for w in (qw, kw))
+                and not _autograd(qw, kw)):
+            return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=attn.__dict__[_BACKEND])
+        # the block's own norms (over the last dim, which the transpose left in place), then its own RoPE
+        return original(_own(attn.q_norm, q), _own(attn.k_norm, k), cos, sin, *args, **kwargs)
     return fused_apply_rotary_pos_emb
-
-
-def _unfused(attn, original, q, k, cos, sin, args, kwargs):
-    """The block's own norms (over the last dim, which the transpose left in place), then its own RoPE."""
-    q = type(attn.q_norm).forward(attn.q_norm, q)
-    k = type(attn.k_norm).forward(attn.k_norm, k)
-    return original(q, k, cos, sin, *args, **kwargs)

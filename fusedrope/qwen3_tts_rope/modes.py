@@ -75,8 +75,9 @@ def _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps) -> N
             V.check_shape(OP, name, w, (q.shape[3],))
             V.check_dtype(OP, name, w, (q.dtype,))
             named[name] = w
-        if type(eps) not in (int, float) or not eps >= 0:
-            V.fail(OP, "eps", "a float >= 0", repr(eps), TypeError if type(eps) not in (int, float) else ValueError)
+        number = isinstance(eps, (int, float)) and not isinstance(eps, bool)  # np.float64 is a float
+        if not number or not eps >= 0:
+            V.fail(OP, "eps", "a float >= 0", repr(eps), ValueError if number else TypeError)
     V.check_same_device(OP, "q", q, named)
     for name, t in (("q", q), *named.items()):
         V.check_last_dim_contiguous(OP, name, t)

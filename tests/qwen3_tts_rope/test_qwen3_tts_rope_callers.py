@@ -131,7 +131,7 @@ def test_patch_refuses_models_without_such_blocks_and_double_patches():
         hf.patch_qk_norm_rope(torch.nn.Linear(2, 2))
     attn, _ = _attention_block(torch.float32)
     with hf.patch_qk_norm_rope(attn):
-        with pytest.raises(ValueError, match="already replaced"):
+        with pytest.raises(ValueError, match="expected blocks not patched yet"):
             hf.patch_qk_norm_rope(attn)
 
 
@@ -144,8 +144,105 @@ def test_a_forward_that_skips_the_rope_raises_instead_of_dropping_the_norm():
         def forward(self, x):
             return self.q_norm(x)
 
-    NormOnly.__module__ = qwen3.__name__  # a block of that modeling file, which has apply_rotary_pos_emb
+    NormOnly.forward.__module__ = qwen3.__name__  # as if written in that modeling file (apply_rotary_pos_emb's)
     block = NormOnly()
     with hf.patch_qk_norm_rope(block):
         with pytest.raises(RuntimeError, match="without calling apply_rotary_pos_emb"):
             block(torch.randn(2, 8))
+
+
+@pytest.mark.parametrize("case", ["float64", "cos over S broadcast", "k last dim strided", "cos batch > q batch",
+                                  "positional unsqueeze_dim 2"])
+def test_apply_rotary_pos_emb_gives_transformers_result_in_every_call_it_does_not_fuse(case):
+    B, S, H, D = 1, 6, 3, 8
+    dtype = torch.float64 if case == "float64" else torch.bfloat16
+    q, k = _randn(B, H, S, D, dtype=dtype, seed=15), _randn(B, H, S, D, dtype=dtype, seed=16)
+    cos, sin = _randn(B, S, D, dtype=dtype, seed=17), _randn(B, S, D, dtype=dtype, seed=18)
+    args, kwargs = (), {}
+    if case == "cos over S broadcast":
+        cos, sin = cos[:, :1], sin[:, :1]
+    elif case == "k last dim strided":
+        k = _randn(B, H, S, 2 * D, dtype=dtype, seed=19)[..., ::2]
+    elif case == "cos batch > q batch":
+        cos, sin = cos.expand(2, S, D), sin.expand(2, S, D)
+    elif case == "positional unsqueeze_dim 2":  # transformers 5's signature: (q, k, cos, sin, unsqueeze_dim)
+        q, k, args = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), (2,)
+    want = qwen3.apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs)
+    got = hf.apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs)
+    assert all(g.shape == w.shape and torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_apply_rotary_pos_emb_with_heads_second_returns_contiguous_tensors():
+    proj = _randn(2, 5, 6, 64, dtype=torch.bfloat16, seed=20)  # [B, S, H, D]
+    cos, sin = _randn(2, 5, 64, dtype=torch.bfloat16, seed=21), _randn(2, 5, 64, dtype=torch.bfloat16, seed=22)
+    got = hf.apply_rotary_pos_emb(proj[:, :, :4], proj[:, :, 4:], cos, sin, unsqueeze_dim=2)
+    want = qwen3.apply_rotary_pos_emb(proj[:, :, :4], proj[:, :, 4:], cos, sin, unsqueeze_dim=2)
+    assert all(g.is_contiguous() and torch.equal(g, w) for g, w in zip(got, want))
+    got[0].view(2, 5, -1)  # as the modeling code reshapes it
+
+
+def test_patch_refuses_blocks_whose_norms_are_not_qwen3s():
+    from transformers import Gemma3TextConfig
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention  # its norm is x * (1 + w)
+
+    config = Gemma3TextConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    with pytest.raises(ValueError, match="q_norm and k_norm are Qwen3RMSNorm or Qwen3TTSRMSNorm"):
+        hf.patch_qk_norm_rope(Gemma3Attention(config, layer_idx=0))
+
+
+def test_patched_blocks_serve_several_threads_subclasses_copies_and_compile():
+    import copy
+    import threading
+
+    class Logged(qwen3.Qwen3Attention):  # a subclass defined here: its forward is still modeling_qwen3's
+        pass
+
+    attn, rotary = _attention_block(torch.float32)
+    sub = Logged(attn.config, layer_idx=0).eval()
+    sub.load_state_dict(attn.state_dict())
+    xs = [_randn(1, 5, 256, dtype=torch.float32, seed=s) for s in (23, 24)]
+    with torch.no_grad():
+        want = [_forward(attn, rotary, x) for x in xs]
+        barrier = threading.Barrier(2)
+        hook = attn.k_proj.register_forward_hook(lambda m, i, o: (barrier.wait(), o)[1])  # threads interleave
+        outs, errors = [None, None], []
+
+        def run(i):
+            try:
+                with torch.no_grad():
+                    outs[i] = _forward(attn, rotary, xs[i])
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        with hf.patch_qk_norm_rope(torch.nn.ModuleList([attn, sub]), backend="reference") as patch:
+            assert patch.blocks == [attn, sub]
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+            assert not errors and all(torch.equal(o, w) for o, w in zip(outs, want))
+            hook.remove()
+            assert torch.equal(_forward(sub, rotary, xs[0]), want[0])
+            twin = copy.deepcopy(attn)
+            for p in twin.parameters():
+                p.mul_(2)
+            assert not torch.equal(_forward(twin, rotary, xs[0]), want[0])  # the copy runs its own weights
+            compiled = torch.compile(attn, backend="eager", fullgraph=True)  # traced: the block's own code
+            assert torch.equal(compiled(xs[0], rotary(xs[0], torch.arange(5)[None]), None)[0], want[0])
+
+
+def test_patch_keeps_an_instance_forward_a_hook_installed():
+    attn, rotary = _attention_block(torch.float32)
+    calls = []
+    own = attn.q_norm.forward
+
+    def hooked(x):  # what accelerate's hooks install: an instance forward
+        calls.append(1)
+        return own(x)
+
+    attn.q_norm.forward = hooked
+    hidden = _randn(1, 3, 256, dtype=torch.float32, seed=25)
+    with torch.no_grad():
+        want = _forward(attn, rotary, hidden)
+        with hf.patch_qk_norm_rope(attn, backend="reference"):
+            assert torch.equal(_forward(attn, rotary, hidden), want)
+    assert attn.q_norm.__dict__["forward"] is hooked and len(calls) == 1  # the fused call skipped the norm itself
