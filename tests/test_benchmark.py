@@ -43,6 +43,7 @@ pytestmark = pytest.mark.skipif(DEVICE.type != "cpu",
                                 reason="CPU end-to-end checks; on a GPU run the CLI itself")
 
 
+@pytest.mark.slow  # whole benchmark runs in subprocesses
 def test_cli_bench_on_cpu_writes_every_file(tmp_path, capsys):
     """The CPU refuses the seed matrix and runs the tiny one; JSON, CSV, markdown and PNGs come out."""
     out = tmp_path / "run"
@@ -454,6 +455,7 @@ def test_docstring_examples():
     assert tried and failures == 0
 
 
+@pytest.mark.slow  # whole benchmark runs in subprocesses
 def test_pytest_benchmark_suite_runs_and_skips_with_reasons(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     saved = tmp_path / "bench.json"

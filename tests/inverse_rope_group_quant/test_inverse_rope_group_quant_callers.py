@@ -218,6 +218,7 @@ def test_adapters_under_torch_compile_give_the_eager_bytes():
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow  # dynamic-shape compiles, as tests/test_dynamic_shapes.py
 def test_vllm_adapter_compiles_with_a_dynamic_token_count():
     """vLLM compiles its model with fullgraph=True and the token dim marked dynamic: one graph serves every T,
     group-major fp8 and padded scales included."""

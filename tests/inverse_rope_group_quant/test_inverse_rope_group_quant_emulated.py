@@ -210,6 +210,7 @@ def test_cuda_experiment_switches_bad_configs():
     assert emul_stats(lib)["launches"] == 2
 
 
+@pytest.mark.slow  # S = 513: a thousand emulated blocks
 def test_cuda_default_launch_takes_256_thread_blocks_at_every_size():
     """The default launch is one chunk per thread in blocks of 256 threads, whatever the grid size: S = 1 for
     H = 16 (2 blocks), S = 40 (80 blocks), S = 513 (1026 blocks), bit-exact against the reference. An error the
@@ -297,6 +298,7 @@ def test_cuda_fast_layout_kernels(vendor, dtype, cache_dtype):
         _run_checked(lib, o, p32, c, s, 1, q, q == 128, scale_dtype=torch.float32, fast_layout=1)
 
 
+@pytest.mark.slow  # builds a mutated copy of the kernel: a check of the checks
 @pytest.mark.parametrize("cache_dtype,misread_as", [(torch.float32, "kBF16"), (torch.bfloat16, "kF32")],
                          ids=["f32cache", "bf16cache"])
 def test_cuda_fast_layout_kernels_run_when_asked_for_that_layout_only(tmp_path, cache_dtype, misread_as):
@@ -320,6 +322,7 @@ def test_cuda_fast_layout_kernels_run_when_asked_for_that_layout_only(tmp_path, 
     _run_checked(bad, ost, pst, cst, sst, 2, 128, False, fast_layout=1)
 
 
+@pytest.mark.slow  # builds a mutated copy of the kernel: a check of the checks
 @pytest.mark.parametrize("q", [32, 256])
 def test_cuda_tail_warps_run_when_asked_only(tmp_path, q):
     """The tail-warps layout runs with tail_warps=1 and only then: a copy whose tail warps drop every head's last
@@ -381,6 +384,7 @@ MUTATIONS = [  # (vendor, text, replacement, fp8 dtype, what goes wrong)
 LAUNCH = {"cuda-block-size-ignored": dict(block_threads=32)}  # the launch a mutation needs, where not the default
 
 
+@pytest.mark.slow  # builds a mutated copy of the kernel: a check of the checks
 @pytest.mark.parametrize("vendor,old,new,fp8,what", MUTATIONS,
                          ids=["hip-row-mirror-as-half-mirror", "hip-identity-quad-perm", "cuda-skipped-steps",
                               "cuda-self-shuffle", "gfx942-swapped-bytes", "gfx950-wrong-word", "sm90-swapped-pairs",
@@ -401,6 +405,7 @@ DIVERGENT = [  # a shuffle / the first DPP step made by even work-items only: th
 ]
 
 
+@pytest.mark.slow  # builds a mutated copy of the kernel: a check of the checks
 @pytest.mark.parametrize("vendor,old,new", DIVERGENT, ids=["cuda", "hip"])
 def test_divergent_cross_lane_reads_are_reported(tmp_path, vendor, old, new):
     """The emulators' own check can fire: a kernel copy whose odd lanes skip the butterfly is reported."""

@@ -165,6 +165,7 @@ def test_mfma_tile_padded_tokens_and_blocks(group_size):
     check_layout(case, "row", E8M0, "mfma_tile", seed=group_size)
 
 
+@pytest.mark.slow  # the full DeepSeek-V4 shapes in the interpreter
 @pytest.mark.parametrize("group_size", [128, 32])
 @pytest.mark.parametrize("shape", list(DEEPSEEK), ids=list(DEEPSEEK))
 def test_mfma_tile_deepseek_shapes_group_major_x(shape, group_size):
