@@ -42,6 +42,7 @@ def test_deepseek_v4_wo_a_example(backend):
     assert r["backend"] == backend and r["row-major"] == r["column-major"] < 2**-4
 
 
+@pytest.mark.slow  # both examples whole again, for their printout
 def test_examples_main_print(capsys):
     load("qwen3_tts_attention").main()
     load("deepseek_v4_wo_a").main()

@@ -410,7 +410,7 @@ INDUCTOR_E8M0 = pytest.mark.xfail(
            "auto_functionalized_v2 was not removed); pass the same bytes as a uint8 buffer instead")
 
 
-@pytest.mark.parametrize("transpose_scale", [False, True])
+@pytest.mark.parametrize("transpose_scale", [False, pytest.param(True, marks=pytest.mark.slow)])  # a compile each
 @pytest.mark.parametrize("scale_dtype,buffers", [
     (torch.float8_e8m0fnu, False), (torch.uint8, False), (torch.float32, False), (torch.uint8, True),
     (torch.float32, True), pytest.param(torch.float8_e8m0fnu, True, marks=INDUCTOR_E8M0)])

@@ -155,6 +155,7 @@ def test_sm80_sass_software_fp8_no_local_memory():
 
 
 # ------------------------------------------------------------------------------------ binding and selection
+@pytest.mark.slow  # a C++ compile against torch's headers
 def test_torch_binding_compiles_against_torch_headers(tmp_path):
     """g++ -fsyntax-only of the torch binding with this torch's headers and the CUDA toolkit's (the CPU wheel
     lacks one generated c10/cuda header: a stub stands in). Catches API mistakes before a GPU build."""

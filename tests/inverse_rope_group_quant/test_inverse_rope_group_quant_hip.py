@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 
 from compile_cache import torch_syntax_check
 from hip_asm import asm_metadata, compiler_name, hip_asm, hip_code_object, kernel_asm, kernel_notes, mnemonics
@@ -123,6 +124,7 @@ def test_hw_conversion_is_guarded_by_arch_and_has_builtin():
         assert "__has_builtin(__builtin_amdgcn_cvt_pk_fp8_f32)" in guard and "__gfx9" in guard, guard
 
 
+@pytest.mark.slow  # a C++ compile against torch's headers
 def test_torch_binding_compiles_against_torch_headers(tmp_path):
     """g++ -fsyntax-only of the HIP torch binding against this torch's headers, with stand-ins for the three
     ROCm torch declarations it uses (masquerading guard, current stream, hipGetErrorString): catches torch API

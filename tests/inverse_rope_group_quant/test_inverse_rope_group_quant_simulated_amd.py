@@ -40,6 +40,7 @@ def amd(request, monkeypatch):
     return type("Amd", (), {"arch": arch, "calls": calls})
 
 
+@pytest.mark.slow  # the whole self-check, per simulated arch
 def test_self_check_passes_every_backend_in_the_devices_fp8_format(amd, capsys):
     from fusedrope import __main__ as cli
 

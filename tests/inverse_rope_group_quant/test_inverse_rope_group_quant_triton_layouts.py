@@ -111,7 +111,7 @@ def check_layout(case: QuantCase, x_layout="row", scale_dtype=E8M0, scale_layout
 @pytest.mark.parametrize("scale_dtype,scale_layout", [(E8M0, "row"), (torch.uint8, "col"), (torch.float32, "row"),
                                                       (torch.int32, "col")], ids=["e8m0-row", "u8-col", "f32-row",
                                                                                  "packed-col"])
-@pytest.mark.parametrize("x_layout", ["group_major", "padded"])
+@pytest.mark.parametrize("x_layout", ["group_major", pytest.param("padded", marks=pytest.mark.slow)])  # vLLM's first
 @pytest.mark.parametrize("shape", list(DEEPSEEK), ids=list(DEEPSEEK))
 def test_deepseek_shapes_write_strided_x(shape, x_layout, scale_dtype, scale_layout):
     H, G = DEEPSEEK[shape]

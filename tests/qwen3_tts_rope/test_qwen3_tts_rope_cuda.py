@@ -429,6 +429,7 @@ def test_cuda_ext_import_stays_light():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # a C++ compile against torch's headers
 def test_torch_binding_compiles_against_torch_headers(tmp_path):
     """Syntax check of the binding (a CPU torch cannot link it; the GPU machine builds it for real, and
     tests/test_cuda_extension_build.py links it against a CUDA torch where CI has one)."""
