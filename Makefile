@@ -3,6 +3,7 @@
 # one (the CI image has it locally); elsewhere `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu` gets
 # the CPU build instead of PyPI's default Linux wheel, the multi-GB CUDA one.
 PYTHON ?= python3
+JOBS ?= 2  # pytest-xdist worker processes for `make test` (one per core of the 2-core CI machine)
 TORCH_INDEX ?=
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -19,8 +20,8 @@ $(STAMP): pyproject.toml requirements-cpu.txt
 demo: $(STAMP)  ## the main job: backends, selection, self-check, timing
 	$(PY) -m fusedrope
 
-test: $(STAMP)  ## the CPU test suite but the tests marked slow (Triton kernels in the interpreter)
-	$(PY) -m pytest -q -m "not slow"
+test: $(STAMP)  ## the CPU test suite but the tests marked slow (Triton kernels in the interpreter), JOBS processes
+	$(PY) -m pytest -q -m "not slow" -n $(JOBS)
 
 test-slow: $(STAMP)  ## the tests marked slow: AddressSanitizer runs, compiles for four GPU targets, dynamic shapes
 	$(PY) -m pytest -q -m slow
