@@ -23,7 +23,7 @@ demo: $(STAMP)  ## the main job: backends, selection, self-check, timing
 test: $(STAMP)  ## the CPU test suite but the tests marked slow (Triton kernels in the interpreter), JOBS processes
 	$(PY) -m pytest -q -m "not slow" -n $(JOBS)
 
-test-slow: $(STAMP)  ## the tests marked slow: AddressSanitizer runs, compiles for four GPU targets, dynamic shapes
+test-slow: $(STAMP)  ## the tests marked slow (AddressSanitizer runs, compiles, mutated kernels, ...: docs/testing.md)
 	$(PY) -m pytest -q -m slow
 
 bench: $(STAMP)  ## pytest-benchmark suites: both ops' backends side by side, and the host overhead

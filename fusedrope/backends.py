@@ -33,7 +33,7 @@ def explain(op, *args, **kwargs) -> Explanation:
     TypeError, ValueError, RuntimeError
         What the call itself would raise for these arguments (validation, caller buffers, overlap), before any
         backend runs; with ``FUSEDROPE_CHECK_POSITIONS=1`` that includes the positions check of
-        ``inverse_rope_group_quant`` (a device sync, as in the call).
+        ``inverse_rope_group_quant`` and of ``qwen3_tts_rope`` with ``positions=`` (a device sync, as in the call).
 
     Examples
     --------
@@ -78,10 +78,11 @@ def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Ca
     run : callable
         Called with validated inputs and allocated outputs, which it writes in place; its return value is
         ignored. ``qwen3_tts_rope``: ``run(q, k, cos, sin, q_out, k_out)`` (``q_out``/``k_out`` may be ``q``/``k``
-        for ``inplace=True``). ``inverse_rope_group_quant``: ``run(o, positions, cos_cache, sin_cache, x_fp8,
-        x_scale, quant_group_size)`` with a row-major ``x_fp8`` and row- or column-major scales (read their
-        strides); calls asking for more (``scale_layout="mfma_tile"``, ``quantize=False``, a group-major
-        ``x_fp8``) go to the built-in backends.
+        for ``inplace=True``) with ``numerics="fp32"`` on cos/sin rows; ``numerics="eager"``, ``positions=`` and
+        ``qwen3_tts_qk_norm_rope`` go to the built-in backends. ``inverse_rope_group_quant``: ``run(o, positions,
+        cos_cache, sin_cache, x_fp8, x_scale, quant_group_size)`` with a row-major ``x_fp8`` and row- or
+        column-major scales (read their strides); calls asking for more (``scale_layout="mfma_tile"``,
+        ``quantize=False``, a group-major ``x_fp8``) go to the built-in backends.
     supports : callable, optional
         ``supports(facts) -> None or str``: None when it serves the inputs described by ``facts`` (the op's
         named tuple: ``device``, ``dtype``, ``head_dim``, ...), else why not. Default: every input.

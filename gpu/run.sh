@@ -14,7 +14,7 @@
 #   env        provenance: commit, GPU and driver, python / torch / CUDA / triton / nvcc / liger versions
 #   build      python -m fusedrope build (the CUDA extension, ahead of time); the later steps never compile
 #              (FUSEDROPE_NO_BUILD=1): after a failed build the cuda tests skip with its error
-#   gpu-tests  pytest -m gpu tests/: the tests that need a GPU (tests/*/test_*_gpu.py)
+#   gpu-tests  pytest -m gpu tests/: the tests that need a GPU (tests/*/test_*_gpu.py, op 1's modes' GPU test)
 #   memcheck   compute-sanitizer memcheck (PYTORCH_NO_CUDA_MEMORY_CACHING=1, so each tensor is its own
 #              allocation) over the gpu tests of both ops but those MEMCHECK_K leaves out (the child processes,
 #              the seed sizes, and the CUDA graphs, whose capture cannot allocate without the caching allocator)
@@ -34,7 +34,7 @@
 # memcheck.txt, ncu.txt, bench/results.json, bench/results.csv, bench/results.md (plots: `python -m fusedrope
 # plot bench/results.json` here). Exit status 0 when no step failed (skipped or cut steps are not failures).
 # Knobs (environment): TOTAL_S (520), OUT (./gpu_out), PYTHON (python3), MIN_S (20), STEPS (the steps to run,
-# e.g. STEPS="build tests" for a rerun), the caps BUILD_S (240), GPU_TESTS_S (150), MEMCHECK_S (100), BENCH_S (150),
+# e.g. STEPS="build tests" for a rerun), the caps BUILD_S (240), GPU_TESTS_S (150), MEMCHECK_S (100), BENCH_S (210),
 # TESTS_S (200), NCU_S (45), MEMCHECK_K, BENCH_ARGS, TESTS, SANITIZER, NCU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +57,7 @@ MEMCHECK_K="${MEMCHECK_K:-not rejects and not seed and not graph}"
 BENCH_ARGS="${BENCH_ARGS:---op all --contenders cuda,triton,cuda:default,\
 cuda:fast_layout,cuda:tail_warps,cuda:block_threads=128,cuda:block_threads=64,cuda:pdl,cuda:default:bf16_cache,\
 cuda:fast_layout:bf16_cache,auto:col,auto:group_major,auto:mfma_tile,auto:bf16,auto:pdl,auto:vllm,unfused,floor,\
-auto:eager,auto:table,gather+auto,norm_rope:eager,norm_rope:compile,norm_rope:2norms+auto,auto:qk_norm_rope \
+auto:eager,auto:table,gather+auto,norm_rope:eager,norm_rope:compile,norm_rope:2norms+auto,auto:qk_norm_rope,liger \
 --cases qwen3_tts-B1,qwen3_tts-B8,qwen3_tts-B32,wide_heads-B32}"
 SANITIZER="${SANITIZER-$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null \
     | head -1)}"

@@ -90,8 +90,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, *, 
     Returns
     -------
     (q_embed, k_embed) : tuple of torch.Tensor
-        Contiguous, shaped like ``q`` and ``k``. Calls fusedrope cannot serve (other shapes or dtypes, mixed
-        dtypes or devices, broadcast cos/sin, autograd) get the formula in PyTorch, i.e. Hugging Face's result.
+        Contiguous, shaped like ``q`` and ``k``. Calls fusedrope cannot serve (other dtypes, mixed dtypes or
+        devices, cos/sin not ``[B or 1, S, D]`` or without a contiguous last dim, autograd) get the formula in
+        PyTorch, i.e. Hugging Face's result.
 
     Examples
     --------

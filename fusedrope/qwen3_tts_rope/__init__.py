@@ -243,7 +243,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
     backend : str, default "auto"
         ``"auto"``, ``"cuda"``, ``"triton"``, ``"reference"`` or one of yours
         (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``. The cuda kernel serves
-        ``numerics="fp32"`` without ``positions``; other calls go to Triton.
+        ``numerics="fp32"`` without ``positions``; ``auto`` gives other calls to the next backend (Triton).
 
     Returns
     -------
