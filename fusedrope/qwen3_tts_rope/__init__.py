@@ -48,7 +48,6 @@ def _user_protocol(run, supports):
 
 
 REGISTRY = new_registry(OP, Facts, _user_protocol)
-_DEFAULT_MODES = (None, "fp32", None, None, 0.0)  # (positions, numerics, q_norm_weight, k_norm_weight, eps)
 
 
 def _load_triton():  # Triton is optional: its kernel module is imported when the backend is first chosen
@@ -283,7 +282,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
 def _call(q, k, cos, sin, modes, inplace, q_out, k_out, backend):
     """Both public functions past qwen3_tts_rope's hot path: ``modes`` None or ``(positions, numerics,
     q_norm_weight, k_norm_weight, eps)``."""
-    m = modes or _DEFAULT_MODES
+    m = modes or ()  # plain calls pass no modes to the torch ops: a float eps in a dynamic graph restarts tracing
     if not _is_compiling():
         if inplace is False and q_out is None and k_out is None:
             key = validate(q, k, cos, sin, False, modes)
