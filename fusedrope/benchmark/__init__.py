@@ -397,7 +397,11 @@ def _tts_norm_maker(get_fn: Callable) -> Callable:
     """``call(i)`` runs ``get_fn()(q, k, q_weight, k_weight, cos, sin)`` on set ``i``: the norm+RoPE chains."""
     def make(case, sets):
         fn, (qw, kw) = get_fn(), _norm_weights(case, sets)
-        return lambda i: fn(sets[i % len(sets)][0], sets[i % len(sets)][1], qw, kw, *sets[i % len(sets)][2:])
+
+        def call(i):
+            q, k, cos, sin = sets[i % len(sets)]
+            return fn(q, k, qw, kw, cos, sin)
+        return call
     return make
 
 

@@ -12,6 +12,7 @@ from . import DTYPES, OP, reference
 from . import _call as call
 from . import _check_inplace as check_inplace
 from . import _explain
+from . import _mode_tensors as mode_tensors
 
 NUMERICS = ("fp32", "eager")
 POSITION_DTYPES = (torch.int64, torch.int32)
@@ -51,8 +52,7 @@ def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_wei
     if table and getenv(V.ENV_CHECK_POSITIONS).lower() not in V.SWITCH_OFF:
         V.check_positions_on_host(OP, positions, cos.shape[0])
     if inplace:
-        check_inplace(q, k, cos, sin, {n: t for n, t in (("positions", positions), ("q_norm_weight", q_weight),
-                                                         ("k_norm_weight", k_weight)) if t is not None})
+        check_inplace(q, k, cos, sin, mode_tensors((positions, numerics, q_weight, k_weight, eps)))
     return q.device, q.dtype, q.shape[3], inplace is True, numerics == "eager", table, norm
 
 
