@@ -457,7 +457,8 @@ def test_docstring_examples():
 
 @pytest.mark.slow  # whole benchmark runs in subprocesses
 def test_pytest_benchmark_suite_runs_and_skips_with_reasons(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # a child of an xdist worker would count as xdist and have pytest-benchmark refuse --benchmark-only
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")} | {"PYTHONPATH": str(ROOT)}
     saved = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "bench/test_bench_tts_rope.py",
