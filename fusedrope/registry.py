@@ -60,7 +60,7 @@ class Backend:
     available: Callable[[torch.device], Reason] = _yes
     run_alloc: Optional[Callable] = None
     load: Optional[Callable[[], tuple]] = None
-    opt_in: Reason = None
+    opt_in: Callable[[tuple], Reason] = _yes  # why auto passes it over for these facts (runs when named), or None
 
     def loaded(self) -> "Backend":
         if self.run is None:
@@ -150,8 +150,8 @@ class OpRegistry:
         """None when ``backend`` would run a call with this key (or facts), else why not."""
         facts = self.facts(*key)
         reason = self.availability(backend, facts[0]) or backend.supports(facts)
-        if reason is None and auto and backend.opt_in:
-            return f"opt-in ({backend.opt_in}): name it to use it"
+        if reason is None and auto and (opt_in := backend.opt_in(facts)):
+            return f"opt-in ({opt_in}): name it to use it"
         return reason
 
     def select(self, key: tuple, backend: str = "auto") -> Backend:

@@ -20,11 +20,17 @@
 //
 // In-place (outputs aliasing inputs) is safe: each element is read and written by the same lane, reads first.
 // No __restrict__ on q/k/outputs for that reason; cos/sin go through the read-only path.
+//
+// Modes (eager, positions, the q/k norm, pdl; see the header) run the kModes kernels, in which the head loop is
+// warp-uniform (the norm's sum of squares is a butterfly of __shfl_xor_sync over the LPR lanes of a row, which
+// every lane of the warp must reach). With an fp32 table, CosT is float. Eager rounds each product to the dtype
+// before the sum: the conversion between them keeps nvcc from contracting the two into an FMA.
 
 #include "qwen3_tts_rope.cuh"
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,6 +41,7 @@ namespace {
 
 constexpr int kUnroll = 4;       // passes whose loads are issued together
 constexpr int kMaxThreads = 256;  // warps_per_token * tokens_per_cta <= 8
+constexpr unsigned kFullWarp = 0xffffffffu;
 
 // ---- element types: bits <-> fp32 ------------------------------------------------------------------------
 template <typename T>
@@ -52,6 +59,7 @@ struct Elem<__nv_bfloat16> {
     return bits;
   }
   static __device__ __forceinline__ uint16_t pack1(float a) { return __bfloat16_as_ushort(__float2bfloat16_rn(a)); }
+  static __device__ __forceinline__ float rnd(float a) { return one(pack1(a)); }  // rounded to bf16 (RNE)
 };
 
 template <>
@@ -66,6 +74,7 @@ struct Elem<__half> {
     return bits;
   }
   static __device__ __forceinline__ uint16_t pack1(float a) { return __half_as_ushort(__float2half_rn(a)); }
+  static __device__ __forceinline__ float rnd(float a) { return one(pack1(a)); }  // rounded to fp16 (RNE)
 };
 
 // ---- VEC consecutive elements as one memory access ---------------------------------------------------------
@@ -112,6 +121,42 @@ struct Chunk<T, 1> {
   __device__ __forceinline__ void pack(const float (&f)[1]) { v = Elem<T>::pack1(f[0]); }
 };
 
+// VEC consecutive fp32 elements of a cos/sin table, read-only: 2 x 16 bytes, 8 bytes or 4 bytes.
+template <int VEC>
+struct F32Chunk {
+  float v[VEC];
+  __device__ __forceinline__ void load_ro(const float* p) {
+    if constexpr (VEC == 8) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p)), b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = __uint_as_float(w[e]);
+    } else if constexpr (VEC == 2) {
+      const float2 a = __ldg(reinterpret_cast<const float2*>(p));
+      v[0] = a.x;
+      v[1] = a.y;
+    } else {
+      v[0] = __ldg(p);
+    }
+  }
+  __device__ __forceinline__ void unpack(float (&f)[VEC]) const {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) f[e] = v[e];
+  }
+};
+
+template <typename T, typename CosT, int VEC>
+using CosChunk = std::conditional_t<std::is_same_v<CosT, float>, F32Chunk<VEC>, Chunk<T, VEC>>;
+
+// Programmatic dependent launch (sm_90+): wait for the stream's previous kernel (its writes visible) before the
+// first global load, and let the next kernel begin launching. No-ops in a kernel launched without the attribute.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 // ---- lane geometry -----------------------------------------------------------------------------------------
 template <int D, int VEC>
 struct Geometry {
@@ -124,16 +169,54 @@ struct Geometry {
   static_assert(kChunks % kLanesPerRow == 0 && 32 % kLanesPerRow == 0, "lane geometry");
 };
 
+// ---- the q/k norm (kModes) --------------------------------------------------------------------------------
+// Qwen3's RMSNorm of one head row, in place in the lane's chunks x1/x2: x -> rnd(w * rnd(x * rsqrt(mean(x^2) +
+// eps))), the mean of squares in fp32, summed over the row's LPR lanes by a butterfly. Every lane of the warp
+// calls it (rows past the last head are zeros, and not stored). `w` is the row's weight at the lane's column,
+// read from global memory (L1-resident, 2*D bytes for q and k) rather than kept in registers.
+template <typename T, int D, int VEC, int CPL = Geometry<D, VEC>::kChunksPerLane>
+__device__ __forceinline__ void normalize(Chunk<T, VEC> (&x1)[CPL], Chunk<T, VEC> (&x2)[CPL], const T* w, float eps) {
+  constexpr int LPR = Geometry<D, VEC>::kLanesPerRow, HALF = Geometry<D, VEC>::kHalf;
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < CPL; ++j) {
+    float a[VEC], z[VEC];
+    x1[j].unpack(a);
+    x2[j].unpack(z);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) ss += a[e] * a[e] + z[e] * z[e];
+  }
+#pragma unroll
+  for (int m = LPR / 2; m > 0; m /= 2) ss += __uint_as_float(__shfl_xor_sync(kFullWarp, __float_as_uint(ss), m));
+  const float r = rsqrtf(ss * (1.f / D) + eps);
+#pragma unroll
+  for (int j = 0; j < CPL; ++j) {
+    float a[VEC], z[VEC], w1[VEC], w2[VEC];
+    Chunk<T, VEC> wc;
+    wc.load_ro(w + j * LPR * VEC);        wc.unpack(w1);
+    wc.load_ro(w + j * LPR * VEC + HALF); wc.unpack(w2);
+    x1[j].unpack(a);
+    x2[j].unpack(z);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      a[e] = w1[e] * Elem<T>::rnd(a[e] * r);  // exact in fp32: rounded once, by pack
+      z[e] = w2[e] * Elem<T>::rnd(z[e] * r);
+    }
+    x1[j].pack(a);
+    x2[j].pack(z);
+  }
+}
+
 // ---- the kernel ----------------------------------------------------------------------------------------------
 // blockDim = (32 * warps_per_token, tokens_per_cta). Token-strided loop over B*S tokens (grid may be capped).
-template <typename T, int D, int VEC>
+template <typename T, int D, int VEC, bool kModes = false, typename CosT = T>
 __global__ void __launch_bounds__(kMaxThreads)
 qwen3_tts_rope_kernel(const TtsRopeParams p, uint32_t tokens, uint32_t seq, int heads_q, int heads) {
   using G = Geometry<D, VEC>;
   constexpr int HALF = G::kHalf, LPR = G::kLanesPerRow, CPL = G::kChunksPerLane, RPW = G::kRowsPerPass;
 
-  const T* __restrict__ cos_p = static_cast<const T*>(p.cos);
-  const T* __restrict__ sin_p = static_cast<const T*>(p.sin);
+  const CosT* __restrict__ cos_p = static_cast<const CosT*>(p.cos);
+  const CosT* __restrict__ sin_p = static_cast<const CosT*>(p.sin);
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   T* qo = static_cast<T*>(p.q_out);
@@ -143,6 +226,14 @@ qwen3_tts_rope_kernel(const TtsRopeParams p, uint32_t tokens, uint32_t seq, int 
   const int row = (threadIdx.x >> 5) * RPW + lane / LPR;  // this lane's first head row of the token
   const int col = (lane % LPR) * VEC;                     // element offset of its first chunk in a half row
   const int hstep = (blockDim.x >> 5) * RPW;              // rows rotated per pass by all warps of the token
+  // kModes: the head loop runs over the warp's rows, each lane adding its own (warp-uniform, for the shuffles);
+  // two passes per round, not four, keep the norm's extra registers within 128 (occupancy).
+  const int sub = kModes ? lane / LPR : 0;
+  constexpr int UNROLL = kModes ? 2 : kUnroll;
+
+  if constexpr (kModes) wait_for_previous_grid();
+  const T* qw = kModes ? static_cast<const T*>(p.q_weight) + col : nullptr;  // the norm's weights, or null
+  const T* kw = kModes ? static_cast<const T*>(p.k_weight) + col : nullptr;
 
   for (uint32_t tok = blockIdx.x * blockDim.y + threadIdx.y; tok < tokens; tok += gridDim.x * blockDim.y) {
     const int64_t b = tok / seq;
@@ -151,15 +242,31 @@ qwen3_tts_rope_kernel(const TtsRopeParams p, uint32_t tokens, uint32_t seq, int 
     // cos/sin of this token, both halves, this lane's chunks only: read once, kept in fp32 registers.
     float c1[CPL][VEC], c2[CPL][VEC], s1[CPL][VEC], s2[CPL][VEC];
     {
-      const T* cr = cos_p + (b * p.c_sb + s * p.c_ss) + col;
-      const T* sr = sin_p + (b * p.s_sb + s * p.s_ss) + col;
+      int64_t c_off = b * p.c_sb + s * p.c_ss, s_off = b * p.s_sb + s * p.s_ss;
+      if (kModes && p.positions != nullptr) {  // a table row, at the token's position clamped to [0, max_pos)
+        const int64_t i = b * p.p_sb + s * p.p_ss;
+        int64_t pos = p.positions_int64 ? __ldg(static_cast<const long long*>(p.positions) + i)
+                                        : __ldg(static_cast<const int*>(p.positions) + i);
+        pos = pos < 0 ? 0 : pos >= p.max_pos ? p.max_pos - 1 : pos;
+        c_off = pos * p.c_ss;
+        s_off = pos * p.s_ss;
+      }
+      const CosT* cr = cos_p + c_off + col;
+      const CosT* sr = sin_p + s_off + col;
 #pragma unroll
       for (int j = 0; j < CPL; ++j) {
-        Chunk<T, VEC> t;
+        CosChunk<T, CosT, VEC> t;
         t.load_ro(cr + j * LPR * VEC);        t.unpack(c1[j]);
         t.load_ro(cr + j * LPR * VEC + HALF); t.unpack(c2[j]);
         t.load_ro(sr + j * LPR * VEC);        t.unpack(s1[j]);
         t.load_ro(sr + j * LPR * VEC + HALF); t.unpack(s2[j]);
+        if (std::is_same_v<CosT, float> && p.eager) {  // an fp32 table is rounded to the dtype first, as the model's
+#pragma unroll                                         // rotary module returns it
+          for (int e = 0; e < VEC; ++e) {
+            c1[j][e] = Elem<T>::rnd(c1[j][e]), c2[j][e] = Elem<T>::rnd(c2[j][e]);
+            s1[j][e] = Elem<T>::rnd(s1[j][e]), s2[j][e] = Elem<T>::rnd(s2[j][e]);
+          }
+        }
       }
     }
     // This token's rows of head 0, at this lane's column.
@@ -168,11 +275,11 @@ qwen3_tts_rope_kernel(const TtsRopeParams p, uint32_t tokens, uint32_t seq, int 
     T* qo_row = qo + (b * p.qo_sb + s * p.qo_ss + col);
     T* ko_row = ko + (b * p.ko_sb + s * p.ko_ss + col);
 
-    for (int h0 = row; h0 < heads; h0 += kUnroll * hstep) {
-      Chunk<T, VEC> x1[kUnroll][CPL], x2[kUnroll][CPL];
+    for (int h0 = row - sub; h0 < heads; h0 += UNROLL * hstep) {
+      Chunk<T, VEC> x1[UNROLL][CPL], x2[UNROLL][CPL];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {  // all loads of kUnroll passes first
-        const int h = h0 + u * hstep;
+      for (int u = 0; u < UNROLL; ++u) {  // all loads of UNROLL passes first
+        const int h = h0 + sub + u * hstep;
         if (h < heads) {
           const bool is_q = h < heads_q;
           const T* src = (is_q ? q_row : k_row) + (is_q ? h : h - heads_q) * (is_q ? p.q_sh : p.k_sh);
@@ -181,11 +288,19 @@ qwen3_tts_rope_kernel(const TtsRopeParams p, uint32_t tokens, uint32_t seq, int 
             x1[u][j].load(src + j * LPR * VEC);
             x2[u][j].load(src + j * LPR * VEC + HALF);
           }
+        } else if (kModes) {  // rows past the last head: zeros into the norm's sum, never stored
+#pragma unroll
+          for (int j = 0; j < CPL; ++j) x1[u][j] = x2[u][j] = Chunk<T, VEC>{};
         }
       }
+      if (kModes && p.q_weight != nullptr) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int h = h0 + u * hstep;
+        for (int u = 0; u < UNROLL; ++u)
+          normalize<T, D, VEC>(x1[u], x2[u], h0 + sub + u * hstep < heads_q ? qw : kw, p.eps);
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int h = h0 + sub + u * hstep;
         if (h < heads) {
           const bool is_q = h < heads_q;
           T* dst = (is_q ? qo_row : ko_row) + (is_q ? h : h - heads_q) * (is_q ? p.qo_sh : p.ko_sh);
@@ -194,10 +309,18 @@ qwen3_tts_rope_kernel(const TtsRopeParams p, uint32_t tokens, uint32_t seq, int 
             float a[VEC], z[VEC], o1[VEC], o2[VEC];
             x1[u][j].unpack(a);
             x2[u][j].unpack(z);
+            if (kModes && p.eager) {  // PyTorch in the dtype: each product rounded, then the sum (rounded by pack)
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-              o1[e] = a[e] * c1[j][e] - z[e] * s1[j][e];
-              o2[e] = z[e] * c2[j][e] + a[e] * s2[j][e];
+              for (int e = 0; e < VEC; ++e) {
+                o1[e] = Elem<T>::rnd(a[e] * c1[j][e]) - Elem<T>::rnd(z[e] * s1[j][e]);
+                o2[e] = Elem<T>::rnd(z[e] * c2[j][e]) + Elem<T>::rnd(a[e] * s2[j][e]);
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) {
+                o1[e] = a[e] * c1[j][e] - z[e] * s1[j][e];
+                o2[e] = z[e] * c2[j][e] + a[e] * s2[j][e];
+              }
             }
             Chunk<T, VEC> y;
             y.pack(o1);
@@ -214,12 +337,13 @@ qwen3_tts_rope_kernel(const TtsRopeParams p, uint32_t tokens, uint32_t seq, int 
 // ---- launcher ------------------------------------------------------------------------------------------------
 inline int64_t eff(int64_t stride, int64_t size) { return size > 1 ? stride : 0; }  // strides of size-1 dims are unused
 
+bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uintptr_t(bytes) == 0; }
+
 bool fits(const TtsRopeParams& p, int64_t bytes) {
-  const uintptr_t ptrs[6] = {reinterpret_cast<uintptr_t>(p.q), reinterpret_cast<uintptr_t>(p.k),
-                             reinterpret_cast<uintptr_t>(p.cos), reinterpret_cast<uintptr_t>(p.sin),
-                             reinterpret_cast<uintptr_t>(p.q_out), reinterpret_cast<uintptr_t>(p.k_out)};
-  for (uintptr_t a : ptrs)
-    if (a % uintptr_t(bytes)) return false;
+  const void* ptrs[6] = {p.q, p.k, p.cos, p.sin, p.q_out, p.k_out};
+  for (int i = 0; i < 6; ++i)  // an fp32 table's chunks are twice as wide (two 16-byte loads at most)
+    if (!aligned(ptrs[i], (i == 2 || i == 3) && p.table_fp32 ? std::min<int64_t>(16, 2 * bytes) : bytes)) return false;
+  if (p.q_weight && !(aligned(p.q_weight, bytes) && aligned(p.k_weight, bytes))) return false;
   const int64_t elems = bytes / 2;  // both dtypes are 2-byte
   const int64_t strides[16] = {
       eff(p.q_sb, p.B),    eff(p.q_sh, p.Hq),   eff(p.q_ss, p.S),  eff(p.k_sb, p.B),   eff(p.k_sh, p.Hkv),
@@ -236,28 +360,59 @@ int rows_per_pass(int64_t D, int vec) {
   return chunks >= 32 ? 1 : int(32 / chunks);
 }
 
-template <typename T, int D>
-cudaError_t launch_d(int vec, const TtsRopeParams& p, dim3 grid, dim3 block, cudaStream_t stream) {
+bool has_modes(const TtsRopeParams& p, bool pdl) { return p.eager || p.positions || p.q_weight || pdl; }
+
+template <typename K>
+cudaError_t launch_kernel(K kernel, dim3 grid, dim3 block, bool pdl, cudaStream_t stream, void** args) {
   // cudaLaunchKernel rather than <<<>>>: the same launch, and plain C++, so the host-emulation test
   // (tests/support/cuda_emul) can compile this file with a C++ compiler and run the kernel on the CPU.
+  if (!pdl) return cudaLaunchKernel(kernel, grid, block, args, 0, stream);
+  // A kernel image without the wait (built for an older arch, JIT-compiled from its PTX) would read before the
+  // previous kernel's writes are visible: refuse pdl for it.
+  cudaFuncAttributes fa;
+  const cudaError_t fe = cudaFuncGetAttributes(&fa, kernel);
+  if (fe != cudaSuccess) return fe;
+  if (fa.ptxVersion < 90) return cudaErrorNotSupported;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, *static_cast<const TtsRopeParams*>(args[0]), *static_cast<uint32_t*>(args[1]),
+                            *static_cast<uint32_t*>(args[2]), *static_cast<int*>(args[3]), *static_cast<int*>(args[4]));
+}
+
+template <typename T, int D, int VEC>
+cudaError_t launch_vec(const TtsRopeParams& p, dim3 grid, dim3 block, bool pdl, cudaStream_t stream, void** args) {
+  if (!has_modes(p, pdl)) return launch_kernel(qwen3_tts_rope_kernel<T, D, VEC>, grid, block, false, stream, args);
+  if (p.table_fp32) return launch_kernel(qwen3_tts_rope_kernel<T, D, VEC, true, float>, grid, block, pdl, stream, args);
+  return launch_kernel(qwen3_tts_rope_kernel<T, D, VEC, true>, grid, block, pdl, stream, args);
+}
+
+template <typename T, int D>
+cudaError_t launch_d(int vec, const TtsRopeParams& p, dim3 grid, dim3 block, bool pdl, cudaStream_t stream) {
   TtsRopeParams params = p;
   uint32_t tokens = uint32_t(p.B * p.S), seq = uint32_t(p.S);
   int hq = int(p.Hq), heads = int(p.Hq + p.Hkv);
   void* args[] = {&params, &tokens, &seq, &hq, &heads};
   switch (vec) {
-    case 8: return cudaLaunchKernel(qwen3_tts_rope_kernel<T, D, 8>, grid, block, args, 0, stream);
-    case 2: return cudaLaunchKernel(qwen3_tts_rope_kernel<T, D, 2>, grid, block, args, 0, stream);
-    case 1: return cudaLaunchKernel(qwen3_tts_rope_kernel<T, D, 1>, grid, block, args, 0, stream);
+    case 8: return launch_vec<T, D, 8>(p, grid, block, pdl, stream, args);
+    case 2: return launch_vec<T, D, 2>(p, grid, block, pdl, stream, args);
+    case 1: return launch_vec<T, D, 1>(p, grid, block, pdl, stream, args);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <typename T>
-cudaError_t launch_t(int vec, const TtsRopeParams& p, dim3 grid, dim3 block, cudaStream_t stream) {
+cudaError_t launch_t(int vec, const TtsRopeParams& p, dim3 grid, dim3 block, bool pdl, cudaStream_t stream) {
   switch (p.D) {
-    case 64: return launch_d<T, 64>(vec, p, grid, block, stream);
-    case 128: return launch_d<T, 128>(vec, p, grid, block, stream);
-    case 256: return launch_d<T, 256>(vec, p, grid, block, stream);
+    case 64: return launch_d<T, 64>(vec, p, grid, block, pdl, stream);
+    case 128: return launch_d<T, 128>(vec, p, grid, block, pdl, stream);
+    case 256: return launch_d<T, 256>(vec, p, grid, block, pdl, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -278,6 +433,9 @@ cudaError_t qwen3_tts_rope_launch(const TtsRopeParams& p, TtsRopeDtype dtype, cu
   if (tokens == 0 || heads == 0) return cudaSuccess;
   if (tokens > INT32_MAX || heads > (int64_t(1) << 30)) return cudaErrorInvalidValue;
   if (!p.cos || !p.sin || (p.Hq && (!p.q || !p.q_out)) || (p.Hkv && (!p.k || !p.k_out)))
+    return cudaErrorInvalidValue;
+  if ((p.positions && p.max_pos < 1) || (p.table_fp32 && !p.positions) || !(p.eps >= 0.f) ||
+      (p.q_weight == nullptr) != (p.k_weight == nullptr))
     return cudaErrorInvalidValue;
 
   const TtsRopeLaunchConfig none{};
@@ -305,8 +463,8 @@ cudaError_t qwen3_tts_rope_launch(const TtsRopeParams& p, TtsRopeDtype dtype, cu
   const dim3 grid{unsigned(blocks)}, block{unsigned(32 * wpt), unsigned(tpc)};
   cudaError_t err = cudaErrorInvalidValue;
   switch (dtype) {
-    case TtsRopeDtype::kBFloat16: err = launch_t<__nv_bfloat16>(vec, p, grid, block, stream); break;
-    case TtsRopeDtype::kFloat16: err = launch_t<__half>(vec, p, grid, block, stream); break;
+    case TtsRopeDtype::kBFloat16: err = launch_t<__nv_bfloat16>(vec, p, grid, block, cfg.pdl, stream); break;
+    case TtsRopeDtype::kFloat16: err = launch_t<__half>(vec, p, grid, block, cfg.pdl, stream); break;
   }
   if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave the error for the next launch check
   return err;

@@ -11,6 +11,15 @@
 // Layout: q [B, Hq, S, D], k [B, Hkv, S, D], cos/sin [B or 1, S, D], outputs shaped like q and k. Every
 // tensor may have any leading strides; the last dim must be contiguous. Outputs are written through their own
 // strides, so out == in (in place) is allowed. cos/sin broadcast over the batch with a batch stride of 0.
+//
+// Modes (TtsRopeParams' last fields; all off is the plain op above):
+//   eager      each product and the sum rounded to the dtype (PyTorch evaluating the formula in bf16/fp16);
+//   positions  cos/sin are tables [max_pos, D] (q's dtype, or fp32 with table_fp32), row c_ss / s_ss, read at
+//              positions[b, s] (int32 or int64, strides p_sb, p_ss), clamped to [0, max_pos);
+//   q_weight   (and k_weight, [D] contiguous) every head row first becomes w * rnd(x * rsqrt(mean(x^2) + eps)),
+//              rnd() rounding to the dtype, as Qwen3's RMSNorm computes it (fp32 mean of squares);
+//   pdl        (TtsRopeLaunchConfig) a programmatic dependent launch, sm_90+.
+// Calls with any of them run kernels of their own (kModes), so the plain kernels are unchanged.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +46,13 @@ struct TtsRopeParams {
   int64_t qo_sb = 0, qo_sh = 0, qo_ss = 0;
   int64_t ko_sb = 0, ko_sh = 0, ko_ss = 0;
   int64_t B = 0, S = 0, Hq = 0, Hkv = 0, D = 0;
+  // Modes (see above); appended so that the plain kernels read the fields above at the same offsets.
+  const void* positions = nullptr;
+  const void* q_weight = nullptr;
+  const void* k_weight = nullptr;
+  int64_t p_sb = 0, p_ss = 0, max_pos = 0;
+  float eps = 0.f;
+  bool positions_int64 = false, table_fp32 = false, eager = false;
 };
 
 // Launch shape. 0 = let the launcher choose (the normal case); non-zero values force a choice, for tests
@@ -46,17 +62,20 @@ struct TtsRopeLaunchConfig {
   int warps_per_token = 0;  // warps sharing one (b, s) token's heads: 1..8
   int tokens_per_cta = 0;   // tokens per thread block: 1..8, warps_per_token * tokens_per_cta <= 8
   int max_blocks = 0;       // cap on the grid (the kernel loops over the remaining tokens); 0 = no cap
+  bool pdl = false;         // a programmatic dependent launch (sm_90+; cudaErrorNotSupported on an older image)
 };
 
-// Vector width the launcher would pick for these pointers and strides: 8 when all six base pointers are
-// 16-byte aligned and every leading stride (of a dim with more than one index) is a multiple of 8 elements,
-// 2 when they are 4-byte aligned with even strides, else 1.
+// Vector width the launcher would pick for these pointers and strides: 8 when all base pointers (q, k, cos,
+// sin, the outputs, the norm weights) are 16-byte aligned and every leading stride (of a dim with more than one
+// index) is a multiple of 8 elements, 2 when they are 4-byte aligned (8-byte for an fp32 table) with even
+// strides, else 1.
 int qwen3_tts_rope_pick_vec(const TtsRopeParams& p);
 
 // Enqueue the kernel on `stream`. Returns cudaSuccess, the launch error, or cudaErrorInvalidValue for
 // arguments the kernel does not serve (D not in {64, 128, 256}, B*S or Hq+Hkv >= 2^31, null pointers, a
-// forced config out of range). Empty problems (B, S or Hq+Hkv = 0) return cudaSuccess without a launch.
-// Never synchronizes.
+// forced config out of range, max_pos < 1 with positions, one norm weight without the other, eps < 0), or
+// cudaErrorNotSupported for pdl on a kernel image older than sm_90. Empty problems (B, S or Hq+Hkv = 0) return
+// cudaSuccess without a launch. Never synchronizes.
 cudaError_t qwen3_tts_rope_launch(const TtsRopeParams& p, TtsRopeDtype dtype, cudaStream_t stream,
                                   const TtsRopeLaunchConfig* config = nullptr);
 

@@ -282,7 +282,7 @@ def test_registered_backends_are_functions_or_loaders():
 def test_an_opt_in_backend_runs_only_when_named(monkeypatch):
     """A backend with an opt_in reason (a kernel not yet run on a GPU) is passed over by auto, with the reason,
     and runs when named by argument or by FUSEDROPE_BACKEND."""
-    reg = toy(entry("reference"), entry("hip", opt_in="never run on AMD hardware"))
+    reg = toy(entry("reference"), entry("hip", opt_in=lambda facts: "never run on AMD hardware"))
     facts = (torch.device("cpu"), 1)
     assert reg.select(facts).name == "reference"
     row = reg.explain(facts)[0]

@@ -83,7 +83,7 @@ REGISTRY.register(Backend("cuda", supports=lambda facts: _cuda().supports(facts)
                           available=lambda device: cuda_toolkit_reason(device) or _cuda().available(device)))
 REGISTRY.register(Backend("hip", supports=lambda facts: _hip().supports(facts), load=lambda: _hip().load(),
                           available=lambda device: hip_toolkit_reason(device) or _hip().available(device),
-                          opt_in="never run on AMD hardware"))
+                          opt_in=lambda facts: "never run on AMD hardware"))
 REGISTRY.register(Backend("triton", available=triton_available, load=_load_triton))
 REGISTRY.register(Backend("reference", reference.inverse_rope_group_quant))
 

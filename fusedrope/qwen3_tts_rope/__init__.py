@@ -63,7 +63,8 @@ def _cuda():  # the compiled kernel's glue, imported once a CUDA device is seen
 
 
 REGISTRY.register(Backend("cuda", supports=lambda facts: _cuda().supports(facts), load=lambda: _cuda().load(),
-                          available=lambda device: cuda_toolkit_reason(device) or _cuda().available(device)))
+                          available=lambda device: cuda_toolkit_reason(device) or _cuda().available(device),
+                          opt_in=lambda facts: _cuda().opt_in(facts)))
 REGISTRY.register(Backend("triton", available=triton_available, load=_load_triton))
 REGISTRY.register(Backend("reference", reference.qwen3_tts_rope))
 
@@ -153,7 +154,7 @@ def _mode_tensors(modes) -> dict:  # the tensors among the modes, by name
 
 def _backend_args(modes) -> tuple:  # a built-in backend's run arguments after the outputs
     positions, numerics, q_weight, k_weight, eps = modes
-    return positions, numerics == "eager", None if q_weight is None else (q_weight, k_weight, float(eps))
+    return positions, numerics == "eager", q_weight, k_weight, float(eps)
 
 
 def _diagnose_output(name, out, src, src_name) -> None:
@@ -241,8 +242,8 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
         as torch's ``out=``, not with grad mode on and an input or buffer that requires grad.
     backend : str, default "auto"
         ``"auto"``, ``"cuda"``, ``"triton"``, ``"reference"`` or one of yours
-        (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``. The cuda kernel serves
-        ``numerics="fp32"`` without ``positions``; ``auto`` gives other calls to the next backend (Triton).
+        (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``. ``auto`` runs the cuda
+        kernel's ``numerics="eager"`` and ``positions`` paths only when named (kernels_cuda/README.md says why).
 
     Returns
     -------

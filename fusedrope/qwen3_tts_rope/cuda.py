@@ -1,8 +1,9 @@
 """qwen3_tts_rope on the hand-written CUDA kernel (kernels_cuda/qwen3_tts_rope.cu).
 
-Serves bf16 and fp16 with head_dim 64, 128 or 256. The kernel itself picks 16-byte vector accesses when every
-pointer and leading stride allows them, and a narrower path otherwise (alignment is a run-time fact, so it is
-decided inside the compiled op, not here). The extension is loaded on first use (``fusedrope.cuda_ext``).
+Serves bf16 and fp16 with head_dim 64, 128 or 256, with every mode: ``numerics="eager"``, ``positions=`` (tables
+in q's dtype or fp32) and the q/k norm. The kernel itself picks 16-byte vector accesses when every pointer and
+leading stride allows them, and a narrower path otherwise (alignment is a run-time fact, so it is decided inside
+the compiled op, not here). The extension is loaded on first use (``fusedrope.cuda_ext``).
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ from .._validation import dtype_name
 
 DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128, 256)
+# The modes run kernels of their own, which auto takes once a GPU run has confirmed them (kernels_cuda/README.md).
+MODES_OPT_IN = "eager, positions= and norm kernels: opt-in until their GPU run (kernels_cuda/README.md)"
 
 
 def supports(facts) -> Optional[str]:
-    if facts.eager or facts.table or facts.norm:
-        return "cuda kernel serves numerics='fp32' on cos/sin rows (no positions=, no q/k norm)"
     if facts.dtype in DTYPES and facts.head_dim in HEAD_DIMS:
         return None
     return (f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {dtype_name(facts.dtype)} "
             f"D={facts.head_dim}")
+
+
+def opt_in(facts) -> Optional[str]:
+    return MODES_OPT_IN if facts.eager or facts.table or facts.norm else None
 
 
 def available(device: torch.device) -> Optional[str]:
@@ -34,9 +39,10 @@ def available(device: torch.device) -> Optional[str]:
 
 
 def load() -> tuple:
-    """The backend's ``(run, run_alloc)``: the compiled ops ``qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out)``,
-    which writes the outputs (``q``/``k`` themselves for in place) in one launch, and ``qwen3_tts_rope(q, k, cos,
-    sin) -> (q_out, k_out)``, which allocates them in C++ (one Python -> C++ call fewer per output)."""
+    """The backend's ``(run, run_alloc)``: the compiled ops ``qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out,
+    positions=None, eager=False, q_weight=None, k_weight=None, eps=0.0)``, which writes the outputs (``q``/``k``
+    themselves for in place) in one launch, and ``qwen3_tts_rope(q, k, cos, sin) -> (q_out, k_out)``, which
+    allocates them in C++ (one Python -> C++ call fewer per output)."""
     from .. import cuda_ext
 
     cuda_ext.load()
@@ -44,15 +50,18 @@ def load() -> tuple:
     return ops.qwen3_tts_rope_out.default, ops.qwen3_tts_rope.default
 
 
-def qwen3_tts_rope_config(q, k, cos, sin, q_out, k_out, *, vec: int = 0, warps_per_token: int = 0,
-                          tokens_per_cta: int = 0, max_blocks: int = 0) -> None:
-    """Like :func:`qwen3_tts_rope` with a forced launch shape (0 = automatic), for tests and tuning.
+def qwen3_tts_rope_config(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, q_weight=None,
+                          k_weight=None, eps: float = 0.0, *, vec: int = 0, warps_per_token: int = 0,
+                          tokens_per_cta: int = 0, max_blocks: int = 0, pdl: bool = False) -> None:
+    """Like the backend's ``run`` with a forced launch shape (0 = automatic) and ``pdl``, for tests and tuning.
 
     ``vec`` 8/2/1 forces the 16-byte / 4-byte / scalar path (it may not be wider than the layout allows);
-    ``warps_per_token`` and ``tokens_per_cta`` shape the blocks; ``max_blocks`` caps the grid.
+    ``warps_per_token`` and ``tokens_per_cta`` shape the blocks; ``max_blocks`` caps the grid; ``pdl`` makes it a
+    programmatic dependent launch (sm_90+).
     """
     from .. import cuda_ext
 
     cuda_ext.load()
-    torch.ops.fusedrope_cuda.qwen3_tts_rope_out_config(q, k, cos, sin, q_out, k_out, vec, warps_per_token,
-                                                       tokens_per_cta, max_blocks)
+    torch.ops.fusedrope_cuda.qwen3_tts_rope_out_config(q, k, cos, sin, q_out, k_out, positions, eager, q_weight,
+                                                       k_weight, float(eps), vec, warps_per_token, tokens_per_cta,
+                                                       max_blocks, pdl)

@@ -68,13 +68,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
-def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, norm=None) -> None:
+def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, q_weight=None, k_weight=None,
+                   eps: float = 0.0) -> None:
     """Reference backend: ``out = x * cos + rotate_half(x) * sin`` (:func:`neox_rope`) for every row ``x`` of
     ``q [B, Hq, S, D]`` and ``k [B, Hkv, S, D]``, written into ``q_out`` / ``k_out`` (which may be q and k)
     through their strides. ``cos``/``sin`` are ``[B or 1, S, D]``, or tables read at ``positions``
     (:func:`rows_of`). fp32 math rounded once (RNE) to the dtype; with ``eager``, the formula in the dtype (each
-    product and the sum rounded: Hugging Face's numerics). ``norm = (q_weight, k_weight, eps)`` first applies
-    :func:`rms_norm` to q and k.
+    product and the sum rounded: Hugging Face's numerics). ``q_weight``/``k_weight``: :func:`rms_norm` first.
 
     Examples
     --------
@@ -94,7 +94,7 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = F
     dtype = q.dtype if eager else torch.float32
     if positions is not None:  # eager: the table is rounded to q's dtype first, as the model's rotary module does
         cos, sin = rows_of(cos, sin, positions, q.dtype if eager else cos.dtype)
-    if norm is not None:
-        q, k = rms_norm(q, norm[0], norm[2]), rms_norm(k, norm[1], norm[2])
+    if q_weight is not None:
+        q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
     q_out.copy_(neox_rope(q, cos, sin, dtype))
     k_out.copy_(neox_rope(k, cos, sin, dtype))

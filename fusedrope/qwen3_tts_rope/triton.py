@@ -116,10 +116,12 @@ def launch_shape(hq: int, hkv: int, head_dim: int, warp_size: int = WARP_SIZE) -
     return block_d, block_h, max(1, min(8, block_h * block_d // (8 * warp_size)))
 
 
-def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, norm=None) -> None:
-    qw, kw, eps = norm if norm is not None else (q, q, 0.0)  # unread without NORM
+def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, q_weight=None, k_weight=None,
+                   eps: float = 0.0) -> None:
+    norm = q_weight is not None
+    qw, kw = (q_weight, k_weight) if norm else (q, q)  # unread without NORM
     named = {"q": q, "k": k, "cos": cos, "sin": sin, "q_out": q_out, "k_out": k_out, "positions": positions,
-             "q_norm_weight": norm and qw, "k_norm_weight": norm and kw}
+             "q_norm_weight": q_weight, "k_norm_weight": k_weight}
     check_aligned("qwen3_tts_rope", {n: t for n, t in named.items() if t is not None})
     B, HQ, S, D = q.shape
     HKV = k.shape[1]
@@ -139,6 +141,6 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = F
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             c_sb, c_ss, s_sb, s_ss, p_sb, p_ss,
             q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
-            HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EAGER=bool(eager), TABLE=table, NORM=norm is not None,
+            HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EAGER=bool(eager), TABLE=table, NORM=norm,
             EXACT=INTERPRETED, num_warps=num_warps, enable_fp_fusion=not eager,
         )

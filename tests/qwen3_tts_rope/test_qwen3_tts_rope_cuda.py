@@ -29,6 +29,7 @@ import fusedrope
 from fusedrope import cuda_ext
 from fusedrope.qwen3_tts_rope import Facts
 from fusedrope.qwen3_tts_rope import cuda as cuda_tts_rope
+from fusedrope.reference import qwen3_tts_rope as qwen3_tts_rope_reference
 from fusedrope.reference import qwen3_tts_rope_oracle
 from fusedrope.testing import (TTS_CASES, TtsCase, assert_tts_rope_close, assert_ulp_close, bytes_written_outside,
                                guarded_poison, make_tts_inputs, own_batch_strides)
@@ -47,13 +48,17 @@ VECS = {8: "Li8EE", 2: "Li2EE", 1: "Li1EE"}  # the VEC template argument, as man
 # ----------------------------------------------------------------------------------------------------------
 # 1. nvcc + SASS
 # ----------------------------------------------------------------------------------------------------------
-def _kernels(arch):
+def _kernels(arch, which=None):
+    """``{mangled name: SASS}`` of the plain kernels (``which="plain"``: 2 dtypes x 3 head dims x 3 widths), the
+    modes' kernels (``"modes"``: the same, each with a cos/sin table in the dtype and in fp32) or both."""
     cubin = K.nvcc_cubin(SRC, arch)
     funcs = K.sass_functions(K.sass(cubin))
     usage = K.resource_usage(cubin)
     tts = {n: f for n, f in funcs.items() if "qwen3_tts_rope_kernel" in n}
-    assert len(tts) == 18, f"expected 2 dtypes x 3 head dims x 3 widths = 18 kernels, got {sorted(tts)}"
-    return tts, usage
+    plain = {n: f for n, f in tts.items() if "ELb0E" in n}
+    modes = {n: f for n, f in tts.items() if "ELb1E" in n}
+    assert (len(plain), len(modes), len(tts)) == (18, 36, 54), f"unexpected kernels: {sorted(tts)}"
+    return {"plain": plain, "modes": modes, None: tts}[which], usage
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -77,7 +82,7 @@ def _global_memory_ops(code):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_vector_paths_use_the_intended_access_widths(arch):
-    tts, _ = _kernels(arch)
+    tts, _ = _kernels(arch, "plain")
     # Mnemonics as nvcc 13 / cuobjdump print them: LDG.E.128 (q/k), LDG.E.128.CONSTANT (cos/sin through the
     # read-only path), STG.E.128; the 4-byte path LDG.E / STG.E; the scalar path LDG.E.U16 / STG.E.U16.
     want = {8: ("LDG.E.128", "STG.E.128"), 2: ("LDG.E", "STG.E"), 1: ("LDG.E.U16", "STG.E.U16")}
@@ -101,12 +106,37 @@ def test_vector_paths_use_the_intended_access_widths(arch):
 def test_vector_path_issues_all_loads_of_a_round_before_storing():
     """The 16-byte bf16 D=128 kernel: 4 passes x 2 halves of q/k loads precede the first store (memory-level
     parallelism), and cos/sin (4 x 128-bit) are read once per token, before the head loop."""
-    tts, _ = _kernels("sm_90")
+    tts, _ = _kernels("sm_90", "plain")
     name = next(n for n in tts if "13__nv_bfloat16Li128ELi8E" in n)
     ops = [o for o in K.opcodes(tts[name]) if o.startswith(("LDG", "STG"))]
     first_store = ops.index("STG.E.128")
     assert ops[:first_store].count("LDG.E.128") == 8, ops
     assert ops.count("LDG.E.128.CONSTANT") == 4, ops
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_modes_kernels_keep_the_access_widths_and_shuffle_only_in_the_norm(arch):
+    """The modes' kernels: q/k through the same loads and stores as the plain kernel of their width; cos/sin
+    (also an fp32 table: two 16-byte loads per 8 elements) and the norm weights through the read-only path, as wide;
+    one int32 and one int64 position load; the norm's sum as a butterfly of warp shuffles."""
+    tts, _ = _kernels(arch, "modes")
+    want = {8: ("LDG.E.128", "STG.E.128"), 2: ("LDG.E", "STG.E"), 1: ("LDG.E.U16", "STG.E.U16")}
+    for name, code in tts.items():
+        vec = int(name.split("qwen3_tts_rope_kernel", 1)[1].split("ELb1E")[0].split("ELi")[-1])
+        fp32_table = name.split("ELb1E", 1)[1].startswith("f")
+        ops = _global_memory_ops(code)
+        load, store = want[vec]
+        assert {o for o in ops if o.startswith("STG")} == {store}, f"{K.demangle_hint(name)}: {dict(ops)}"
+        assert {o for o in ops if o.startswith("LDG") and not o.endswith(".CONSTANT")} == {load}, dict(ops)
+        table = {8: "LDG.E.128", 2: "LDG.E.64" if fp32_table else "LDG.E", 1: "LDG.E" if fp32_table else load}[vec]
+        read_only = {o for o in ops if o.endswith(".CONSTANT")}
+        assert read_only <= {load + ".CONSTANT", table + ".CONSTANT", "LDG.E.CONSTANT", "LDG.E.64.CONSTANT"}, dict(ops)
+        assert table + ".CONSTANT" in read_only and load + ".CONSTANT" in read_only, dict(ops)  # table, weights
+        if vec == 8:  # the positions: one 4-byte and one 8-byte load, everything else 16 bytes wide
+            assert ops["LDG.E.CONSTANT"] == 1 and ops["LDG.E.64.CONSTANT"] == 1, dict(ops)
+        assert "SHFL.BFLY" in set(K.opcodes(code)), f"{K.demangle_hint(name)}: no butterfly"
+    plain, _ = _kernels(arch, "plain")
+    assert not any("SHFL" in o for code in plain.values() for o in K.opcodes(code))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -142,11 +172,21 @@ def _pack(q, k, cos, sin, q_out, k_out):
     return ptrs, ints
 
 
-def emu_call(lib, q, k, cos, sin, q_out, k_out, vec=0, wpt=0, tpc=0, max_blocks=0) -> int:
+def emu_call(lib, q, k, cos, sin, q_out, k_out, vec=0, wpt=0, tpc=0, max_blocks=0, *, positions=None,
+             eager=False, q_weight=None, k_weight=None, eps=0.0, pdl=False, max_pos=None) -> int:
+    """The launcher on the host; the modes as the torch binding passes them (``max_pos`` overrides the table's)."""
     ptrs, ints = _pack(q, k, cos, sin, q_out, k_out)
     dtype = {torch.bfloat16: 0, torch.float16: 1}[q.dtype]
-    cfg = (ctypes.c_int * 4)(vec, wpt, tpc, max_blocks)
-    return lib.emu_qwen3_tts_rope(ptrs, ints, dtype, cfg)
+    cfg = (ctypes.c_int * 5)(vec, wpt, tpc, max_blocks, int(pdl))
+    table = positions is not None
+    if table:  # rows of the tables: c_ss / s_ss
+        ints[6], ints[7], ints[8], ints[9] = 0, cos.stride(0), 0, sin.stride(0)
+    p_sb, p_ss = ((positions.stride(0) if positions.dim() == 2 else 0), positions.stride(-1)) if table else (0, 0)
+    modes = (ctypes.c_void_p * 3)(*(None if t is None else t.data_ptr() for t in (positions, q_weight, k_weight)))
+    mode_ints = (ctypes.c_int64 * 6)(p_sb, p_ss, (cos.shape[0] if max_pos is None else max_pos) if table else 0,
+                                     table and positions.dtype == torch.int64, table and cos.dtype == torch.float32,
+                                     eager)
+    return lib.emu_qwen3_tts_rope(ptrs, ints, dtype, cfg, modes, mode_ints, ctypes.c_float(eps))
 
 
 def emu_pick_vec(lib, q, k, cos, sin, q_out, k_out) -> int:
@@ -368,6 +408,206 @@ def test_emulation_rounding_model_matches_torch(emu):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# 2b. The modes' kernels (eager, positions, the q/k norm, pdl), threads in lockstep (the norm shuffles)
+# ----------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def emu_modes():
+    cxx = host_cxx()
+    if cxx is None:
+        pytest.skip("no host C++ compiler (g++ or clang++) to run the kernel source in host emulation")
+    cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-Wall", "-Wextra",
+           "-Werror", "-Wno-unknown-pragmas", "-DCUDA_EMUL_LOCKSTEP=1", "-I", str(EMUL), "-I", str(EMUL.parent),
+           "-x", "c++", str(EMUL / "harness.cpp"), f'-DKERNEL_SOURCE="{SRC}"']
+    deps = [SRC, SRC.with_suffix(".cuh"), *EMUL.glob("*"), EMUL.parent / "lockstep.h", EMUL.parent / "emul_stats.inc"]
+    key = content_key(sorted(deps), *cmd)
+    out = Path(tempfile.gettempdir()) / f"fusedrope-emu-lockstep-{os.getuid()}-{key}.so"
+
+    def on_error(stderr: str) -> None:
+        pytest.fail(f"host-emulation build failed:\n{stderr[-4000:]}")
+
+    lib = ctypes.CDLL(str(build_once(cmd, out, on_error)))
+    lib.emu_qwen3_tts_rope.restype = ctypes.c_int
+    lib.emu_launch_count.restype = ctypes.c_longlong
+    lib.emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
+    return lib
+
+
+def lockstep_stats(lib) -> tuple[int, int, str]:
+    """(errors, exchanges, first error) since the last call: a divergent shuffle is an error."""
+    out, msg = (ctypes.c_longlong * 5)(), ctypes.create_string_buffer(256)
+    lib.emul_stats(out, msg, 256)
+    lib.emul_reset()
+    return out[0], out[4], msg.value.decode()
+
+
+def _tables(max_pos, head_dim, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return tuple((torch.rand(max_pos, head_dim, generator=g) * 2 - 1).to(dtype) for _ in range(2))
+
+
+def _weights(head_dim, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return tuple((1 + 0.3 * torch.randn(head_dim, generator=g)).to(dtype) for _ in range(2))
+
+
+MODES = {  # name: (numerics eager, table dtype or None, positions dtype, positions [B, S] or [S], norm)
+    "eager": (True, None, None, None, False),
+    "table": (False, "q", torch.int64, "BS", False),
+    "table-eager": (True, "q", torch.int32, "S", False),
+    "fp32-table": (False, torch.float32, torch.int32, "BS", False),
+    "fp32-table-eager": (True, torch.float32, torch.int64, "S", False),
+    "norm": (False, None, None, None, True),
+    "norm-eager": (True, None, None, None, True),
+    "norm-fp32-table-eager": (True, torch.float32, torch.int64, "BS", True),
+}
+
+
+def mode_inputs(case, dtype, mode, seed, layout="projection"):
+    """q, k, cos, sin and the keyword arguments of one mode; positions run past both ends of the table."""
+    eager, table, pos_dtype, pos_shape, norm = MODES[mode]
+    q, k, cos, sin = make_tts_inputs(case, dtype, seed=seed, layout=layout, random_cos_sin=True)
+    kw = dict(eager=eager)
+    if table is not None:
+        max_pos = 3 * case.seq_len
+        cos, sin = _tables(max_pos, case.head_dim, dtype if table == "q" else table, seed + 1)
+        g = torch.Generator().manual_seed(seed + 2)
+        shape = (case.batch, case.seq_len) if pos_shape == "BS" else (case.seq_len,)
+        kw["positions"] = torch.randint(-3, max_pos + 3, shape, generator=g).to(pos_dtype)
+    if norm:
+        kw["q_weight"], kw["k_weight"] = _weights(case.head_dim, dtype, seed + 3)
+        kw["eps"] = 1e-6
+    return q, k, cos, sin, kw
+
+
+def reference_of(q, k, cos, sin, kw):
+    """fusedrope's reference backend (PyTorch on the CPU) on the same call."""
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    qwen3_tts_rope_reference(q, k, cos, sin, q_out, k_out, kw.get("positions"), kw["eager"], kw.get("q_weight"),
+                             kw.get("k_weight"), kw.get("eps", 0.0))
+    return q_out, k_out
+
+
+def run_modes(lib, q, k, cos, sin, kw, inplace=False, **cfg):
+    """The kernel into poisoned, guarded outputs (or in place), no divergent shuffle; returns its outputs."""
+    if inplace:
+        q_out, k_out, bufs = q, k, ()
+    else:
+        (q_out, qbuf), (k_out, kbuf) = guarded_like(q), guarded_like(k)
+        bufs = ((qbuf, q_out), (kbuf, k_out))
+    lockstep_stats(lib)
+    assert emu_call(lib, q, k, cos, sin, q_out, k_out, **cfg, **kw) == 0
+    errors, exchanges, first = lockstep_stats(lib)
+    assert errors == 0, first
+    assert (exchanges > 0) == ("q_weight" in kw), exchanges  # the norm's butterfly, and nothing else, shuffles
+    for buf, view in bufs:
+        check_guards(buf, view)
+    return q_out, k_out
+
+
+def assert_matches_reference(got, want, norm):
+    """Bit-identical to the reference; with the norm, except where the fp32 sum of squares' order differs from
+    PyTorch's (rarely, by a rounding step)."""
+    if not norm:
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        return
+    same = sum(int((g == w).sum()) for g, w in zip(got, want)) / sum(w.numel() for w in want)
+    assert same >= 0.999, f"{same:.5%} identical"
+    for g, w in zip(got, want):
+        assert (g.float() - w.float()).abs().max() <= 4 * torch.finfo(g.dtype).eps * w.float().abs().max()
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("vec", [8, 2, 1])
+def test_emulated_modes_match_the_reference(emu_modes, mode, dtype, head_dim, vec):
+    case = TtsCase("modes", 2, 5, 6, 2, head_dim)  # 7 heads: a pass that runs past the last head
+    q, k, cos, sin, kw = mode_inputs(case, dtype, mode, seed=head_dim + vec)
+    got = run_modes(emu_modes, q, k, cos, sin, kw, vec=vec)
+    assert_matches_reference(got, reference_of(q, k, cos, sin, kw), "q_weight" in kw)
+
+
+def test_emulated_modes_are_switched_by_their_arguments(emu_modes):
+    """Each mode changes the result (so a kernel ignoring it fails the test above)."""
+    case = TtsCase("switch", 2, 4, 5, 2, 128)
+    q, k, cos, sin, _ = mode_inputs(case, torch.bfloat16, "eager", seed=3)
+    plain = run_modes(emu_modes, q, k, cos, sin, dict(eager=False))
+    eager = run_modes(emu_modes, q, k, cos, sin, dict(eager=True))
+    assert (plain[0] != eager[0]).float().mean() > 0.01
+    for mode in ("table", "norm"):
+        q2, k2, cos2, sin2, kw = mode_inputs(case, torch.bfloat16, mode, seed=3)
+        assert not torch.equal(run_modes(emu_modes, q2, k2, cos2, sin2, kw)[0], plain[0])
+
+
+@pytest.mark.parametrize("mode", ["norm-eager", "norm-fp32-table-eager", "fp32-table"])
+@pytest.mark.parametrize("wpt,tpc,max_blocks", [(1, 1, 0), (2, 2, 0), (3, 1, 0), (1, 4, 0), (2, 1, 3), (4, 2, 2)])
+def test_emulated_modes_launch_shapes_and_token_loop(emu_modes, mode, wpt, tpc, max_blocks):
+    """2-D blocks (tokens_per_cta) and a capped grid: the shuffles stay within each warp's rows."""
+    case = TtsCase("shape", 3, 7, 5, 5, 128)  # 15 tokens, 12 heads
+    q, k, cos, sin, kw = mode_inputs(case, torch.bfloat16, mode, seed=wpt * 10 + tpc)
+    got = run_modes(emu_modes, q, k, cos, sin, kw, wpt=wpt, tpc=tpc, max_blocks=max_blocks)
+    assert_matches_reference(got, reference_of(q, k, cos, sin, kw), "q_weight" in kw)
+
+
+@pytest.mark.parametrize("mode", ["norm-eager", "table-eager"])
+def test_emulated_modes_in_place(emu_modes, mode):
+    case = TtsCase("inplace", 2, 5, 4, 3, 64)
+    q, k, cos, sin, kw = mode_inputs(case, torch.float16, mode, seed=31)
+    want = run_modes(emu_modes, q, k, cos, sin, kw)
+    qi, ki = q.clone(), k.clone()  # the projection layout, written through its strides
+    run_modes(emu_modes, qi, ki, cos, sin, kw, inplace=True)
+    assert torch.equal(qi, want[0]) and torch.equal(ki, want[1])
+
+
+def test_emulated_fp32_table_alignment_picks_the_width(emu_modes):
+    """An fp32 table's 8-element chunks are two 16-byte loads, its 2-element chunks one 8-byte load: a table
+    8 bytes off 16 takes the 2-element path, 4 bytes off takes the scalar one; both still right."""
+    case = TtsCase("align", 1, 2, 3, 1, 64)
+    q, k, cos, sin, kw = mode_inputs(case, torch.bfloat16, "fp32-table", seed=41)
+    for offset, want_vec in ((0, 8), (2, 2), (1, 1)):
+        cb = torch.empty(cos.numel() + 4)[offset:offset + cos.numel()].view(cos.shape).copy_(cos)
+        sb = torch.empty(sin.numel() + 4)[offset:offset + sin.numel()].view(sin.shape).copy_(sin)
+        for forced in (v for v in (8, 2, 1) if v > want_vec):
+            assert emu_call(emu_modes, q, k, cb, sb, q.contiguous(), k.contiguous(), vec=forced, **kw) == 1
+        got = run_modes(emu_modes, q, k, cb, sb, kw, vec=want_vec)
+        assert_matches_reference(got, reference_of(q, k, cos, sin, kw), False)
+
+
+def test_emulated_pdl_launch(emu_modes):
+    """pdl: a programmatic dependent launch of the modes' kernel (also for a plain call: the plain kernels have no
+    wait), refused for a kernel image older than sm_90."""
+    case = TtsCase("pdl", 1, 4, 3, 2, 128)
+    q, k, cos, sin, kw = mode_inputs(case, torch.bfloat16, "norm", seed=51)
+    got = run_modes(emu_modes, q, k, cos, sin, kw, pdl=True)
+    assert emu_modes.emul_last_pdl() == 1
+    assert_matches_reference(got, reference_of(q, k, cos, sin, kw), True)
+    plain = dict(eager=False)
+    got = run_modes(emu_modes, q, k, cos, sin, plain, pdl=True)
+    assert emu_modes.emul_last_pdl() == 1
+    assert_matches_reference(got, reference_of(q, k, cos, sin, plain), False)
+    run_modes(emu_modes, q, k, cos, sin, plain)
+    assert emu_modes.emul_last_pdl() == 0
+    emu_modes.emul_set_ptx_version(80)
+    try:
+        before = emu_modes.emu_launch_count()
+        assert emu_call(emu_modes, q, k, cos, sin, *guarded_like(q)[:1], guarded_like(k)[0], pdl=True) == 801
+        assert emu_modes.emu_launch_count() == before  # cudaErrorNotSupported, nothing launched
+    finally:
+        emu_modes.emul_set_ptx_version(90)
+
+
+def test_emulated_bad_modes_are_refused(emu_modes):
+    case = TtsCase("bad", 1, 2, 3, 1, 64)
+    q, k, cos, sin, kw = mode_inputs(case, torch.bfloat16, "norm-fp32-table-eager", seed=61)
+    outs = (torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous()))
+    assert emu_call(emu_modes, q, k, cos, sin, *outs, **kw) == 0
+    assert emu_call(emu_modes, q, k, cos, sin, *outs, **{**kw, "max_pos": 0}) == 1
+    assert emu_call(emu_modes, q, k, cos, sin, *outs, **{**kw, "k_weight": None}) == 1
+    assert emu_call(emu_modes, q, k, cos, sin, *outs, **{**kw, "eps": -1.0}) == 1
+    assert emu_call(emu_modes, q, k, cos, sin, *outs, **{**kw, "eps": float("nan")}) == 1
+
+
+# ----------------------------------------------------------------------------------------------------------
 # 3. Registry and binding on this machine
 # ----------------------------------------------------------------------------------------------------------
 def test_registry_falls_back_from_cuda_on_cpu_and_explains_why():
@@ -449,6 +689,21 @@ def exact(t, offset=0):  # a copy in its own allocation of exactly offset + nume
     v = buf[offset:].view(t.shape)
     v.copy_(t)
     return v
+if sys.argv[2] == "modes":  # the lockstep build: every mode, tables and weights in exact allocations too
+    lib.emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
+    n = 0
+    for mode in T.MODES:
+        for case in (TtsCase("m", 2, 5, 3, 2, 64), TtsCase("n", 1, 3, 4, 1, 256)):
+            for off in (0, 1):
+                q, k, cos, sin, kw = T.mode_inputs(case, torch.bfloat16, mode, seed=off)
+                q, k, cos, sin = (exact(t, off) for t in (q, k, cos, sin))
+                kw = {n_: exact(t, off) if isinstance(t, torch.Tensor) else t for n_, t in kw.items()}
+                qo, ko = exact(q.contiguous(), off), exact(k.contiguous(), off)
+                assert T.emu_call(lib, q, k, cos, sin, qo, ko, **kw) == 0
+                T.assert_matches_reference((qo, ko), T.reference_of(q, k, cos, sin, kw), "q_weight" in kw)
+                n += 1
+    print("ASAN RUN OK", n)
+    sys.exit(0)
 n = 0
 for case in (TTS_CASES[0], TTS_CASES[-1], TtsCase("x", 3, 7, 13, 5, 64), TtsCase("y", 2, 5, 3, 2, 256)):
     for layout in ("projection", "contiguous"):
@@ -474,9 +729,11 @@ print("ASAN RUN OK", n + 1)
 
 
 @pytest.mark.slow
-def test_emulated_kernel_stays_in_bounds_under_asan(tmp_path):
+@pytest.mark.parametrize("kernels", ["plain", "modes"])
+def test_emulated_kernel_stays_in_bounds_under_asan(tmp_path, kernels):
     """The kernel source, built with AddressSanitizer, on tensors in allocations of exactly their size (torch's
-    CPU allocator is intercepted): any read or write past the end of q, k, cos, sin or an output aborts."""
+    CPU allocator is intercepted): any read or write past the end of q, k, cos, sin, a table, a weight or an output
+    aborts. The modes' kernels run in the lockstep build."""
     cxx = host_cxx()
     if cxx is None or "g++" not in Path(cxx).name:
         pytest.skip("needs g++ (for libasan)")
@@ -484,16 +741,17 @@ def test_emulated_kernel_stays_in_bounds_under_asan(tmp_path):
     if not libasan or not Path(libasan).is_file():
         pytest.skip("libasan not installed")
     so = tmp_path / "harness_asan.so"
-    cmd = [cxx, "-std=c++17", "-O1", *ASAN_FLAGS, "-shared", "-fPIC", "-Wno-unknown-pragmas", "-I", str(EMUL),
-           "-x", "c++", str(EMUL / "harness.cpp"),
+    lockstep = ["-std=c++20", "-pthread", "-DCUDA_EMUL_LOCKSTEP=1", "-I", str(EMUL.parent)]
+    cmd = [cxx, *(lockstep if kernels == "modes" else ["-std=c++17"]), "-O1", *ASAN_FLAGS, "-shared", "-fPIC",
+           "-Wno-unknown-pragmas", "-I", str(EMUL), "-x", "c++", str(EMUL / "harness.cpp"),
            f'-DKERNEL_SOURCE="{SRC}"', "-o", str(so)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(EMUL.parent), str(Path(__file__).parent)]))
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([os.sys.executable, "-c", ASAN_SCRIPT, str(so)], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=600)
+    proc = subprocess.run([os.sys.executable, "-c", ASAN_SCRIPT, str(so), kernels], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0 and "ASAN RUN OK" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
 
 

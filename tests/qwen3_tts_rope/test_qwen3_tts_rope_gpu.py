@@ -123,6 +123,56 @@ def test_forced_launch_shapes(case, cfg):
     assert_tts_rope_close(qi, ki, q, k, cos, sin)
 
 
+@needs_cuda_kernel
+@pytest.mark.parametrize("cfg", SHAPES[:3] + SHAPES[-2:] + [dict(pdl=True), dict(pdl=True, vec=1)],
+                         ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("mode", ["eager", "fp32-table", "norm-eager", "norm-fp32-table-eager"])
+def test_forced_launch_shapes_of_the_modes(mode, cfg):
+    """The modes' kernels (opt-in) against the reference on the GPU, out of place and in place, every width,
+    capped grids and programmatic dependent launches."""
+    from test_qwen3_tts_rope_cuda import assert_matches_reference, mode_inputs, reference_of
+
+    from fusedrope.qwen3_tts_rope.cuda import qwen3_tts_rope_config
+
+    if cfg.get("pdl") and torch.cuda.get_device_capability(DEV) < (9, 0):
+        pytest.skip("pdl needs sm_90")
+    q, k, cos, sin, kw = mode_inputs(TtsCase("modes", 3, 17, 16, 8), torch.bfloat16, mode, seed=21)
+    q, k, cos, sin = (to_device_keeping_layout(t, DEV) for t in (q, k, cos, sin))
+    kw = {n: t.to(DEV) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+    want = reference_of(q, k, cos, sin, kw)
+    (q_out, q_buf), (k_out, k_buf) = (guarded_poison(t.shape, t.dtype, DEV) for t in (q, k))
+    qwen3_tts_rope_config(q, k, cos, sin, q_out, k_out, **kw, **cfg)
+    assert bytes_written_outside(q_buf, q_out) + bytes_written_outside(k_buf, k_out) == 0
+    assert_matches_reference((q_out, k_out), want, "q_weight" in kw)
+    qi, ki = q.clone(), k.clone()
+    qwen3_tts_rope_config(qi, ki, cos, sin, qi, ki, **kw, **cfg)
+    assert torch.equal(qi, q_out) and torch.equal(ki, k_out)
+
+
+@needs_cuda_kernel
+def test_pdl_launch_waits_for_the_kernel_that_writes_its_input():
+    """A programmatic dependent launch right after the kernel that writes q, k (and the norm weights): every time
+    the bytes of the same call launched plainly."""
+    from fusedrope.qwen3_tts_rope.cuda import qwen3_tts_rope_config
+
+    if torch.cuda.get_device_capability(DEV) < (9, 0):
+        pytest.skip("pdl needs sm_90")
+    q, k, cos, sin = make_tts_inputs(TtsCase("pdl", 32, 32, 32, 8), device=DEV, seed=31, random_cos_sin=True)
+    w = torch.rand(q.shape[-1], device=DEV, dtype=q.dtype) + 0.5
+    norm = dict(q_weight=w, k_weight=w.flip(0), eps=1e-6)
+    want = [torch.empty_like(q), torch.empty_like(k)]
+    qwen3_tts_rope_config(q, k, cos, sin, *want, **norm)
+    qd, kd, wd = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(w)
+    got = [torch.empty_like(q), torch.empty_like(k)]
+    for _ in range(20):
+        for dst in (qd, kd, wd, *got):
+            dst.zero_()
+        torch.add(q, 0, out=qd), torch.add(k, 0, out=kd), torch.add(w, 0, out=wd)  # the writers, just before
+        qwen3_tts_rope_config(qd, kd, cos, sin, *got, q_weight=wd, k_weight=wd.flip(0).contiguous(), eps=1e-6,
+                              pdl=True)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 # ------------------------------------------------------------------------------------------------------------
 # bad inputs to the raw op, in a child process: a crash (the H200 once segfaulted on one) fails that case only
 # ------------------------------------------------------------------------------------------------------------
@@ -139,12 +189,17 @@ def reject_cases() -> dict:
             "cpu_k": lambda: ops.qwen3_tts_rope_out(q, k.cpu(), cos, sin, qo, ko),
             "D96": lambda: ops.qwen3_tts_rope_out(*(t[..., :96] for t in (q, k, cos, sin, qo, ko))),
             "k_batch_mismatch": lambda: ops.qwen3_tts_rope_out(q, k[:1], cos, sin, qo, ko[:1]),
-            "config_out_of_range": lambda: ops.qwen3_tts_rope_out_config(q, k, cos, sin, qo, ko, 3, 9, 0, 0),
-            "wide_vec_on_misaligned": lambda: ops.qwen3_tts_rope_out_config(q, k, cos, sin, misaligned, ko, 8, 0, 0,
-                                                                            0)}
+            "config_out_of_range": lambda: ops.qwen3_tts_rope_out_config(q, k, cos, sin, qo, ko, vec=3,
+                                                                         warps_per_token=9),
+            "wide_vec_on_misaligned": lambda: ops.qwen3_tts_rope_out_config(q, k, cos, sin, misaligned, ko, vec=8),
+            "one_norm_weight": lambda: ops.qwen3_tts_rope_out(q, k, cos, sin, qo, ko, q_weight=cos[0, 0]),
+            "positions_3d": lambda: ops.qwen3_tts_rope_out(q, k, cos[0], sin[0], qo, ko,
+                                                           positions=torch.zeros(1, 2, 3, dtype=torch.int64,
+                                                                                 device=DEV))}
 
 
-REJECTS = ("fp32", "cpu_k", "D96", "k_batch_mismatch", "config_out_of_range", "wide_vec_on_misaligned")
+REJECTS = ("fp32", "cpu_k", "D96", "k_batch_mismatch", "config_out_of_range", "wide_vec_on_misaligned",
+           "one_norm_weight", "positions_3d")
 @pytest.fixture(scope="module")
 def rejected():
     return run_child(Path(__file__).stem, HERE)

@@ -262,11 +262,15 @@ def test_inplace_refuses_a_norm_weight_inside_q():
 
 
 # -- selection ----------------------------------------------------------------------------------------------
-def test_the_cuda_kernel_declines_the_modes_it_does_not_serve():
+def test_the_cuda_kernel_serves_the_modes_when_named():
+    """Its modes' kernels are opt-in: auto passes over them with the reason, a call naming cuda runs them."""
+    cuda = REGISTRY.backend("cuda")
     for flags in ((True, False, False), (False, True, False), (False, False, True)):
         facts = Facts(torch.device("cuda"), torch.bfloat16, 128, False, *flags)
-        assert "numerics='fp32' on cos/sin rows" in cuda_glue.supports(facts)
-    assert cuda_glue.supports(Facts(torch.device("cuda"), torch.bfloat16, 128, False)) is None
+        assert cuda_glue.supports(facts) is None
+        assert cuda.opt_in(facts) == cuda_glue.MODES_OPT_IN and "kernels_cuda/README.md" in cuda.opt_in(facts)
+    plain = Facts(torch.device("cuda"), torch.bfloat16, 128, False)
+    assert cuda_glue.supports(plain) is None and cuda.opt_in(plain) is None
 
 
 def test_registered_backends_get_plain_calls_only():
@@ -306,22 +310,25 @@ def test_modes_compile_with_fullgraph():
 
 # -- on a GPU: against PyTorch's own GPU kernels, the seed matrix ------------------------------------------------
 @gpu
+@pytest.mark.parametrize("backend", ["auto", "cuda"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_seed_matrix_against_torch_on_the_gpu(dtype):
+def test_seed_matrix_against_torch_on_the_gpu(dtype, backend):
     """On the device the model runs on: eager numerics and the table path bit-identical to PyTorch's formula,
     the fused norm+RoPE at least 99.9% identical to PyTorch's norm and RoPE (whose rsqrt and summation order
-    are the GPU's)."""
+    are the GPU's); by auto's choice and by the cuda kernel (opt-in)."""
+    if backend != "auto" and (reason := REGISTRY.decide(REGISTRY.backend(backend), (DEVICE, dtype, 128, False))):
+        pytest.skip(reason)
     same = total = 0
     for case in (c for c in TTS_CASES if c.batch <= 8):
         q, k, cos, sin = make_tts_inputs(case, dtype=dtype, device=DEVICE, seed=case.seed)
-        got = fusedrope.qwen3_tts_rope(q, k, cos, sin, numerics="eager")
+        got = fusedrope.qwen3_tts_rope(q, k, cos, sin, numerics="eager", backend=backend)
         assert torch.equal(got[0], hf_rope(q, cos, sin)) and torch.equal(got[1], hf_rope(k, cos, sin)), case.id
         tables = cos.reshape(-1, case.head_dim), sin.reshape(-1, case.head_dim)
         positions = torch.arange(case.batch * case.seq_len, device=DEVICE).view(case.batch, case.seq_len)
-        assert all(torch.equal(a, b) for a, b in zip(
-            fusedrope.qwen3_tts_rope(q, k, *tables, positions=positions, numerics="eager"), got)), case.id
+        by_table = fusedrope.qwen3_tts_rope(q, k, *tables, positions=positions, numerics="eager", backend=backend)
+        assert all(torch.equal(a, b) for a, b in zip(by_table, got)), case.id
         qw, kw = _weights(case.head_dim, dtype, case.seed + 1)
-        fused = fusedrope.qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin)
+        fused = fusedrope.qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, backend=backend)
         want = model_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
         same += sum(int((a == b).sum()) for a, b in zip(fused, want))
         total += sum(a.numel() for a in want)

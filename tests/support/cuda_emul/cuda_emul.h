@@ -4,14 +4,16 @@
 //   * default: one thread after another. Valid only for kernels whose threads do not communicate (no
 //     __syncthreads, shared memory, warp shuffles or atomics): such a kernel computes the same result in any
 //     thread order. tests/qwen3_tts_rope/test_qwen3_tts_rope_cuda.py runs qwen3_tts_rope this way.
-//   * CUDA_EMUL_LOCKSTEP defined before the include: 1-D launches only; each thread of a block runs on its own
-//     std::thread (../lockstep.h) and __shfl_xor_sync exchanges values in lockstep inside its warp of 32, a
-//     divergent shuffle being reported. tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py runs
-// inverse_rope_group_quant so.
+//   * CUDA_EMUL_LOCKSTEP defined before the include: 1-D grids and 1-D or 2-D blocks; each thread of a block runs on
+//     its own std::thread (../lockstep.h) and __shfl_xor_sync exchanges values in lockstep inside its warp of 32
+//     (consecutive linear thread ids, as on the GPU), a divergent shuffle being reported.
+//     tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py runs inverse_rope_group_quant so, and
+//     tests/qwen3_tts_rope/test_qwen3_tts_rope_cuda.py the kernels of qwen3_tts_rope's modes (the q/k norm shuffles).
 //
 // The conversions are bit-exact models of the CUDA intrinsics: round-to-nearest-even, NaN kept quiet.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -112,11 +114,11 @@ cudaError_t cudaLaunchKernel(void (*f)(A...), dim3 g, dim3 b, void** args, std::
   emu_last_grid = g;
   emu_last_block = b;
 #ifdef CUDA_EMUL_LOCKSTEP
-  if (g.y != 1 || g.z != 1 || b.y != 1 || b.z != 1) return emu_fail(cudaErrorInvalidConfiguration);
+  if (g.y != 1 || g.z != 1 || b.z != 1) return emu_fail(cudaErrorInvalidConfiguration);
   gridDim = g;
   blockDim = b;
-  lockstep::run(g.x, b.x, [&] {
-    threadIdx = uint3{lockstep::tid, 0, 0};
+  lockstep::run(g.x, b.x * b.y, [&] {
+    threadIdx = uint3{lockstep::tid % b.x, lockstep::tid / b.x, 0};
     blockIdx = uint3{lockstep::bid, 0, 0};
     cuda_emul_detail::call(f, args, std::index_sequence_for<A...>{});
   });
@@ -163,6 +165,8 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*f)(E...)
 template <class T>
 inline T __ldg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+// The GPU's rsqrtf is within 2 ulp; this model is 1/sqrt correctly rounded, as torch computes rsqrt on the CPU.
+inline float rsqrtf(float v) { return 1.0f / std::sqrt(v); }
 inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
 
 // bfloat16
@@ -200,7 +204,14 @@ inline float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __hal
 inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }
 inline unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; }
 
-#ifdef CUDA_EMUL_LOCKSTEP
+#ifndef CUDA_EMUL_LOCKSTEP
+// Threads run one after another here: a kernel that shuffles gets its own value back, and the count says so.
+inline long long emu_shuffles_out_of_lockstep = 0;
+inline unsigned int __shfl_xor_sync(unsigned int, unsigned int var, int, int = 32) {
+  ++emu_shuffles_out_of_lockstep;
+  return var;
+}
+#else
 // Full-warp xor shuffle (width 32); a partial mask or width is reported, as is a lane whose partner did not
 // shuffle with it.
 inline unsigned int __shfl_xor_sync(unsigned int mask, unsigned int var, int lane_mask, int width = 32,
