@@ -57,7 +57,7 @@ def explain(op, *args, **kwargs) -> Explanation:
 
 # op -> (its module, the function that checks a call's arguments as the op does, the op's registry)
 _EXPLAINERS = {
-    "qwen3_tts_rope": (".qwen3_tts_rope", "explain_args", "qwen3_tts_rope"),
+    "qwen3_tts_rope": (".qwen3_tts_rope.modes", "explain_args", "qwen3_tts_rope"),
     "qwen3_tts_qk_norm_rope": (".qwen3_tts_rope.modes", "explain_norm_args", "qwen3_tts_rope"),
     "inverse_rope_group_quant": (".inverse_rope_group_quant", "explain_args", "inverse_rope_group_quant"),
 }

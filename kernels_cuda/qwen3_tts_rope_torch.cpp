@@ -1,7 +1,7 @@
 // Torch binding of the qwen3_tts_rope CUDA kernel (qwen3_tts_rope.cu, framework-free).
 //
 //   torch.ops.fusedrope_cuda.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, positions=None, eager=False,
-//                                                q_weight=None, k_weight=None, eps=0.0) -> ()
+//                                                q_weight=None, k_weight=None, eps=0.0, pdl=False) -> ()
 //   torch.ops.fusedrope_cuda.qwen3_tts_rope(q, k, cos, sin) -> (q_out, k_out)   new contiguous outputs
 //   torch.ops.fusedrope_cuda.qwen3_tts_rope_out_config(q, k, cos, sin, q_out, k_out, positions, eager, q_weight,
 //       k_weight, eps, vec, warps_per_token, tokens_per_cta, max_blocks, pdl) -> ()
@@ -10,7 +10,8 @@
 // stream of q's device, never synchronizes (CUDA-graph capturable). fusedrope/qwen3_tts_rope validates the
 // inputs before calling; the checks here are a second, defensive line with plain messages. The modes
 // (positions with cos/sin tables [max_pos, D], eager, the q/k norm weights) are described in qwen3_tts_rope.cuh.
-// The `_config` variant forces the launch shape (0 = automatic) and pdl, for tests and tuning.
+// pdl makes it a programmatic dependent launch (sm_90+). The `_config` variant forces the launch shape (0 =
+// automatic), for tests and tuning.
 //
 // Other sources of the same extension register their ops in the namespace with TORCH_LIBRARY_FRAGMENT too:
 // only one TORCH_LIBRARY block per namespace is allowed in a process.
@@ -173,9 +174,10 @@ void run(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Ten
 void qwen3_tts_rope_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                         at::Tensor& q_out, at::Tensor& k_out, const c10::optional<at::Tensor>& positions, bool eager,
                         const c10::optional<at::Tensor>& q_weight, const c10::optional<at::Tensor>& k_weight,
-                        double eps) {
-  run(kOp, q, k, cos, sin, q_out, k_out, fusedrope::TtsRopeLaunchConfig{},
-      Modes{positions, q_weight, k_weight, eager, eps});
+                        double eps, bool pdl) {
+  fusedrope::TtsRopeLaunchConfig cfg;
+  cfg.pdl = pdl;
+  run(kOp, q, k, cos, sin, q_out, k_out, cfg, Modes{positions, q_weight, k_weight, eager, eps});
 }
 
 // Allocating the outputs here rather than in Python saves two Python calls per call, a large part of the
@@ -214,7 +216,8 @@ void qwen3_tts_rope_out_config(const at::Tensor& q, const at::Tensor& k, const a
 TORCH_LIBRARY_FRAGMENT(fusedrope_cuda, m) {
   m.def(
       "qwen3_tts_rope_out(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor(a!) q_out, Tensor(b!) k_out, "
-      "Tensor? positions=None, bool eager=False, Tensor? q_weight=None, Tensor? k_weight=None, float eps=0.0) -> ()");
+      "Tensor? positions=None, bool eager=False, Tensor? q_weight=None, Tensor? k_weight=None, float eps=0.0, "
+      "bool pdl=False) -> ()");
   m.def("qwen3_tts_rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   m.def(
       "qwen3_tts_rope_out_config(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor(a!) q_out, Tensor(b!) k_out, "

@@ -36,13 +36,14 @@ class Facts(NamedTuple):
     eager: bool = False  # numerics="eager"
     table: bool = False  # positions= given: cos/sin are tables read at them
     norm: bool = False  # qwen3_tts_qk_norm_rope
+    pdl: bool = False  # enable_pdl=True: a launch hint compiled kernels may take
 
 
 def _user_protocol(run, supports):
-    """register_backend's backends keep their six-argument run: fp32 numerics on cos/sin rows, no norm."""
+    """register_backend's backends keep their six-argument run: fp32 numerics on cos/sin rows, a plain launch."""
     def user_supports(facts):
-        if facts.eager or facts.table or facts.norm:
-            return "a registered backend serves numerics='fp32' on cos/sin rows, without positions= or the norm"
+        if facts.eager or facts.table or facts.norm or facts.pdl:
+            return "a registered backend serves numerics='fp32' on cos/sin rows, without positions=, norm or enable_pdl"
         return supports(facts)
     return run, user_supports
 
@@ -153,8 +154,8 @@ def _mode_tensors(modes) -> dict:  # the tensors among the modes, by name
 
 
 def _backend_args(modes) -> tuple:  # a built-in backend's run arguments after the outputs
-    positions, numerics, q_weight, k_weight, eps = modes
-    return positions, numerics == "eager", q_weight, k_weight, float(eps)
+    positions, numerics, q_weight, k_weight, eps, pdl = modes
+    return positions, numerics == "eager", q_weight, k_weight, float(eps), pdl is True
 
 
 def _diagnose_output(name, out, src, src_name) -> None:
@@ -207,7 +208,7 @@ def _into_new_outputs(impl: Backend, q, k, cos, sin, alloc: bool = True, modes=N
 
 
 def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, inplace: bool = False, q_out=None,
-                   k_out=None, backend: str = "auto"):
+                   k_out=None, backend: str = "auto", enable_pdl=None):
     """NeoX (rotate_half) RoPE on standalone query and key tensors, fused into one launch.
 
     Computes, per row ``x`` of length ``D`` with ``h = D/2``::
@@ -244,6 +245,9 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
         ``"auto"``, ``"cuda"``, ``"triton"``, ``"reference"`` or one of yours
         (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``. ``auto`` runs the cuda
         kernel's ``numerics="eager"`` and ``positions`` paths only when named (kernels_cuda/README.md says why).
+    enable_pdl : bool, optional
+        ``True``: launch the cuda kernel as a programmatic dependent launch (sm_90+; other backends ignore it);
+        ``None`` (default) and ``False``: a plain launch.
 
     Returns
     -------
@@ -272,17 +276,17 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
     True
     """
     if inplace is False and q_out is None and k_out is None and positions is None and numerics == "fp32" \
-            and not _is_compiling():
+            and enable_pdl is None and not _is_compiling():
         key = validate(q, k, cos, sin)
         if not (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad) or not _grad_enabled():
             return _into_new_outputs(REGISTRY.select(key, backend), q, k, cos, sin)
-    modes = None if positions is None and numerics == "fp32" else (positions, numerics, None, None, 0.0)
+    modes = _modes(positions, numerics, None, None, 0.0, enable_pdl)
     return _call(q, k, cos, sin, modes, inplace, q_out, k_out, backend)
 
 
 def _call(q, k, cos, sin, modes, inplace, q_out, k_out, backend):
     """Both public functions past qwen3_tts_rope's hot path: ``modes`` None or ``(positions, numerics,
-    q_norm_weight, k_norm_weight, eps)``."""
+    q_norm_weight, k_norm_weight, eps, enable_pdl)``."""
     m = modes or ()  # plain calls pass no modes to the torch ops: a float eps in a dynamic graph restarts tracing
     if not _is_compiling():
         if inplace is False and q_out is None and k_out is None:
@@ -329,25 +333,11 @@ def _run(q, k, cos, sin, inplace, q_out, k_out, backend, modes=None):
     return q_out, k_out
 
 
-def explain_args(q, k, cos, sin, *, numerics: str = "fp32", positions=None, inplace: bool = False, q_out=None,
-                 k_out=None, backend: str = "auto"):
-    """The selection key and backend of a call with these arguments, after every check the call makes."""
-    return _explain(q, k, cos, sin, None if positions is None and numerics == "fp32" else
-                    (positions, numerics, None, None, 0.0), inplace, q_out, k_out, backend)
-
-
-def _explain(q, k, cos, sin, modes, inplace, q_out, k_out, backend):
-    key = _check_call(q, k, cos, sin, inplace, q_out, k_out, modes)
-    if q_out is not None or k_out is not None:
-        _check_outputs(q, k, cos, sin, q_out, k_out, modes)
-    return key, backend
-
-
 # -- torch ops: opaque to torch.compile, capturable in CUDA graphs -----------------------------------------
-# Each takes the modes after ``backend``: (positions, numerics, q_norm_weight, k_norm_weight, eps).
-def _modes(positions, numerics, q_weight, k_weight, eps):
-    return None if positions is None and numerics == "fp32" and q_weight is None else (
-        positions, numerics, q_weight, k_weight, eps)
+# Each takes the modes after ``backend``: (positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl).
+def _modes(positions, numerics, q_weight, k_weight, eps, pdl):
+    return None if positions is None and numerics == "fp32" and q_weight is None and pdl is None else (
+        positions, numerics, q_weight, k_weight, eps, pdl)
 
 
 _Opt = Optional[torch.Tensor]
@@ -356,44 +346,45 @@ _Opt = Optional[torch.Tensor]
 @torch.library.custom_op("fusedrope::qwen3_tts_rope", mutates_args=())
 def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str = "auto",
         positions: _Opt = None, numerics: str = "fp32", q_weight: _Opt = None, k_weight: _Opt = None,
-        eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    modes = _modes(positions, numerics, q_weight, k_weight, eps)
+        eps: float = 0.0, pdl: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    modes = _modes(positions, numerics, q_weight, k_weight, eps, pdl)
     impl = REGISTRY.select(validate(q, k, cos, sin, False, modes), backend)
     # inputs that require grad: outputs of a compiled op would come back with an autograd placeholder
     return _into_new_outputs(impl, q, k, cos, sin, not (q.requires_grad or k.requires_grad), modes)
 
 
 @_op.register_fake
-def _op_fake(q, k, cos, sin, backend="auto", positions=None, numerics="fp32", q_weight=None, k_weight=None, eps=0.0):
-    validate(q, k, cos, sin, False, _modes(positions, numerics, q_weight, k_weight, eps))
+def _op_fake(q, k, cos, sin, backend="auto", positions=None, numerics="fp32", q_weight=None, k_weight=None, eps=0.0,
+             pdl=None):
+    validate(q, k, cos, sin, False, _modes(positions, numerics, q_weight, k_weight, eps, pdl))
     return _new_out(q), _new_out(k)
 
 
 @torch.library.custom_op("fusedrope::qwen3_tts_rope_", mutates_args=("q", "k"))
 def _op_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str = "auto",
                 positions: _Opt = None, numerics: str = "fp32", q_weight: _Opt = None, k_weight: _Opt = None,
-                eps: float = 0.0) -> None:
-    _run(q, k, cos, sin, True, None, None, backend, _modes(positions, numerics, q_weight, k_weight, eps))
+                eps: float = 0.0, pdl: Optional[bool] = None) -> None:
+    _run(q, k, cos, sin, True, None, None, backend, _modes(positions, numerics, q_weight, k_weight, eps, pdl))
 
 
 @_op_inplace.register_fake
 def _op_inplace_fake(q, k, cos, sin, backend="auto", positions=None, numerics="fp32", q_weight=None, k_weight=None,
-                     eps=0.0):
-    validate(q, k, cos, sin, True, _modes(positions, numerics, q_weight, k_weight, eps))
+                     eps=0.0, pdl=None):
+    validate(q, k, cos, sin, True, _modes(positions, numerics, q_weight, k_weight, eps, pdl))
 
 
 @torch.library.custom_op("fusedrope::qwen3_tts_rope_out", mutates_args=("q_out", "k_out"))
 def _op_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
             k_out: torch.Tensor, backend: str = "auto", positions: _Opt = None, numerics: str = "fp32",
-            q_weight: _Opt = None, k_weight: _Opt = None, eps: float = 0.0) -> None:
+            q_weight: _Opt = None, k_weight: _Opt = None, eps: float = 0.0, pdl: Optional[bool] = None) -> None:
     for name, t in (("q_out", q_out), ("k_out", k_out)):
         V.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
-    _run(q, k, cos, sin, False, q_out, k_out, backend, _modes(positions, numerics, q_weight, k_weight, eps))
+    _run(q, k, cos, sin, False, q_out, k_out, backend, _modes(positions, numerics, q_weight, k_weight, eps, pdl))
 
 
 @_op_out.register_fake
 def _op_out_fake(q, k, cos, sin, q_out, k_out, backend="auto", positions=None, numerics="fp32", q_weight=None,
-                 k_weight=None, eps=0.0):
-    modes = _modes(positions, numerics, q_weight, k_weight, eps)
+                 k_weight=None, eps=0.0, pdl=None):
+    modes = _modes(positions, numerics, q_weight, k_weight, eps, pdl)
     validate(q, k, cos, sin, False, modes)
     _check_outputs(q, k, cos, sin, q_out, k_out, modes)

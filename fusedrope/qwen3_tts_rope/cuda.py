@@ -21,13 +21,16 @@ MODES_OPT_IN = "eager, positions= and norm kernels: opt-in until their GPU run (
 
 
 def supports(facts) -> Optional[str]:
-    if facts.dtype in DTYPES and facts.head_dim in HEAD_DIMS:
-        return None
-    return (f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {dtype_name(facts.dtype)} "
-            f"D={facts.head_dim}")
+    if facts.dtype not in DTYPES or facts.head_dim not in HEAD_DIMS:
+        return (f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {dtype_name(facts.dtype)} "
+                f"D={facts.head_dim}")
+    if facts.pdl and torch.cuda.get_device_capability(facts.device) < (9, 0):
+        major, minor = torch.cuda.get_device_capability(facts.device)
+        return f"cuda kernel launches with enable_pdl=True on sm_90 or newer, this device is sm_{major}{minor}"
+    return None
 
 
-def opt_in(facts) -> Optional[str]:
+def opt_in(facts) -> Optional[str]:  # enable_pdl=True alone is the caller's own opt-in, as in the other op
     return MODES_OPT_IN if facts.eager or facts.table or facts.norm else None
 
 
@@ -40,8 +43,8 @@ def available(device: torch.device) -> Optional[str]:
 
 def load() -> tuple:
     """The backend's ``(run, run_alloc)``: the compiled ops ``qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out,
-    positions=None, eager=False, q_weight=None, k_weight=None, eps=0.0)``, which writes the outputs (``q``/``k``
-    themselves for in place) in one launch, and ``qwen3_tts_rope(q, k, cos, sin) -> (q_out, k_out)``, which
+    positions=None, eager=False, q_weight=None, k_weight=None, eps=0.0, pdl=False)``, which writes the outputs
+    (``q``/``k`` themselves for in place) in one launch, and ``qwen3_tts_rope(q, k, cos, sin) -> (q_out, k_out)``, which
     allocates them in C++ (one Python -> C++ call fewer per output)."""
     from .. import cuda_ext
 

@@ -1,6 +1,7 @@
 """qwen3_tts_rope's modes beyond fp32 math on cos/sin rows, loaded on first use: ``numerics="eager"``,
-``positions=`` (cos/sin tables read at each token's position) and :func:`qwen3_tts_qk_norm_rope`, the model's
-per-head RMSNorm then the RoPE. They share the op's registry, buffers checks and torch ops."""
+``positions=`` (cos/sin tables read at each token's position), ``enable_pdl`` and :func:`qwen3_tts_qk_norm_rope`,
+the model's per-head RMSNorm then the RoPE. They share the op's registry, buffers checks and torch ops. Also
+what :func:`fusedrope.explain` asks of both functions."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from .. import _validation as V
 from ..registry import getenv
 from . import DTYPES, OP, reference
 from . import _call as call
+from . import _check_call, _check_outputs, _modes
 from . import _check_inplace as check_inplace
-from . import _explain
 from . import _mode_tensors as mode_tensors
 
 NUMERICS = ("fp32", "eager")
@@ -19,19 +20,21 @@ POSITION_DTYPES = (torch.int64, torch.int32)
 _Tensor, _F32 = torch.Tensor, torch.float32
 
 
-def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_weight, eps) -> tuple:
-    """:func:`validate` for calls with ``numerics="eager"``, ``positions=`` or the norm (``q_weight`` not None):
-    ``positions [B, S]`` or ``[S]`` int32/int64, with cos/sin tables ``[max_pos, D]`` in q's dtype or fp32; norm
-    weights ``[D]`` in q's dtype; ``eps`` a number >= 0. Valid inputs take one expression, as in validate."""
+def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_weight, eps, pdl) -> tuple:
+    """:func:`validate` for calls with ``numerics="eager"``, ``positions=``, the norm (``q_weight`` not None) or
+    ``enable_pdl``: ``positions [B, S]`` or ``[S]`` int32/int64, with cos/sin tables ``[max_pos, D]`` in q's dtype
+    or fp32; norm weights ``[D]`` in q's dtype; ``eps`` a number >= 0; ``pdl`` None or a bool. Valid inputs take one
+    expression, as in validate."""
     table, norm = positions is not None, q_weight is not None
     try:
         B, _, S, D = q.shape
         kb, _, ks, kd = k.shape
         dt, dev, c_dt = q.dtype, q.device, cos.dtype
         ok = (
-            (numerics == "eager" or numerics == "fp32") and type(q) is _Tensor and type(k) is _Tensor
-            and type(cos) is _Tensor and type(sin) is _Tensor and kb == B and ks == S and kd == D and D % 2 == 0
-            and D > 0 and dt in DTYPES and k.dtype is dt and k.device == dev and cos.device == dev
+            (numerics == "eager" or numerics == "fp32") and (pdl is None or type(pdl) is bool)
+            and type(q) is _Tensor and type(k) is _Tensor and type(cos) is _Tensor and type(sin) is _Tensor
+            and kb == B and ks == S and kd == D and D % 2 == 0 and D > 0 and dt in DTYPES and k.dtype is dt
+            and k.device == dev and cos.device == dev
             and sin.device == dev and sin.shape == cos.shape and sin.dtype is c_dt and q.stride()[3] == 1
             and k.stride()[3] == 1 and cos.stride()[-1] == 1 and sin.stride()[-1] == 1
             and ((cos.dim() == 2 and cos.shape[0] > 0 and cos.shape[1] == D and (c_dt is dt or c_dt is _F32)
@@ -48,18 +51,20 @@ def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_wei
     except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         ok = False
     if not ok:
-        _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps)
+        _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl)
     if table and getenv(V.ENV_CHECK_POSITIONS).lower() not in V.SWITCH_OFF:
         V.check_positions_on_host(OP, positions, cos.shape[0])
     if inplace:
         check_inplace(q, k, cos, sin, mode_tensors((positions, numerics, q_weight, k_weight, eps)))
-    return q.device, q.dtype, q.shape[3], inplace is True, numerics == "eager", table, norm
+    return q.device, q.dtype, q.shape[3], inplace is True, numerics == "eager", table, norm, pdl is True
 
 
-def _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps) -> None:
+def _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl) -> None:
     """The precise error for inputs :func:`validate_modes`' expression refused; valid tensor subclasses pass."""
     if numerics not in NUMERICS:
         V.fail(OP, "numerics", "'fp32' or 'eager'", repr(numerics))
+    if pdl is not None:
+        V.check_bool(OP, "enable_pdl", pdl)
     reference.check_shapes(q, k, cos, sin, positions=positions)
     V.check_dtype(OP, "q", q, DTYPES)
     V.check_same_dtype(OP, "q", q, {"k": k} if positions is not None else {"k": k, "cos": cos, "sin": sin})
@@ -85,7 +90,7 @@ def _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps) -> N
 
 def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: float = 1e-6, *,
                            numerics: str = "eager", positions=None, inplace: bool = False, q_out=None, k_out=None,
-                           backend: str = "auto"):
+                           backend: str = "auto", enable_pdl=None):
     """Qwen3(-TTS)'s per-head RMSNorm (``q_norm``, ``k_norm``) then NeoX RoPE on q and k, in one launch.
 
     Every head row ``x`` becomes ``n = w * (x * rsqrt(mean(x**2) + eps))``, as the model's RMSNorm computes it
@@ -94,7 +99,7 @@ def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: fl
 
     Parameters
     ----------
-    q, k, cos, sin, positions, inplace, q_out, k_out, backend
+    q, k, cos, sin, positions, inplace, q_out, k_out, backend, enable_pdl
         As for :func:`qwen3_tts_rope`: q/k ``[B, H, S, D]`` views such as the transposed ``[B, S, H, D]``
         projection, before the norm.
     q_norm_weight, k_norm_weight : torch.Tensor
@@ -123,12 +128,28 @@ def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: fl
     """
     if q_norm_weight is None or k_norm_weight is None:
         V.check_tensor(OP, "q_norm_weight" if q_norm_weight is None else "k_norm_weight", None)
-    return call(q, k, cos, sin, (positions, numerics, q_norm_weight, k_norm_weight, eps), inplace, q_out, k_out,
-                 backend)
+    return call(q, k, cos, sin, (positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl), inplace, q_out,
+                k_out, backend)
+
+
+# -- what fusedrope.explain asks: the selection key and backend of a call, after every check the call makes ---------
+def explain_args(q, k, cos, sin, *, numerics: str = "fp32", positions=None, inplace: bool = False, q_out=None,
+                 k_out=None, backend: str = "auto", enable_pdl=None):
+    """For :func:`qwen3_tts_rope`."""
+    return _explain(q, k, cos, sin, _modes(positions, numerics, None, None, 0.0, enable_pdl), inplace, q_out, k_out,
+                    backend)
 
 
 def explain_norm_args(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: float = 1e-6, *, numerics: str = "eager",
-                      positions=None, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto"):
-    """:func:`explain_args` for :func:`qwen3_tts_qk_norm_rope`."""
-    return _explain(q, k, cos, sin, (positions, numerics, q_norm_weight, k_norm_weight, eps), inplace, q_out, k_out,
-                    backend)
+                      positions=None, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto",
+                      enable_pdl=None):
+    """For :func:`qwen3_tts_qk_norm_rope`."""
+    return _explain(q, k, cos, sin, (positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl), inplace,
+                    q_out, k_out, backend)
+
+
+def _explain(q, k, cos, sin, modes, inplace, q_out, k_out, backend):
+    key = _check_call(q, k, cos, sin, inplace, q_out, k_out, modes)
+    if q_out is not None or k_out is not None:
+        _check_outputs(q, k, cos, sin, q_out, k_out, modes)
+    return key, backend

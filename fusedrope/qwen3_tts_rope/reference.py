@@ -69,12 +69,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, q_weight=None, k_weight=None,
-                   eps: float = 0.0) -> None:
+                   eps: float = 0.0, pdl: bool = False) -> None:
     """Reference backend: ``out = x * cos + rotate_half(x) * sin`` (:func:`neox_rope`) for every row ``x`` of
     ``q [B, Hq, S, D]`` and ``k [B, Hkv, S, D]``, written into ``q_out`` / ``k_out`` (which may be q and k)
     through their strides. ``cos``/``sin`` are ``[B or 1, S, D]``, or tables read at ``positions``
     (:func:`rows_of`). fp32 math rounded once (RNE) to the dtype; with ``eager``, the formula in the dtype (each
-    product and the sum rounded: Hugging Face's numerics). ``q_weight``/``k_weight``: :func:`rms_norm` first.
+    product and the sum rounded: Hugging Face's numerics). ``q_weight``/``k_weight``: :func:`rms_norm` first. ``pdl``
+    (a launch hint) means nothing here.
 
     Examples
     --------

@@ -117,7 +117,7 @@ def launch_shape(hq: int, hkv: int, head_dim: int, warp_size: int = WARP_SIZE) -
 
 
 def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, q_weight=None, k_weight=None,
-                   eps: float = 0.0) -> None:
+                   eps: float = 0.0, pdl: bool = False) -> None:  # pdl: a launch hint for compiled kernels
     norm = q_weight is not None
     qw, kw = (q_weight, k_weight) if norm else (q, q)  # unread without NORM
     named = {"q": q, "k": k, "cos": cos, "sin": sin, "q_out": q_out, "k_out": k_out, "positions": positions,

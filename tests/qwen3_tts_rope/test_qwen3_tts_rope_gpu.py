@@ -162,6 +162,7 @@ def test_pdl_launch_waits_for_the_kernel_that_writes_its_input():
     norm = dict(q_weight=w, k_weight=w.flip(0), eps=1e-6)
     want = [torch.empty_like(q), torch.empty_like(k)]
     qwen3_tts_rope_config(q, k, cos, sin, *want, **norm)
+    plain = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="cuda")
     qd, kd, wd = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(w)
     got = [torch.empty_like(q), torch.empty_like(k)]
     for _ in range(20):
@@ -171,6 +172,10 @@ def test_pdl_launch_waits_for_the_kernel_that_writes_its_input():
         qwen3_tts_rope_config(qd, kd, cos, sin, *got, q_weight=wd, k_weight=wd.flip(0).contiguous(), eps=1e-6,
                               pdl=True)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        qd.zero_()
+        torch.add(q, 0, out=qd)  # and the public function's enable_pdl, on the plain op
+        pub = fusedrope.qwen3_tts_rope(qd, k, cos, sin, enable_pdl=True, backend="cuda")
+        assert torch.equal(pub[0], plain[0])
 
 
 # ------------------------------------------------------------------------------------------------------------

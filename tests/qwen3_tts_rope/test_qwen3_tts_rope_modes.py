@@ -235,10 +235,11 @@ def _ok():
     (dict(w=torch.ones(32, dtype=torch.bfloat16)), ValueError, "argument 'q_norm_weight' expected shape [64], got [32]"),
     (dict(w=torch.ones(64)), TypeError, "argument 'q_norm_weight' expected dtype bfloat16, got float32"),
     (dict(w=None), TypeError, "argument 'q_norm_weight' expected a torch.Tensor, got NoneType"),
+    (dict(enable_pdl=1), TypeError, "argument 'enable_pdl' expected a bool, got int 1"),
 ])
 def test_bad_mode_arguments_name_the_argument(change, exc, message):
     q, k, cos, sin, w = _ok()
-    kwargs = {n: change[n] for n in ("numerics", "eps") if n in change}
+    kwargs = {n: change[n] for n in ("numerics", "eps", "enable_pdl") if n in change}
     if "positions" in change or "cos3d" in change or "table" in change:
         table = change.get("table", torch.zeros(9, 64, dtype=torch.bfloat16))
         cos = sin = table.to(DEVICE) if "cos3d" not in change else cos
@@ -259,6 +260,46 @@ def test_inplace_refuses_a_norm_weight_inside_q():
     w = q[0, 0, 0]  # the weight is q's first row: writing q would change it mid-call
     with pytest.raises(ValueError, match="'q_norm_weight'"):
         fusedrope.qwen3_tts_qk_norm_rope(q, k, w, w, cos, sin, inplace=True, backend="reference")
+
+
+# -- enable_pdl -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["new", "inplace", "buffers", "norm"])
+def test_enable_pdl_is_a_launch_hint_that_changes_no_byte(backend, how):
+    if reason := REGISTRY.decide(REGISTRY.backend(backend), Facts(DEVICE, torch.bfloat16, 64, how == "inplace",
+                                                                  norm=how == "norm", pdl=True)):
+        pytest.skip(reason)
+    q, k, cos, sin, w = _ok()
+    for pdl in (True, False, None):
+        if how == "norm":
+            got = fusedrope.qwen3_tts_qk_norm_rope(q, k, w, w, cos, sin, enable_pdl=pdl, backend=backend)
+        elif how == "inplace":
+            got = fusedrope.qwen3_tts_rope(q.clone(), k.clone(), cos, sin, inplace=True, enable_pdl=pdl,
+                                           backend=backend)
+        else:
+            bufs = dict(q_out=poison_like(q), k_out=poison_like(k)) if how == "buffers" else {}
+            got = fusedrope.qwen3_tts_rope(q, k, cos, sin, enable_pdl=pdl, backend=backend, **bufs)
+        if pdl is True:
+            first = got
+        assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+
+
+def test_enable_pdl_selection():
+    """The cuda kernel launches with pdl on sm_90+ and says why not before; registered backends decline it."""
+    facts = Facts(torch.device("cuda"), torch.bfloat16, 128, False, pdl=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+        assert cuda_glue.supports(facts) == "cuda kernel launches with enable_pdl=True on sm_90 or newer, this " \
+                                            "device is sm_80"
+        mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        assert cuda_glue.supports(facts) is None and cuda_glue.opt_in(facts) is None  # the caller's own opt-in
+    fusedrope.register_backend("qwen3_tts_rope", "mine", lambda *a: None)
+    try:
+        q, k, cos, sin, _ = _ok()
+        with pytest.raises(fusedrope.BackendUnavailableError, match="without positions=, norm or enable_pdl"):
+            fusedrope.qwen3_tts_rope(q, k, cos, sin, enable_pdl=True, backend="mine")
+    finally:
+        REGISTRY.unregister("mine")
 
 
 # -- selection ----------------------------------------------------------------------------------------------
@@ -298,7 +339,7 @@ def test_modes_compile_with_fullgraph():
     positions = torch.arange(5, device=DEVICE)
 
     def f(q, k, cos, sin, w, cos_t, sin_t, positions):
-        a = fusedrope.qwen3_tts_rope(q, k, cos, sin, numerics="eager", backend="reference")
+        a = fusedrope.qwen3_tts_rope(q, k, cos, sin, numerics="eager", enable_pdl=True, backend="reference")
         b = fusedrope.qwen3_tts_qk_norm_rope(q, k, w, w, cos_t, sin_t, positions=positions, backend="reference")
         return a + b
 
