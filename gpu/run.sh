@@ -20,7 +20,8 @@
 #              the seed sizes, and the CUDA graphs, whose capture cannot allocate without the caching allocator)
 #   bench      python -m fusedrope bench with BENCH_ARGS (default: op 1 on four seed cases: numerics='eager',
 #              cos/sin tables read by the kernel against gathered ones, the fused q/k norm+RoPE against the
-#              model's eager chain, torch.compile of it and two torch RMSNorms then the op, beside cuda and triton;
+#              model's eager chain, torch.compile of it and two torch RMSNorms then the op, beside cuda and triton,
+#              and the cuda kernels of those modes and of enable_pdl (opt-in until this run decides them);
 #              then op 2's seed matrix, S sweep first, the CUDA launch experiments against the default launch,
 #              fast_layout with an fp32 and a bf16 cache, the engines' layouts and modes through the public op
 #              (auto:col, auto:group_major, auto:mfma_tile, auto:bf16, auto:pdl, auto:vllm) against the
@@ -57,7 +58,8 @@ MEMCHECK_K="${MEMCHECK_K:-not rejects and not seed and not graph}"
 BENCH_ARGS="${BENCH_ARGS:---op all --contenders cuda,triton,cuda:default,\
 cuda:fast_layout,cuda:tail_warps,cuda:block_threads=128,cuda:block_threads=64,cuda:pdl,cuda:default:bf16_cache,\
 cuda:fast_layout:bf16_cache,auto:col,auto:group_major,auto:mfma_tile,auto:bf16,auto:pdl,auto:vllm,unfused,floor,\
-auto:eager,auto:table,gather+auto,norm_rope:eager,norm_rope:compile,norm_rope:2norms+auto,auto:qk_norm_rope,liger \
+auto:eager,auto:table,gather+auto,norm_rope:eager,norm_rope:compile,norm_rope:2norms+auto,auto:qk_norm_rope,liger,\
+cuda:eager,cuda:table,cuda:qk_norm_rope,cuda:pdl \
 --cases qwen3_tts-B1,qwen3_tts-B8,qwen3_tts-B32,wide_heads-B32}"
 SANITIZER="${SANITIZER-$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null \
     | head -1)}"

@@ -280,8 +280,10 @@ def test_contenders_say_why_they_cannot_run_here():
     quant = {c.name: c for c in B.contenders(B.QUANT, CPU)}
     modes = ["auto:eager", "auto:table", "gather+auto", "norm_rope:2norms+auto", "auto:qk_norm_rope"]
     assert list(tts) == ["eager", "compile", "cuda", "triton", "reference", "auto:eager", "auto:table", "gather+auto",
-                         "norm_rope:eager", "norm_rope:compile", "norm_rope:2norms+auto", "auto:qk_norm_rope", "liger",
-                         "floor"]
+                         "norm_rope:eager", "norm_rope:compile", "norm_rope:2norms+auto", "auto:qk_norm_rope",
+                         "cuda:eager", "cuda:table", "cuda:qk_norm_rope", "cuda:pdl", "liger", "floor"]
+    assert {tts[n].reason for n in ("cuda:eager", "cuda:table", "cuda:qk_norm_rope", "cuda:pdl")} == {
+        tts["cuda"].reason}
     assert {tts[n].reason for n in modes} == {tts["triton"].reason}  # on a CPU, auto runs Triton's interpreter
     assert tts["norm_rope:eager"].reason is None and tts["norm_rope:compile"].reason == tts["compile"].reason
     assert list(quant) == ["eager", "compile", "cuda", "hip", "triton", "reference", *B.QUANT_CUDA_EXPERIMENTS,

@@ -375,10 +375,10 @@ def rms_norm_rope(q, k, q_weight, k_weight, cos, sin, eps: float = 1e-6):
     return tts_formula(R.rms_norm(q, q_weight, eps), R.rms_norm(k, k_weight, eps), cos, sin)
 
 
-def _qk_norm_rope():
+def _qk_norm_rope(backend: str = "auto"):
     from ..qwen3_tts_rope.modes import qwen3_tts_qk_norm_rope
 
-    return qwen3_tts_qk_norm_rope
+    return functools.partial(qwen3_tts_qk_norm_rope, backend=backend)
 
 
 def _two_norms_then_rope(q, k, q_weight, k_weight, cos, sin, eps: float = 1e-6):
@@ -405,7 +405,7 @@ def _tts_norm_maker(get_fn: Callable) -> Callable:
     return make
 
 
-def _tts_table_maker(gather: bool) -> Callable:
+def _tts_table_maker(gather: bool, backend: str = "auto") -> Callable:
     """cos/sin read from ``[B*S, D]`` tables at ``[B, S]`` positions: by the kernel (``positions=``), or gathered
     by torch first (``gather``), as an engine without the table path does."""
     def make(case, sets):
@@ -418,8 +418,8 @@ def _tts_table_maker(gather: bool) -> Callable:
         def call(i):
             (q, k, _, _), (ct, st) = sets[i % len(sets)], tables[i % len(sets)]
             if gather:
-                return qwen3_tts_rope(q, k, ct[pos], st[pos])
-            return qwen3_tts_rope(q, k, ct, st, positions=pos)
+                return qwen3_tts_rope(q, k, ct[pos], st[pos], backend=backend)
+            return qwen3_tts_rope(q, k, ct, st, positions=pos, backend=backend)
         return call
     return make
 
@@ -597,6 +597,20 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
         out.append(Contender("auto:qk_norm_rope", op, "fusedrope.qwen3_tts_qk_norm_rope: both norms and the RoPE "
                                                       "in one launch", _tts_norm_maker(_qk_norm_rope),
                              reason=no_auto))
+        # the cuda kernels of the modes and pdl (opt-in: kernels_cuda/README.md lists what decides them)
+        no_cuda = _backend_reason(op, "cuda", device, interpreter)
+        no_pdl = no_cuda or (None if torch.cuda.get_device_capability(device) >= (9, 0) else
+                             "a programmatic dependent launch (enable_pdl=True) needs sm_90 or newer")
+        out.append(Contender("cuda:eager", op, "fusedrope.qwen3_tts_rope(..., numerics='eager', backend='cuda')",
+                             _tts_maker(lambda: functools.partial(qwen3_tts_rope, numerics="eager",
+                                                                  backend="cuda")), reason=no_cuda, backend="cuda"))
+        out.append(Contender("cuda:table", op, "auto:table on the cuda kernel", _tts_table_maker(False, "cuda"),
+                             reason=no_cuda, backend="cuda"))
+        out.append(Contender("cuda:qk_norm_rope", op, "auto:qk_norm_rope on the cuda kernel",
+                             _tts_norm_maker(lambda: _qk_norm_rope("cuda")), reason=no_cuda, backend="cuda"))
+        out.append(Contender("cuda:pdl", op, "fusedrope.qwen3_tts_rope(..., enable_pdl=True, backend='cuda')",
+                             _tts_maker(lambda: functools.partial(qwen3_tts_rope, enable_pdl=True,
+                                                                  backend="cuda")), reason=no_pdl, backend="cuda"))
         fn, info = _liger()
         reason = info if fn is None else (
             None if device.type == "cuda" else "liger_kernel's Triton kernel needs a GPU")
