@@ -11,10 +11,11 @@ STAMP := $(VENV)/.fusedrope-installed
 
 .PHONY: demo test test-slow bench aot clean
 
-$(STAMP): pyproject.toml requirements-cpu.txt
+$(STAMP): pyproject.toml requirements-cpu.txt requirements-callers.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements-cpu.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[test,triton]"
+	$(PY) -m pip install -q --no-deps -r requirements-callers.txt
 	touch $(STAMP)
 
 demo: $(STAMP)  ## the main job: backends, selection, self-check, timing

@@ -11,6 +11,7 @@ dtypes, or autograd: the fused ops have no backward), the model's own code runs 
 from __future__ import annotations
 
 import contextvars
+import inspect
 import sys
 import threading
 import types
@@ -142,14 +143,18 @@ def _eps(norm) -> float:
 
 
 def _modeling_module(m: torch.nn.Module):
-    """The module that defines ``m``'s forward, if it has an ``apply_rotary_pos_emb`` that forward calls."""
-    module = sys.modules.get(getattr(type(m).forward, "__module__", None) or type(m).__module__)
-    return module if callable(getattr(module, "apply_rotary_pos_emb", None)) else None
+    """The module that defines ``m``'s forward, if that forward calls the module's ``apply_rotary_pos_emb`` (not, e.g.,
+    qwen-tts's talker blocks, whose forward calls ``apply_multimodal_rotary_pos_emb`` after the same norms)."""
+    forward = inspect.unwrap(type(m).forward)  # transformers wraps forwards (kernel hooks, kwarg deprecations)
+    module = sys.modules.get(getattr(forward, "__module__", None) or type(m).__module__)
+    calls = "apply_rotary_pos_emb" in getattr(getattr(forward, "__code__", None), "co_names", ())
+    return module if calls and callable(getattr(module, "apply_rotary_pos_emb", None)) else None
 
 
 def _patchable(m: torch.nn.Module):
     """The modeling module of an attention block fusedrope can patch: ``q_norm`` and ``k_norm`` Qwen3 RMSNorms
-    (:data:`QWEN3_NORMS`) over the head dim, and a module-level apply_rotary_pos_emb; else None."""
+    (:data:`QWEN3_NORMS`) over the head dim, and a forward that calls its module's apply_rotary_pos_emb; else
+    None."""
     norms = [getattr(m, n, None) for n in ("q_norm", "k_norm")]
     if not all(type(n).__name__ in QWEN3_NORMS and isinstance(getattr(n, "weight", None), torch.Tensor)
                and n.weight.dim() == 1 for n in norms) or norms[0].weight.shape != norms[1].weight.shape:
@@ -197,7 +202,9 @@ def patch_qk_norm_rope(model: torch.nn.Module, *, backend: str = "auto") -> Patc
 
     Serves blocks written as transformers' ``Qwen3Attention`` and qwen-tts's ``Qwen3TTSAttention`` are: ``q_norm``
     and ``k_norm`` Qwen3 RMSNorms over the head dim (:data:`QWEN3_NORMS`) applied to the projections, then the
-    modeling file's ``apply_rotary_pos_emb``. Inside a patched block's forward, the norms pass their input
+    modeling file's ``apply_rotary_pos_emb``; blocks that rotate otherwise after such norms (qwen-tts's talker, with
+    its multimodal RoPE) are left as they are, so a whole Qwen3-TTS model takes one call and its code predictor's
+    blocks are fused. Inside a patched block's forward, the norms pass their input
     through and that function applies them, fused with the RoPE; everywhere else both behave as before. Where
     fusedrope cannot serve a call (other shapes, mixed dtypes or devices, autograd) and under ``torch.compile``
     the block's own modules run.

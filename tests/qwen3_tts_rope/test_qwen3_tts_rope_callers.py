@@ -6,6 +6,7 @@ import torch
 
 import fusedrope
 from fusedrope.integrations import hf
+from fusedrope.qwen3_tts_rope import REGISTRY, Facts
 
 from conftest import DEVICE, backends_here
 
@@ -13,7 +14,13 @@ transformers = pytest.importorskip("transformers", reason="transformers is in th
 from transformers import Qwen3Config  # noqa: E402
 from transformers.models.qwen3 import modeling_qwen3 as qwen3  # noqa: E402
 
-BACKENDS = [b for b in backends_here("qwen3_tts_rope") if b.values[0] != "cuda"]  # cuda declines eager numerics
+BACKENDS = backends_here("qwen3_tts_rope")
+
+
+def _skip_unless_served(backend, dtype, norm=False):
+    facts = Facts(DEVICE, dtype, 128, False, eager=True, norm=norm)
+    if reason := REGISTRY.decide(REGISTRY.backend(backend), facts):
+        pytest.skip(reason)
 
 
 def _randn(*shape, dtype, seed):
@@ -24,6 +31,7 @@ def _randn(*shape, dtype, seed):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
 def test_apply_rotary_pos_emb_is_transformers_bit_for_bit(backend, dtype, unsqueeze_dim):
+    _skip_unless_served(backend, dtype)
     B, S, HQ, HKV, D = 2, 7, 8, 2, 128
     proj = _randn(B, S, HQ + HKV, D, dtype=dtype, seed=1)
     q, k = proj[:, :, :HQ], proj[:, :, HQ:]  # [B, S, H, D] views of one projection
@@ -50,6 +58,7 @@ def test_apply_rotary_pos_emb_falls_back_to_the_formula_where_fusedrope_cannot_s
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_qk_norm_rope_against_transformers_rmsnorm_and_rope(backend, dtype):
+    _skip_unless_served(backend, dtype, norm=True)
     B, S, HQ, HKV, D = 2, 9, 16, 8, 128
     q_norm, k_norm = qwen3.Qwen3RMSNorm(D, eps=1e-6), qwen3.Qwen3RMSNorm(D, eps=1e-6)
     with torch.no_grad():
@@ -141,8 +150,9 @@ def test_a_forward_that_skips_the_rope_raises_instead_of_dropping_the_norm():
             super().__init__()
             self.q_norm, self.k_norm = qwen3.Qwen3RMSNorm(8), qwen3.Qwen3RMSNorm(8)
 
-        def forward(self, x):
-            return self.q_norm(x)
+        def forward(self, x, rotate=False):  # calls apply_rotary_pos_emb, but not on this path
+            x = self.q_norm(x)
+            return qwen3.apply_rotary_pos_emb(x, x, *self.cos_sin) if rotate else x
 
     NormOnly.forward.__module__ = qwen3.__name__  # as if written in that modeling file (apply_rotary_pos_emb's)
     block = NormOnly()
