@@ -16,7 +16,8 @@
 // Numerics: bf16/fp16 -> fp32 is exact, every product of two such values is exact in fp32, the sum is rounded
 // once in fp32 and once (RNE) to the output type, so the result is within 1 ulp of the exact value (equal to
 // it except at double-rounding ties). Contracting a product into an FMA does not change the value, because
-// the products are exact.
+// the products are exact. An fp32 table's products are not: that path rounds each one (__fmul_rn), as PyTorch
+// evaluates the formula in fp32.
 //
 // In-place (outputs aliasing inputs) is safe: each element is read and written by the same lane, reads first.
 // No __restrict__ on q/k/outputs for that reason; cos/sin go through the read-only path.
@@ -209,8 +210,10 @@ __device__ __forceinline__ void normalize(Chunk<T, VEC> (&x1)[CPL], Chunk<T, VEC
 
 // ---- the kernel ----------------------------------------------------------------------------------------------
 // blockDim = (32 * warps_per_token, tokens_per_cta). Token-strided loop over B*S tokens (grid may be capped).
+// The modes' kernels say "at least one block per SM" (.minnctapersm 1): without it ptxas spilled one of them
+// (sm_80, fp32 table) at 80 registers. 0 emits no directive, so the plain kernels compile as before.
 template <typename T, int D, int VEC, bool kModes = false, typename CosT = T>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kMaxThreads, kModes ? 1 : 0)
 qwen3_tts_rope_kernel(const TtsRopeParams p, uint32_t tokens, uint32_t seq, int heads_q, int heads) {
   using G = Geometry<D, VEC>;
   constexpr int HALF = G::kHalf, LPR = G::kLanesPerRow, CPL = G::kChunksPerLane, RPW = G::kRowsPerPass;
@@ -315,6 +318,12 @@ qwen3_tts_rope_kernel(const TtsRopeParams p, uint32_t tokens, uint32_t seq, int 
                 o1[e] = Elem<T>::rnd(a[e] * c1[j][e]) - Elem<T>::rnd(z[e] * s1[j][e]);
                 o2[e] = Elem<T>::rnd(z[e] * c2[j][e]) + Elem<T>::rnd(a[e] * s2[j][e]);
               }
+            } else if constexpr (std::is_same_v<CosT, float>) {  // inexact products: no FMA contraction
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) {
+                o1[e] = __fmul_rn(a[e], c1[j][e]) - __fmul_rn(z[e], s1[j][e]);
+                o2[e] = __fmul_rn(z[e], c2[j][e]) + __fmul_rn(a[e], s2[j][e]);
+              }
             } else {
 #pragma unroll
               for (int e = 0; e < VEC; ++e) {
@@ -345,9 +354,10 @@ bool fits(const TtsRopeParams& p, int64_t bytes) {
     if (!aligned(ptrs[i], (i == 2 || i == 3) && p.table_fp32 ? std::min<int64_t>(16, 2 * bytes) : bytes)) return false;
   if (p.q_weight && !(aligned(p.q_weight, bytes) && aligned(p.k_weight, bytes))) return false;
   const int64_t elems = bytes / 2;  // both dtypes are 2-byte
+  const int64_t rows = p.positions ? p.max_pos : p.S;  // cos/sin rows: a table's, or the tokens'
   const int64_t strides[16] = {
       eff(p.q_sb, p.B),    eff(p.q_sh, p.Hq),   eff(p.q_ss, p.S),  eff(p.k_sb, p.B),   eff(p.k_sh, p.Hkv),
-      eff(p.k_ss, p.S),    eff(p.c_sb, p.B),    eff(p.c_ss, p.S),  eff(p.s_sb, p.B),   eff(p.s_ss, p.S),
+      eff(p.k_ss, p.S),    eff(p.c_sb, p.B),    eff(p.c_ss, rows), eff(p.s_sb, p.B),   eff(p.s_ss, rows),
       eff(p.qo_sb, p.B),   eff(p.qo_sh, p.Hq),  eff(p.qo_ss, p.S), eff(p.ko_sb, p.B),  eff(p.ko_sh, p.Hkv),
       eff(p.ko_ss, p.S)};
   for (int64_t s : strides)

@@ -172,12 +172,10 @@ def _pack(q, k, cos, sin, q_out, k_out):
     return ptrs, ints
 
 
-def emu_call(lib, q, k, cos, sin, q_out, k_out, vec=0, wpt=0, tpc=0, max_blocks=0, *, positions=None,
-             eager=False, q_weight=None, k_weight=None, eps=0.0, pdl=False, max_pos=None) -> int:
-    """The launcher on the host; the modes as the torch binding passes them (``max_pos`` overrides the table's)."""
+def _pack_modes(q, k, cos, sin, q_out, k_out, positions=None, eager=False, q_weight=None, k_weight=None,
+                max_pos=None) -> tuple:
+    """``_pack`` and the modes, as the torch binding passes them (``max_pos`` overrides the table's)."""
     ptrs, ints = _pack(q, k, cos, sin, q_out, k_out)
-    dtype = {torch.bfloat16: 0, torch.float16: 1}[q.dtype]
-    cfg = (ctypes.c_int * 5)(vec, wpt, tpc, max_blocks, int(pdl))
     table = positions is not None
     if table:  # rows of the tables: c_ss / s_ss
         ints[6], ints[7], ints[8], ints[9] = 0, cos.stride(0), 0, sin.stride(0)
@@ -186,11 +184,20 @@ def emu_call(lib, q, k, cos, sin, q_out, k_out, vec=0, wpt=0, tpc=0, max_blocks=
     mode_ints = (ctypes.c_int64 * 6)(p_sb, p_ss, (cos.shape[0] if max_pos is None else max_pos) if table else 0,
                                      table and positions.dtype == torch.int64, table and cos.dtype == torch.float32,
                                      eager)
-    return lib.emu_qwen3_tts_rope(ptrs, ints, dtype, cfg, modes, mode_ints, ctypes.c_float(eps))
+    return ptrs, ints, modes, mode_ints
 
 
-def emu_pick_vec(lib, q, k, cos, sin, q_out, k_out) -> int:
-    return lib.emu_qwen3_tts_rope_pick_vec(*_pack(q, k, cos, sin, q_out, k_out))
+def emu_call(lib, q, k, cos, sin, q_out, k_out, vec=0, wpt=0, tpc=0, max_blocks=0, *, eps=0.0, pdl=False,
+             **modes) -> int:
+    """The launcher on the host; ``modes``: positions, eager, q_weight, k_weight, max_pos (see _pack_modes)."""
+    ptrs, ints, mode_ptrs, mode_ints = _pack_modes(q, k, cos, sin, q_out, k_out, **modes)
+    dtype = {torch.bfloat16: 0, torch.float16: 1}[q.dtype]
+    cfg = (ctypes.c_int * 5)(vec, wpt, tpc, max_blocks, int(pdl))
+    return lib.emu_qwen3_tts_rope(ptrs, ints, dtype, cfg, mode_ptrs, mode_ints, ctypes.c_float(eps))
+
+
+def emu_pick_vec(lib, q, k, cos, sin, q_out, k_out, **modes) -> int:
+    return lib.emu_qwen3_tts_rope_pick_vec(*_pack_modes(q, k, cos, sin, q_out, k_out, **modes))
 
 
 def guarded_like(t: torch.Tensor, offset: int = 0):
@@ -573,6 +580,21 @@ def test_emulated_fp32_table_alignment_picks_the_width(emu_modes):
         assert_matches_reference(got, reference_of(q, k, cos, sin, kw), False)
 
 
+def test_emulated_table_row_strides_pick_the_width_for_every_row(emu_modes):
+    """A table's row stride decides the width whatever the tokens: with S = 1 (decode) too, a table whose rows
+    are 130 elements apart takes the 2-element path (16-byte loads of row 3 would be misaligned on a GPU)."""
+    for S in (1, 2):
+        case = TtsCase("rows", 1, S, 2, 1, 128)
+        q, k, _, _, kw = mode_inputs(case, torch.bfloat16, "table", seed=45)
+        cos, sin = (torch.randn(8, 130).to(torch.bfloat16)[:, :128] for _ in range(2))  # 16-byte aligned bases
+        kw["positions"] = torch.full(kw["positions"].shape, 3, dtype=kw["positions"].dtype)
+        outs = (torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous()))
+        assert emu_pick_vec(emu_modes, q.contiguous(), k.contiguous(), cos, sin, *outs,
+                            **{n: kw[n] for n in ("positions", "eager")}) == 2
+        got = run_modes(emu_modes, q, k, cos, sin, kw)
+        assert_matches_reference(got, reference_of(q, k, cos, sin, kw), False)
+
+
 def test_emulated_pdl_launch(emu_modes):
     """pdl: a programmatic dependent launch of the modes' kernel (also for a plain call: the plain kernels have no
     wait), refused for a kernel image older than sm_90."""
@@ -702,7 +724,15 @@ if sys.argv[2] == "modes":  # the lockstep build: every mode, tables and weights
                 assert T.emu_call(lib, q, k, cos, sin, qo, ko, **kw) == 0
                 T.assert_matches_reference((qo, ko), T.reference_of(q, k, cos, sin, kw), "q_weight" in kw)
                 n += 1
-    print("ASAN RUN OK", n)
+    # decode (S = 1) on tables whose rows are 130 elements apart: row 3 is not 16-byte aligned
+    q, k, _, _, kw = T.mode_inputs(TtsCase("rows", 1, 1, 2, 1, 128), torch.bfloat16, "table", seed=5)
+    q, k = exact(q), exact(k)
+    cos, sin = (exact(torch.randn(8, 130).to(torch.bfloat16))[:, :128] for _ in range(2))
+    kw["positions"] = exact(torch.full((1, 1), 3))
+    qo, ko = exact(q.contiguous()), exact(k.contiguous())
+    assert T.emu_call(lib, q, k, cos, sin, qo, ko, **kw) == 0
+    T.assert_matches_reference((qo, ko), T.reference_of(q, k, cos, sin, kw), False)
+    print("ASAN RUN OK", n + 1)
     sys.exit(0)
 n = 0
 for case in (TTS_CASES[0], TTS_CASES[-1], TtsCase("x", 3, 7, 13, 5, 64), TtsCase("y", 2, 5, 3, 2, 256)):

@@ -167,6 +167,8 @@ inline T __ldg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
 // The GPU's rsqrtf is within 2 ulp; this model is 1/sqrt correctly rounded, as torch computes rsqrt on the CPU.
 inline float rsqrtf(float v) { return 1.0f / std::sqrt(v); }
+// An fp32 product rounded to nearest, never contracted into an FMA (the host build contracts nothing either).
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
 
 // bfloat16
