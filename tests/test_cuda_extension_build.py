@@ -44,7 +44,10 @@ def test_cuda_extension_builds_links_and_registers_its_ops(tmp_path):
     assert Path(out["path"]).is_file() and str(tmp_path) in out["path"], out  # really built here, not a cache hit
     ops = out["ops"]
     assert ops["qwen3_tts_rope"].endswith("(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)")
-    assert "Tensor(a!) q_out, Tensor(b!) k_out) -> ()" in ops["qwen3_tts_rope_out"]
+    modes = "Tensor? positions=None, bool eager=False, Tensor? q_weight=None, Tensor? k_weight=None, float eps=0."
+    assert f"Tensor(a!) q_out, Tensor(b!) k_out, {modes}, bool pdl=False) -> ()" in ops["qwen3_tts_rope_out"]
+    assert ops["qwen3_tts_rope_out_config"].endswith(f"{modes}, int vec=0, int warps_per_token=0, "
+                                                     "int tokens_per_cta=0, int max_blocks=0, bool pdl=False) -> ()")
     assert "int quant_group_size) -> ()" in ops["inverse_rope_group_quant_out"]
     assert ("int quant_group_size, int tail_warps=0, int fast_layout=0, int block_threads=0, int pdl=0) -> ()"
             in ops["inverse_rope_group_quant_out_config"])
