@@ -85,9 +85,8 @@ def fused_inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_c
     t_pad = -(-T // 4) * 4  # TMA: 16-byte aligned token columns of 4-byte scales
     storage = torch.empty((n_groups, inner, t_pad), dtype=torch.int32 if tma_aligned_scales else torch.float32,
                           device=o.device)
-    if t_pad > T:
-        storage[:, :, T:].zero_()  # padding rows zero, as vLLM's kernel leaves them
-    scale = storage.permute(2, 0, 1)[:T]  # [T, G, inner], strides (1, inner * t_pad, t_pad)
-    inverse_rope_group_quant(o, positions, cos, sin, n_groups, quant_group_size, x_fp8=x, x_scale=scale,
+    padded = storage.permute(2, 0, 1)  # [t_pad, G, inner], strides (1, inner * t_pad, t_pad)
+    # one launch: the op writes zeros into the rows past T, as vLLM's kernel does
+    inverse_rope_group_quant(o, positions, cos, sin, n_groups, quant_group_size, x_fp8=x, x_scale=padded,
                              scale_layout="col")
-    return x, scale
+    return x, padded[:T]

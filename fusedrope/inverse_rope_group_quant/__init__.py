@@ -47,13 +47,14 @@ class Facts(NamedTuple):
     quantize: bool
     x_contiguous: bool  # the output row-major contiguous (else rows of Dg apart, e.g. group-major)
     pdl: bool  # enable_pdl: a launch hint compiled kernels may take
+    scale_pad: bool = False  # a "col" x_scale with token rows past o's (TMA padding), written as zeros
 
 
 def _user_protocol(run, supports):
     """register_backend's backends keep their seven-argument run: they serve row-major x and row / col scales."""
     def user_supports(facts):
-        if facts.scale_layout == "mfma_tile" or not facts.quantize or not facts.x_contiguous:
-            return "a registered backend writes row-major x_fp8 and row- or column-major scales"
+        if facts.scale_layout == "mfma_tile" or not facts.quantize or not facts.x_contiguous or facts.scale_pad:
+            return "a registered backend writes row-major x_fp8 and row- or column-major scales of o's tokens"
         return supports(facts)
     return (lambda *args, scale_layout="row", pdl=False: run(*args)), user_supports
 
@@ -201,7 +202,9 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
             ok = (x_fp8 is not None and type(x_fp8) is _Tensor and x_fp8.dtype is fp8_t and x_fp8.shape == x_shape
                   and (x_contiguous or rows_apart(x_shape, x_fp8.stride())) and x_fp8.device == dev
                   and (not quantize or (x_scale is not None and type(x_scale) is _Tensor and x_scale.dtype is scale_t
-                                        and x_scale.shape == sc_shape and x_scale.device == dev
+                                        and (x_scale.shape == sc_shape or (layout == "col" and x_scale.shape[0] > S
+                                                                           and x_scale.shape[1:] == sc_shape[1:]))
+                                        and x_scale.device == dev
                                         and buffer_scale_strides(x_scale, layout, scale_t) is not None)))
     except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         ok = False
@@ -209,7 +212,7 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
         return _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
                              x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)
     key = (dev, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_t, scale_t, layout,
-           quantize, x_contiguous, enable_pdl is True)
+           quantize, x_contiguous, enable_pdl is True, layout == "col" and x_scale is not None and x_scale.shape[0] > S)
     return key, fp8_t, scale_t
 
 
@@ -256,7 +259,8 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
         C.check_same_device(OP, "o", o, {"x_fp8": x_fp8})
     if x_scale is not None:
         C.check_tensor(OP, "x_scale", x_scale)
-        C.check_shape(OP, "x_scale", x_scale, sc_shape)
+        pad = layout == "col" and x_scale.dim() == 3 and x_scale.shape[0] > S  # TMA padding rows, zeroed
+        C.check_shape(OP, "x_scale", x_scale, (x_scale.shape[0], *sc_shape[1:]) if pad else sc_shape)
         _check_buffer_dtype("x_scale", x_scale, scale_dtype, "as scale_dtype says")
         if buffer_scale_strides(x_scale, layout, scale_dtype) is None:
             want = scale_strides(sc_shape, layout, scale_dtype)
@@ -266,7 +270,8 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
             C.fail(OP, "x_scale", f"{about} for {what}", f"strides {tuple(x_scale.stride())}")
         C.check_same_device(OP, "o", o, {"x_scale": x_scale})
     key = (o.device, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_dtype,
-           scale_dtype, layout, quantize, x_fp8 is None or x_fp8.is_contiguous(), enable_pdl is True)
+           scale_dtype, layout, quantize, x_fp8 is None or x_fp8.is_contiguous(), enable_pdl is True,
+           x_scale is not None and pad)
     return key, fp8_dtype, scale_dtype
 
 
@@ -369,7 +374,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
         :func:`empty_quant_outputs` to allocate them. ``x_fp8``'s rows of ``Dg`` are contiguous; its token and
         group strides are free, e.g. group-major ``[S, G, Dg]`` over ``[G, S, Dg]`` storage (strides ``(Dg,
         S*Dg, 1)``, what vLLM's fp8 einsum reads). A column-major ``x_scale`` may pad its token dim (strides
-        ``(1, Ks*L, L)``, any ``L >= S``: a max-size buffer sliced to this call's tokens).
+        ``(1, Ks*L, L)``, any ``L >= S``: a max-size buffer sliced to this call's tokens), and may have more token
+        rows than ``o`` (``[S_pad, G, Ks]``, e.g. vLLM's padding to a multiple of 4): those are written as zeros.
     fp8_dtype : torch.dtype, optional
         ``torch.float8_e4m3fn`` (FP8_MAX 448, default; NVIDIA, gfx950) or ``torch.float8_e4m3fnuz`` (240, gfx942).
     scale_dtype : torch.dtype, optional

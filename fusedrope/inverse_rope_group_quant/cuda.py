@@ -30,6 +30,8 @@ def envelope_reason(kernel: str, facts) -> Optional[str]:
         return f"{kernel} writes row- and column-major scales: scale_layout='mfma_tile' is served by Triton"
     if not facts.x_contiguous:
         return f"{kernel} writes a row-major x_fp8: other layouts (group-major, padded rows) are served by Triton"
+    if facts.scale_pad:
+        return f"{kernel} writes the scales of o's tokens: x_scale's zeroed padding rows are served by Triton"
     if facts.head_dim != 512 or facts.rope_dim != 64:
         return f"{kernel} is compiled for head_dim 512 / rope_dim 64, got {facts.head_dim} / {facts.rope_dim}"
     if facts.quant_group_size not in GROUP_SIZES:

@@ -216,4 +216,6 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
         return
     q, byte = group_quant_e8m0(x, x_fp8.shape[1], quant_group_size, x_fp8.dtype)
     x_fp8.copy_(q)
-    store_scale(byte, x_scale, scale_layout, quant_group_size)
+    if scale_layout == "col" and x_scale.shape[0] > x_fp8.shape[0]:  # token rows past o's: zeros
+        x_scale[x_fp8.shape[0]:].zero_()
+    store_scale(byte, x_scale[:x_fp8.shape[0]] if scale_layout == "col" else x_scale, scale_layout, quant_group_size)

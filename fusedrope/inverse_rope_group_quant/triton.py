@@ -141,7 +141,7 @@ def _mfma_tile_offsets(t, kb, KS: tl.constexpr, tile_stride, group_stride, MFMA_
 @triton.jit
 def _group_quant_kernel(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, xq_ptr, xs_ptr,
-    S, ROW, NBLK, max_pos, pos_stride, cos_stride, sin_stride, x_stride_s, x_stride_g, sc_stride_s, sc_stride_k,
+    S, S_SC, ROW, NBLK, max_pos, pos_stride, cos_stride, sin_stride, x_stride_s, x_stride_g, sc_stride_s, sc_stride_k,
     HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, GS: tl.constexpr, DG: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, ONE_GROUP: tl.constexpr, CROSSINGS: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_TYPE: tl.constexpr, FNUZ: tl.constexpr, SCALE_FP32: tl.constexpr,
@@ -152,7 +152,8 @@ def _group_quant_kernel(
     groups: program_id(1) tiles a group, program_id(2) is the group, so no division finds it), else ``(token
     tiles, column tiles of the row, 1)``. ``QUANT`` False: ``x`` has o's dtype and gets the rotated tile, nothing
     else. ``MFMA_K`` 0: scales through ``(sc_stride_s, sc_stride_k)``; 2 or 8: the "mfma_tile" layout, with
-    ``sc_stride_s``, ``sc_stride_k`` the strides of a 32-token tile row and of a group (:func:`_mfma_tile_offsets`)."""
+    ``sc_stride_s``, ``sc_stride_k`` the strides of a 32-token tile row and of a group (:func:`_mfma_tile_offsets`).
+    ``S_SC`` >= S: the scales' token rows; those past S (a "col" buffer's TMA padding) get zeros."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     g = tl.program_id(2)  # 0 unless ONE_GROUP
     c0 = tl.program_id(1).to(tl.int64) * BLOCK_N
@@ -203,17 +204,19 @@ def _group_quant_kernel(
         if PACKED:  # DeepGEMM UE8M0: four consecutive block bytes in one int32 word, block 4j+i in byte i
             shift = (tl.arange(0, 4) * 8).to(tl.uint32)
             word = tl.sum(tl.reshape(byte, (BLOCK_T, NB // 4, 4)) << shift[None, None, :], axis=2)  # disjoint bits
+            word = tl.where(t_mask[:, None], word, 0)
             kw = kb0 // 4 + tl.arange(0, NB // 4)
-            sm = t_mask[:, None] & (kw < NBLK // 4)[None, :]
+            sm = (t < S_SC)[:, None] & (kw < NBLK // 4)[None, :]
             tl.store(xs_ptr + t[:, None] * sc_stride_s + kw[None, :] * sc_stride_k, word.to(tl.int32, bitcast=True),
                      mask=sm)
         else:
             kb = kb0 + tl.arange(0, NB)
-            sm = t_mask[:, None] & (kb < NBLK)[None, :]
+            sm = (t < S_SC)[:, None] & (kb < NBLK)[None, :]
             if SCALE_FP32:
                 scale = tl.where(bad, float("nan"), (tl.minimum(byte, 254) << 23).to(tl.float32, bitcast=True))
             else:
                 scale = byte.to(tl.uint8)
+            scale = tl.where(t_mask[:, None], scale, 0)
             if MFMA_K == 0:
                 off = t[:, None] * sc_stride_s + kb[None, :] * sc_stride_k
             else:  # only the real (s, g, k) bytes: the padding is not part of the layout
@@ -312,14 +315,15 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x, x_scale, group_size, ro
     else:
         xs = x_scale if scale_fp32 or packed else x_scale.view(torch.uint8)
         sc_s, sc_k, mfma_k = x_scale.stride(0), x_scale.stride(2), 0
+    s_sc = x_scale.shape[0] if quant and scale_layout == "col" else S  # past S: zeroed padding rows
     one_group = G == 1 or dg % block_n == 0
-    grid = (triton.cdiv(S, block_t), triton.cdiv(dg, block_n), G) if one_group else (
-        triton.cdiv(S, block_t), triton.cdiv(row, block_n), 1)
+    grid = (triton.cdiv(s_sc, block_t), triton.cdiv(dg, block_n), G) if one_group else (
+        triton.cdiv(s_sc, block_t), triton.cdiv(row, block_n), 1)
     rope_dim = 2 * cos_cache.shape[1]
     with launch_lock():
         _group_quant_kernel[grid](
             o, positions, cos_cache, sin_cache, x.view(torch.uint8) if quant else x, xs,
-            S, row, row // group_size, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
+            S, s_sc, row, row // group_size, cos_cache.shape[0], positions.stride(0), cos_cache.stride(0),
             sin_cache.stride(0), x.stride(0), x.stride(1), sc_s, sc_k,
             HEAD_DIM=D, ROPE_DIM=rope_dim, GS=group_size, DG=dg, BLOCK_T=block_t, BLOCK_N=block_n,
             ONE_GROUP=one_group, CROSSINGS=crossings(dg, block_n),

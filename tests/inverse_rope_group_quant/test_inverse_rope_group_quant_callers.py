@@ -6,6 +6,7 @@ on each backend that serves it."""
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fusedrope
 from fusedrope.integrations import aiter, vllm
@@ -34,6 +35,19 @@ def inputs(S, H, seed=0):
 def row_major(o, pos, cache, G, **kw):
     """The main op's default outputs on the reference: row-major x [S, G, Dg] and scales [S, G, Ks]."""
     return fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], G, backend="reference", **kw)
+
+
+class TorchDispatchRecorder(TorchDispatchMode):
+    """The aten ops run inside it, by name (the fills poisoned_empty makes included)."""
+
+    def __enter__(self):
+        self.ops = []
+        super().__enter__()
+        return self.ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 def storage_of(t: torch.Tensor) -> torch.Tensor:
@@ -69,6 +83,36 @@ def test_vllm_adapter_returns_what_vllm_returns(backend, H, G, S, tma, force):
         assert scale.dtype == torch.float32
         assert torch.equal(stored[:, :, :S].permute(2, 0, 1).contiguous().view(torch.int32), want.view(torch.int32))
     assert not stored[:, :, S:].view(torch.int32).any(), "padding rows are not zero"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tma", [False, True], ids=["fp32-sm90", "ue8m0-sm100"])
+def test_vllm_adapter_zeroes_the_padding_in_its_one_launch(backend, tma, force, monkeypatch):
+    """T = 5: the op itself writes the 3 padding rows as zeros (its storage comes poisoned here), and the adapter
+    launches nothing else: one backend call, no fill."""
+    force(backend)
+    o, pos, cache = inputs(5, 16, seed=5)
+    real_empty, runs = torch.empty, []
+
+    def poisoned_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.view(torch.uint8).fill_(0x7F).view(t.dtype) if t.dim() == 3 and t.dtype in (
+            torch.int32, torch.float32) else t
+
+    impl = fusedrope.registry("inverse_rope_group_quant").backend(backend)
+    run = impl.loaded().run
+    monkeypatch.setattr(impl, "run", lambda *a, **kw: runs.append(1) or run(*a, **kw))
+    with monkeypatch.context() as m:
+        m.setattr(torch, "empty", poisoned_empty)
+        x, scale = vllm.fused_inv_rope_fp8_quant(o, pos, cache, 2, 8, tma_aligned_scales=tma)
+    stored = storage_of(scale)[: scale.stride(1) * 2].view(2, -1, 8)
+    assert not stored[:, :, 5:].view(torch.int32).any(), "padding rows are not zero"
+    assert stored[:, :, :5].view(torch.int32).any()
+    assert runs == [1]
+    if backend != "reference":  # the reference backend is plain PyTorch, which zeroes with an aten op
+        with TorchDispatchRecorder() as ops:
+            vllm.fused_inv_rope_fp8_quant(o, pos, cache, 2, 8, tma_aligned_scales=tma)
+        assert ops and not [op for op in ops if "fill" in op or "zero" in op], ops
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -182,6 +226,35 @@ def test_scale_layout_col_is_transpose_scale(backend):
     b = fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], 1, scale_layout="col",
                                            backend=backend)
     assert a[1].stride() == b[1].stride() == (1, 32 * 5, 5) and torch.equal(scale_bytes(a[1]), scale_bytes(b[1]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32, torch.int32], ids=str)
+def test_a_column_major_scale_buffer_with_more_rows_gets_zeros_past_o(backend, scale_dtype):
+    """x_scale [S_pad, G, Ks] over storage [G, Ks, S_pad], S_pad > S (vLLM's TMA padding): the first S rows are
+    the scales, the rest zeros (the storage comes poisoned); a row-major one with more rows is refused."""
+    S, H, G = 5, 16, 2
+    o, pos, cache = inputs(S, H, seed=11)
+    want_x, want = row_major(o, pos, cache, G, scale_dtype=scale_dtype)
+    ks, size = want.shape[2], want.element_size()
+    for s_pad in (6, 8, 13):
+        storage = torch.full((G, ks, s_pad * size), 0x7F, dtype=torch.uint8, device=DEVICE)  # poisoned
+        padded = storage.view(scale_dtype).permute(2, 0, 1)
+        x, scale = fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], G, scale_layout="col",
+                                                      x_fp8=torch.empty_like(want_x), x_scale=padded,
+                                                      backend=backend)
+        assert scale is padded and torch.equal(x.view(torch.uint8), want_x.view(torch.uint8))
+        by_token = storage.view(G, ks, s_pad, size).permute(2, 0, 1, 3)  # [S_pad, G, Ks, bytes of a scale]
+        assert torch.equal(by_token[:S], want.view(torch.uint8).view(S, G, ks, size))
+        assert not by_token[S:].any(), s_pad
+    with pytest.raises(ValueError, match=r"argument 'x_scale' expected shape \[5, 2, 32\], got \[8, 2, 32\]"):
+        fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], G, x_fp8=torch.empty_like(want_x),
+                                           x_scale=torch.empty(8, G, 32, dtype=torch.float8_e8m0fnu, device=DEVICE))
+    key = fusedrope.inverse_rope_group_quant.__globals__["validate"](
+        o, pos, cache[:, :32], cache[:, 32:], G, 128, False, torch.empty_like(want_x), padded, None, None, "col")[0]
+    from fusedrope.inverse_rope_group_quant import Facts, cuda
+    assert Facts(*key).scale_pad and "zeroed padding rows are served by Triton" in cuda.envelope_reason(
+        "cuda kernel", Facts(*key))
 
 
 def test_one_cos_sin_cache_passed_as_both_is_refused():
