@@ -243,8 +243,8 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
         as torch's ``out=``, not with grad mode on and an input or buffer that requires grad.
     backend : str, default "auto"
         ``"auto"``, ``"cuda"``, ``"triton"``, ``"reference"`` or one of yours
-        (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``. ``auto`` runs the cuda
-        kernel's ``numerics="eager"`` and ``positions`` paths only when named (kernels_cuda/README.md says why).
+        (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``. The cuda kernels of
+        ``numerics="eager"``, ``positions`` and the norm run only when named (kernels_cuda/README.md says why).
     enable_pdl : bool, optional
         ``True``: launch the cuda kernel as a programmatic dependent launch (sm_90+; other backends ignore it);
         ``None`` (default) and ``False``: a plain launch.
