@@ -202,7 +202,7 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
             ok = (x_fp8 is not None and type(x_fp8) is _Tensor and x_fp8.dtype is fp8_t and x_fp8.shape == x_shape
                   and (x_contiguous or rows_apart(x_shape, x_fp8.stride())) and x_fp8.device == dev
                   and (not quantize or (x_scale is not None and type(x_scale) is _Tensor and x_scale.dtype is scale_t
-                                        and (x_scale.shape == sc_shape or (layout == "col" and x_scale.shape[0] > S
+                                        and (x_scale.shape == sc_shape or (layout == "col" and 0 < S < x_scale.shape[0]
                                                                            and x_scale.shape[1:] == sc_shape[1:]))
                                         and x_scale.device == dev
                                         and buffer_scale_strides(x_scale, layout, scale_t) is not None)))
@@ -212,7 +212,7 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
         return _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
                              x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)
     key = (dev, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_t, scale_t, layout,
-           quantize, x_contiguous, enable_pdl is True, layout == "col" and x_scale is not None and x_scale.shape[0] > S)
+           quantize, x_contiguous, enable_pdl is True, layout == "col" and x_scale is not None and 0 < S < len(x_scale))
     return key, fp8_t, scale_t
 
 
@@ -259,13 +259,13 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
         C.check_same_device(OP, "o", o, {"x_fp8": x_fp8})
     if x_scale is not None:
         C.check_tensor(OP, "x_scale", x_scale)
-        pad = layout == "col" and x_scale.dim() == 3 and x_scale.shape[0] > S  # TMA padding rows, zeroed
-        C.check_shape(OP, "x_scale", x_scale, (x_scale.shape[0], *sc_shape[1:]) if pad else sc_shape)
+        pad = layout == "col" and x_scale.dim() == 3 and 0 < S < x_scale.shape[0]  # TMA padding rows, zeroed
+        C.check_shape(OP, "x_scale", x_scale, sc_shape := (x_scale.shape[0], *sc_shape[1:]) if pad else sc_shape)
         _check_buffer_dtype("x_scale", x_scale, scale_dtype, "as scale_dtype says")
         if buffer_scale_strides(x_scale, layout, scale_dtype) is None:
             want = scale_strides(sc_shape, layout, scale_dtype)
-            about = (f"column-major strides (1, {sc_shape[2]}*L, L) with L >= S={S} (empty_quant_outputs gives "
-                     f"{want})" if layout == "col" else f"contiguous strides {want}")
+            about = (f"column-major strides (1, {sc_shape[2]}*L, L) with L >= {'S_pad' if pad else 'S'}={sc_shape[0]}"
+                     f" (empty_quant_outputs gives {want})" if layout == "col" else f"contiguous strides {want}")
             what = f"transpose_scale={layout == 'col'}" if scale_layout is None else f"scale_layout={layout!r}"
             C.fail(OP, "x_scale", f"{about} for {what}", f"strides {tuple(x_scale.stride())}")
         C.check_same_device(OP, "o", o, {"x_scale": x_scale})
@@ -375,7 +375,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
         group strides are free, e.g. group-major ``[S, G, Dg]`` over ``[G, S, Dg]`` storage (strides ``(Dg,
         S*Dg, 1)``, what vLLM's fp8 einsum reads). A column-major ``x_scale`` may pad its token dim (strides
         ``(1, Ks*L, L)``, any ``L >= S``: a max-size buffer sliced to this call's tokens), and may have more token
-        rows than ``o`` (``[S_pad, G, Ks]``, e.g. vLLM's padding to a multiple of 4): those are written as zeros.
+        rows than a non-empty ``o`` (``[S_pad, G, Ks]``, vLLM's padding to a multiple of 4): those get zeros.
     fp8_dtype : torch.dtype, optional
         ``torch.float8_e4m3fn`` (FP8_MAX 448, default; NVIDIA, gfx950) or ``torch.float8_e4m3fnuz`` (240, gfx942).
     scale_dtype : torch.dtype, optional

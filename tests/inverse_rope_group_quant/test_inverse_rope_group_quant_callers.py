@@ -250,6 +250,13 @@ def test_a_column_major_scale_buffer_with_more_rows_gets_zeros_past_o(backend, s
     with pytest.raises(ValueError, match=r"argument 'x_scale' expected shape \[5, 2, 32\], got \[8, 2, 32\]"):
         fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], G, x_fp8=torch.empty_like(want_x),
                                            x_scale=torch.empty(8, G, 32, dtype=torch.float8_e8m0fnu, device=DEVICE))
+    short = torch.empty(G * 32 * 6 + 8, dtype=torch.uint8, device=DEVICE).view(torch.float8_e8m0fnu).as_strided(
+        (8, G, 32), (1, 32 * 6, 6))  # storage rows of 6 < 8
+    with pytest.raises(ValueError, match=r"with L >= S_pad=8 \(empty_quant_outputs gives \(1, 256, 8\)\)"):
+        fusedrope.inverse_rope_group_quant(o, pos, cache[:, :32], cache[:, 32:], G, scale_layout="col", x_scale=short)
+    with pytest.raises(ValueError, match=r"argument 'x_scale' expected shape \[0, 2, (\d+)\], got \[4, 2, \1\]"):
+        fusedrope.inverse_rope_group_quant(o[:0], pos, cache[:, :32], cache[:, 32:], G, scale_layout="col",
+                                           x_scale=padded[:4])  # an empty o runs nothing, so nothing would zero
     key = fusedrope.inverse_rope_group_quant.__globals__["validate"](
         o, pos, cache[:, :32], cache[:, 32:], G, 128, False, torch.empty_like(want_x), padded, None, None, "col")[0]
     from fusedrope.inverse_rope_group_quant import Facts, cuda
