@@ -14,6 +14,7 @@
 // saturation is the reference's clamp to +-448); sm_80 and the fnuz format use the exact software RNE of the
 // header. The rotation uses __fmul_rn / __fadd_rn / __fsub_rn, so no FMA contraction changes the fp32 values.
 #include "inverse_rope_group_quant.cuh"
+#include "pdl.cuh"
 
 #include <cuda_runtime.h>
 #include <cuda_fp8.h>
@@ -88,19 +89,8 @@ __device__ __forceinline__ void quant16(const float (&v)[16], uint32_t byte, uin
   quant16_sw(v, byte, kFnuz, out);
 }
 
-// Programmatic dependent launch (sm_90+): wait for the stream's previous kernel (its writes visible) before the
-// first global load, and let the next kernel start launching once this one's loads are issued. Both are no-ops
-// in a kernel launched without the attribute (Params::pdl 0), and absent before sm_90.
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void allow_next_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
+// Programmatic dependent launch (pdl.cuh): the kernel waits for the previous grid before its first global load
+// and lets the next one start launching once its loads are issued (Params::pdl 1 launches it so).
 
 // Tail warps (Params::tail_warps, an experiment): every head's last kTailSpan chunks (its rope tail, widened to
 // whole quant blocks) go to warps of their own, after the warps that take the other kBodySpan chunks of every
@@ -229,24 +219,8 @@ cudaError_t launch_one(const Shape& sh, cudaStream_t stream, void** args) {
   if (!sh.pdl) {
     return cudaLaunchKernel(irgq_kernel<kDtype, kQ, kTailWarps, kFastCache>, grid, dim3(sh.block), args, 0, stream);
   }
-  // A kernel image without the wait (built for an older arch and JIT-compiled from its PTX for this device) would
-  // read before the previous kernel's writes are visible: refuse pdl for it.
-  cudaFuncAttributes fa;
-  const cudaError_t fe = cudaFuncGetAttributes(&fa, irgq_kernel<kDtype, kQ, kTailWarps, kFastCache>);
-  if (fe != cudaSuccess) return fe;
-  if (fa.ptxVersion < 90) return cudaErrorNotSupported;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(sh.block);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, irgq_kernel<kDtype, kQ, kTailWarps, kFastCache>,
-                            *static_cast<const KArgs*>(args[0]));
+  return launch_pdl(irgq_kernel<kDtype, kQ, kTailWarps, kFastCache>, grid, dim3(sh.block), stream,
+                    *static_cast<const KArgs*>(args[0]));
 }
 
 template <int kDtype, bool kTailWarps, int kFastCache>

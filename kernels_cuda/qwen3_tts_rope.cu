@@ -28,6 +28,7 @@
 // before the sum: the conversion between them keeps nvcc from contracting the two into an FMA.
 
 #include "qwen3_tts_rope.cuh"
+#include "pdl.cuh"
 
 #include <algorithm>
 #include <cstring>
@@ -149,15 +150,6 @@ struct F32Chunk {
 template <typename T, typename CosT, int VEC>
 using CosChunk = std::conditional_t<std::is_same_v<CosT, float>, F32Chunk<VEC>, Chunk<T, VEC>>;
 
-// Programmatic dependent launch (sm_90+): wait for the stream's previous kernel (its writes visible) before the
-// first global load, and let the next kernel begin launching. No-ops in a kernel launched without the attribute.
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
 // ---- lane geometry -----------------------------------------------------------------------------------------
 template <int D, int VEC>
 struct Geometry {
@@ -234,7 +226,10 @@ qwen3_tts_rope_kernel(const TtsRopeParams p, uint32_t tokens, uint32_t seq, int 
   const int sub = kModes ? lane / LPR : 0;
   constexpr int UNROLL = kModes ? 2 : kUnroll;
 
-  if constexpr (kModes) wait_for_previous_grid();
+  if constexpr (kModes) {  // pdl.cuh: the previous grid's writes before any load; the next grid may launch
+    wait_for_previous_grid();
+    allow_next_grid();
+  }
   const T* qw = kModes ? static_cast<const T*>(p.q_weight) + col : nullptr;  // the norm's weights, or null
   const T* kw = kModes ? static_cast<const T*>(p.k_weight) + col : nullptr;
 
@@ -377,23 +372,9 @@ cudaError_t launch_kernel(K kernel, dim3 grid, dim3 block, bool pdl, cudaStream_
   // cudaLaunchKernel rather than <<<>>>: the same launch, and plain C++, so the host-emulation test
   // (tests/support/cuda_emul) can compile this file with a C++ compiler and run the kernel on the CPU.
   if (!pdl) return cudaLaunchKernel(kernel, grid, block, args, 0, stream);
-  // A kernel image without the wait (built for an older arch, JIT-compiled from its PTX) would read before the
-  // previous kernel's writes are visible: refuse pdl for it.
-  cudaFuncAttributes fa;
-  const cudaError_t fe = cudaFuncGetAttributes(&fa, kernel);
-  if (fe != cudaSuccess) return fe;
-  if (fa.ptxVersion < 90) return cudaErrorNotSupported;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, *static_cast<const TtsRopeParams*>(args[0]), *static_cast<uint32_t*>(args[1]),
-                            *static_cast<uint32_t*>(args[2]), *static_cast<int*>(args[3]), *static_cast<int*>(args[4]));
+  return launch_pdl(kernel, grid, block, stream, *static_cast<const TtsRopeParams*>(args[0]),
+                    *static_cast<uint32_t*>(args[1]), *static_cast<uint32_t*>(args[2]), *static_cast<int*>(args[3]),
+                    *static_cast<int*>(args[4]));
 }
 
 template <typename T, int D, int VEC>

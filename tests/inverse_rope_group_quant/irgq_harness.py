@@ -119,8 +119,8 @@ def emulated_kernel(vendor: str, source: Path | None = None, asan: bool = False)
     else:
         flags += ["-Wno-unknown-pragmas", "-x", "c++"] + (["-DFUSEDROPE_IRGQ_HW_E4M3=1"] if vendor != "cuda" else [])
     here = HARNESS.parent
-    deps = [source, source.with_suffix(".h"), source.with_suffix(".cuh"), common, harness_cpp,
-            *emul.glob("*.h"), SUPPORT / "lockstep.h", here / "irgq_params.h", SUPPORT / "emul_stats.inc"]
+    deps = [source, source.with_suffix(".h"), source.with_suffix(".cuh"), source.with_name("pdl.cuh"), common,
+            harness_cpp, *emul.glob("*.h"), SUPPORT / "lockstep.h", here / "irgq_params.h", SUPPORT / "emul_stats.inc"]
     out = _build([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-Wall",
                   "-Werror", *flags, "-I", str(SUPPORT), "-I", str(here), "-I", str(emul), "-I", str(common.parent),
                   f'-DKERNEL_SOURCE="{source}"', str(harness_cpp)],

@@ -359,7 +359,8 @@ def _mutated_copy(tmp_path: Path, src_file: Path, old: str, new: str) -> Path:
         shutil.copy(f, kdir)
     (kdir / src_file.name).write_text(src.replace(old, new))
     (tmp_path / "kernels_cuda").mkdir(exist_ok=True)
-    shutil.copy(CUDA_SRC.with_name("inverse_rope_group_quant_common.h"), tmp_path / "kernels_cuda")
+    for shared in ("inverse_rope_group_quant_common.h", "pdl.cuh"):
+        shutil.copy(CUDA_SRC.with_name(shared), tmp_path / "kernels_cuda")
     return kdir / src_file.name
 
 
