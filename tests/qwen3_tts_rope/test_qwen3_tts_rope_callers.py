@@ -67,10 +67,17 @@ def test_qk_norm_rope_against_transformers_rmsnorm_and_rope(backend, dtype):
     q_norm, k_norm = q_norm.to(DEVICE, dtype), k_norm.to(DEVICE, dtype)
     proj = _randn(B, S, HQ + HKV, D, dtype=dtype, seed=9)
     cos, sin = _randn(B, S, D, dtype=dtype, seed=10), _randn(B, S, D, dtype=dtype, seed=11)
+    assert_fused_norm_rope_is_the_models(qwen3.apply_rotary_pos_emb, q_norm, k_norm, proj, HQ, cos, sin, backend)
+
+
+def assert_fused_norm_rope_is_the_models(apply_rotary_pos_emb, q_norm, k_norm, proj, hq, cos, sin, backend):
+    """qwen3_tts_qk_norm_rope on the ``[B, S, Hq + Hkv, D]`` projection against the model's own ``q_norm``,
+    ``k_norm`` and ``apply_rotary_pos_emb``: at least 99.9% of elements identical (the reference backend, which
+    is the model's code: all)."""
     with torch.no_grad():
-        want = qwen3.apply_rotary_pos_emb(q_norm(proj[:, :, :HQ]).transpose(1, 2),
-                                          k_norm(proj[:, :, HQ:]).transpose(1, 2), cos, sin)
-        got = fusedrope.qwen3_tts_qk_norm_rope(proj[:, :, :HQ].transpose(1, 2), proj[:, :, HQ:].transpose(1, 2),
+        want = apply_rotary_pos_emb(q_norm(proj[:, :, :hq]).transpose(1, 2), k_norm(proj[:, :, hq:]).transpose(1, 2),
+                                    cos, sin)
+        got = fusedrope.qwen3_tts_qk_norm_rope(proj[:, :, :hq].transpose(1, 2), proj[:, :, hq:].transpose(1, 2),
                                                q_norm.weight, k_norm.weight, cos, sin, q_norm.variance_epsilon,
                                                backend=backend)
     same = sum(int((g == w).sum()) for g, w in zip(got, want)) / sum(w.numel() for w in want)

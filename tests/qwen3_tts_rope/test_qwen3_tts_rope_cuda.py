@@ -142,15 +142,20 @@ def test_modes_kernels_keep_the_access_widths_and_shuffle_only_in_the_norm(arch)
 # ----------------------------------------------------------------------------------------------------------
 # 2. The kernel source on the host, through tests/support/cuda_emul
 # ----------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def emu():
+def _emulator(lockstep: bool) -> ctypes.CDLL:
+    """The kernel source and tests/support/cuda_emul/harness.cpp built for the host (cached by content): threads
+    one after another, or each block's in lockstep (the modes' kernels shuffle)."""
     cxx = host_cxx()
     if cxx is None:
         pytest.skip("no host C++ compiler (g++ or clang++) to run the kernel source in host emulation")
-    cmd = [cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
+    flags = (["-std=c++20", "-pthread", "-ffp-contract=off", "-DCUDA_EMUL_LOCKSTEP=1", "-I", str(EMUL.parent)]
+             if lockstep else ["-std=c++17"])
+    cmd = [cxx, *flags, "-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
            "-I", str(EMUL), "-x", "c++", str(EMUL / "harness.cpp"), f'-DKERNEL_SOURCE="{SRC}"']
-    key = content_key(sorted([SRC, SRC.with_suffix(".cuh"), *EMUL.glob("*")]), *cmd)
-    out = Path(tempfile.gettempdir()) / f"fusedrope-emu-{os.getuid()}-{key}.so"
+    deps = [SRC, SRC.with_suffix(".cuh"), SRC.with_name("pdl.cuh"), *EMUL.glob("*"), EMUL.parent / "lockstep.h",
+            EMUL.parent / "emul_stats.inc"]
+    key = content_key(sorted(deps), *cmd)
+    out = Path(tempfile.gettempdir()) / f"fusedrope-emu-{'lockstep-' * lockstep}{os.getuid()}-{key}.so"
 
     def on_error(stderr: str) -> None:
         pytest.fail(f"host-emulation build failed:\n{stderr[-4000:]}")
@@ -159,7 +164,14 @@ def emu():
     lib.emu_qwen3_tts_rope.restype = ctypes.c_int
     lib.emu_qwen3_tts_rope_pick_vec.restype = ctypes.c_int
     lib.emu_launch_count.restype = ctypes.c_longlong
+    if lockstep:
+        lib.emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
     return lib
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return _emulator(lockstep=False)
 
 
 def _pack(q, k, cos, sin, q_out, k_out):
@@ -419,24 +431,7 @@ def test_emulation_rounding_model_matches_torch(emu):
 # ----------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def emu_modes():
-    cxx = host_cxx()
-    if cxx is None:
-        pytest.skip("no host C++ compiler (g++ or clang++) to run the kernel source in host emulation")
-    cmd = [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-Wall", "-Wextra",
-           "-Werror", "-Wno-unknown-pragmas", "-DCUDA_EMUL_LOCKSTEP=1", "-I", str(EMUL), "-I", str(EMUL.parent),
-           "-x", "c++", str(EMUL / "harness.cpp"), f'-DKERNEL_SOURCE="{SRC}"']
-    deps = [SRC, SRC.with_suffix(".cuh"), *EMUL.glob("*"), EMUL.parent / "lockstep.h", EMUL.parent / "emul_stats.inc"]
-    key = content_key(sorted(deps), *cmd)
-    out = Path(tempfile.gettempdir()) / f"fusedrope-emu-lockstep-{os.getuid()}-{key}.so"
-
-    def on_error(stderr: str) -> None:
-        pytest.fail(f"host-emulation build failed:\n{stderr[-4000:]}")
-
-    lib = ctypes.CDLL(str(build_once(cmd, out, on_error)))
-    lib.emu_qwen3_tts_rope.restype = ctypes.c_int
-    lib.emu_launch_count.restype = ctypes.c_longlong
-    lib.emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
-    return lib
+    return _emulator(lockstep=True)
 
 
 def lockstep_stats(lib) -> tuple[int, int, str]:

@@ -20,6 +20,7 @@ import fusedrope
 from fusedrope.integrations import hf
 
 from conftest import DEVICE, backends_here
+from test_qwen3_tts_rope_callers import assert_fused_norm_rope_is_the_models
 
 pytest.importorskip("transformers", reason="transformers is in the test extras: pip install '.[test]'")
 
@@ -99,15 +100,8 @@ def test_qk_norm_rope_against_qwen_tts_rmsnorm_and_rope(qwen_tts, backend, dtype
             n.weight.copy_(1 + 0.2 * _randn(D, dtype=torch.float32, seed=2 + i))
     q_norm, k_norm = (n.to(DEVICE, dtype) for n in norms)
     proj = _randn(B, S, HQ + HKV, D, dtype=dtype, seed=4)
-    cos, sin = _cos_sin(S, D, dtype)
-    with torch.no_grad():
-        want = qwen_tts.modeling.apply_rotary_pos_emb(q_norm(proj[:, :, :HQ]).transpose(1, 2),
-                                                      k_norm(proj[:, :, HQ:]).transpose(1, 2), cos, sin)
-        got = fusedrope.qwen3_tts_qk_norm_rope(proj[:, :, :HQ].transpose(1, 2), proj[:, :, HQ:].transpose(1, 2),
-                                               q_norm.weight, k_norm.weight, cos, sin, q_norm.variance_epsilon,
-                                               backend=backend)
-    same = sum(int((g == w).sum()) for g, w in zip(got, want)) / sum(w.numel() for w in want)
-    assert same >= (1.0 if backend == "reference" else 0.999), f"{same:.5%} identical"
+    assert_fused_norm_rope_is_the_models(qwen_tts.modeling.apply_rotary_pos_emb, q_norm, k_norm, proj, HQ,
+                                         *_cos_sin(S, D, dtype), backend)
 
 
 def _code_predictor_block(qwen_tts, dtype):
