@@ -526,6 +526,13 @@ def _floor_maker(case, sets):
     return lambda i: t.fill_(1.0)
 
 
+def _pdl_reason(no_cuda: Optional[str], device: torch.device, switch: str) -> Optional[str]:
+    """Why a programmatic dependent launch (``switch``) of the cuda kernel cannot run here, or None."""
+    if no_cuda or torch.cuda.get_device_capability(device) >= (9, 0):
+        return no_cuda
+    return f"a programmatic dependent launch ({switch}) needs sm_90 or newer"
+
+
 def contenders(op: str, device: torch.device, *, compile: bool = True, interpreter: bool = False,
                only: Optional[Iterable[str]] = None) -> list[Contender]:
     """Every contender of ``op`` in table order, each with the reason it cannot run here (or None).
@@ -599,8 +606,7 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
                              reason=no_auto))
         # the cuda kernels of the modes and pdl (opt-in: kernels_cuda/README.md lists what decides them)
         no_cuda = _backend_reason(op, "cuda", device, interpreter)
-        no_pdl = no_cuda or (None if torch.cuda.get_device_capability(device) >= (9, 0) else
-                             "a programmatic dependent launch (enable_pdl=True) needs sm_90 or newer")
+        no_pdl = _pdl_reason(no_cuda, device, "enable_pdl=True")
         out.append(Contender("cuda:eager", op, "fusedrope.qwen3_tts_rope(..., numerics='eager', backend='cuda')",
                              _tts_maker(lambda: functools.partial(qwen3_tts_rope, numerics="eager",
                                                                   backend="cuda")), reason=no_cuda, backend="cuda"))
@@ -631,8 +637,7 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
                                  reason=_backend_reason(op, b, device, interpreter), backend=b,
                                  many_kernels=b == "reference"))
         no_cuda = _backend_reason(op, "cuda", device, interpreter)
-        no_pdl = no_cuda or (None if torch.cuda.get_device_capability(device) >= (9, 0) else
-                             "a programmatic dependent launch (pdl=1) needs sm_90 or newer")
+        no_pdl = _pdl_reason(no_cuda, device, "pdl=1")
         for name, kw in QUANT_CUDA_EXPERIMENTS.items():
             out.append(Contender(name, op, f"the raw CUDA op with {kw or 'the default launch'}, into preallocated "
                                            "outputs", _quant_config_maker(kw),

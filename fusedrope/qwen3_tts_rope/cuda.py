@@ -24,9 +24,8 @@ def supports(facts) -> Optional[str]:
     if facts.dtype not in DTYPES or facts.head_dim not in HEAD_DIMS:
         return (f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {dtype_name(facts.dtype)} "
                 f"D={facts.head_dim}")
-    if facts.pdl and torch.cuda.get_device_capability(facts.device) < (9, 0):
-        major, minor = torch.cuda.get_device_capability(facts.device)
-        return f"cuda kernel launches with enable_pdl=True on sm_90 or newer, this device is sm_{major}{minor}"
+    if facts.pdl and (cap := torch.cuda.get_device_capability(facts.device)) < (9, 0):
+        return f"cuda kernel launches with enable_pdl=True on sm_90 or newer, this device is sm_{cap[0]}{cap[1]}"
     return None
 
 
