@@ -19,7 +19,7 @@ namespace irgq {
 // The op's schema, the same in both namespaces (torch.ops.fusedrope_cuda / torch.ops.fusedrope_hip).
 constexpr const char* kOpSchema =
     "inverse_rope_group_quant_out(Tensor o, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) x_fp8, "
-    "Tensor(b!) x_scale, int quant_group_size) -> ()";
+    "Tensor(b!) x_scale, int quant_group_size, int scale_layout=0) -> ()";
 
 struct BindingNames {
   const char* op;          // "fusedrope_cuda::inverse_rope_group_quant_out"
@@ -47,11 +47,25 @@ inline void check_aligned(const BindingNames& n, const at::Tensor& t, const char
 
 inline int dtype_code(at::ScalarType t) { return t == at::kBFloat16 ? kBF16 : t == at::kHalf ? kF16 : kF32; }
 
+// x_fp8 [S, G, Dg]: rows of Dg contiguous that no two (s, g) share: the smaller of the token and group strides
+// (of a dim longer than 1) at least Dg, the larger at least the smaller times its dim (row-major, group-major,
+// padded rows).
+inline bool rows_apart(const at::Tensor& x) {
+  const int64_t dg = x.size(2);
+  if (dg > 1 && x.stride(2) != 1) return false;
+  int64_t n[2] = {x.size(0), x.size(1)}, st[2] = {x.stride(0), x.stride(1)};
+  if (n[0] <= 1) n[0] = 1, st[0] = 0;
+  if (n[1] <= 1) n[1] = 1, st[1] = 0;
+  const int a = st[0] <= st[1] ? 0 : 1, b = 1 - a;  // a: the smaller stride
+  return (n[a] == 1 || st[a] >= dg) && (n[b] == 1 || st[b] >= (n[a] == 1 ? dg : st[a] * n[a]));
+}
+
 // Check the arguments of inverse_rope_group_quant_out (TORCH_CHECK errors name n.op) and fill *p from them.
 // Returns false when there is nothing to launch (S == 0 or H == 0: empty outputs).
 inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, const at::Tensor& positions,
                                 const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x_fp8,
-                                const at::Tensor& x_scale, int64_t quant_group_size, Params* p) {
+                                const at::Tensor& x_scale, int64_t quant_group_size, int64_t scale_layout,
+                                Params* p) {
   TORCH_CHECK(o.defined() && o.is_cuda(), n.op, ": argument 'o' expected a ", n.device, " tensor");
   check_device(n, positions, "positions", o);
   check_device(n, cos, "cos", o);
@@ -92,18 +106,35 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
               msg::shape(x_fp8.sizes()));
   TORCH_CHECK(x_fp8.scalar_type() == at::kFloat8_e4m3fn || x_fp8.scalar_type() == at::kFloat8_e4m3fnuz, n.op,
               ": argument 'x_fp8' expected dtype ", n.fp8_dtypes, ", got ", x_fp8.scalar_type());
-  TORCH_CHECK(x_fp8.is_contiguous(), n.op, ": argument 'x_fp8' expected a contiguous tensor, got strides ",
-              msg::shape(x_fp8.strides()));
   const int64_t G = x_fp8.size(1), Dg = x_fp8.size(2);
+  TORCH_CHECK(rows_apart(x_fp8), n.op, ": argument 'x_fp8' expected rows of Dg=", msg::num(Dg),
+              " contiguous and apart (row-major, group-major (Dg, S*Dg, 1) or padded rows), got strides ",
+              msg::shape(x_fp8.strides()));
   TORCH_CHECK(Dg % q == 0, n.op, ": argument 'quant_group_size' expected a divisor of Dg=",
               msg::num(Dg), ", got ", msg::num(q));
   const int64_t Ks = Dg / q;
-  TORCH_CHECK(x_scale.dim() == 3 && x_scale.size(0) == S && x_scale.size(1) == G && x_scale.size(2) == Ks, n.op,
-              ": argument 'x_scale' expected shape [", msg::num(S), ", ", msg::num(G), ", ", msg::num(Ks),
-              "], got ", msg::shape(x_scale.sizes()));
+  TORCH_CHECK(scale_layout == kScaleStrided || scale_layout == kScaleMfmaTile, n.op,
+              ": argument 'scale_layout' expected 0 (row- or column-major, read off the strides) or 1 (mfma_tile), "
+              "got ", msg::num(scale_layout));
   const auto st = x_scale.scalar_type();
-  TORCH_CHECK(st == at::kFloat8_e8m0fnu || st == at::kByte || st == at::kFloat, n.op,
-              ": argument 'x_scale' expected dtype float8_e8m0fnu, uint8 or float32, got ", st);
+  if (scale_layout == kScaleMfmaTile) {
+    const int64_t align = q == 128 ? 2 : 8, s_pad = (S + 31) / 32 * 32, ks_pad = (Ks + align - 1) / align * align;
+    TORCH_CHECK(x_scale.dim() == 3 && x_scale.size(0) == G && x_scale.size(1) == s_pad &&
+                    x_scale.size(2) == ks_pad && x_scale.is_contiguous(),
+                n.op, ": argument 'x_scale' expected a contiguous mfma_tile buffer [", msg::num(G), ", ",
+                msg::num(s_pad), ", ", msg::num(ks_pad), "], got shape ", msg::shape(x_scale.sizes()), " strides ",
+                msg::shape(x_scale.strides()));
+    TORCH_CHECK(st == at::kFloat8_e8m0fnu || st == at::kByte, n.op,
+                ": argument 'x_scale' expected dtype float8_e8m0fnu or uint8 for mfma_tile, got ", st);
+  } else {
+    // Token rows past S (a column-major buffer padded to a TMA multiple) are written as zeros.
+    TORCH_CHECK(x_scale.dim() == 3 && x_scale.size(0) >= S && x_scale.size(1) == G && x_scale.size(2) == Ks, n.op,
+                ": argument 'x_scale' expected shape [", msg::num(S), " (or more rows, column-major), ", msg::num(G),
+                ", ", msg::num(Ks), "], got ", msg::shape(x_scale.sizes()));
+    TORCH_CHECK(st == at::kFloat8_e8m0fnu || st == at::kByte || st == at::kFloat, n.op,
+                ": argument 'x_scale' expected dtype float8_e8m0fnu, uint8 or float32, got ", st);
+  }
+  const int64_t rows = scale_layout == kScaleStrided ? x_scale.size(0) : S;
   // The kernel addresses scale (s, g, k) as s*stride(0) + (g*Ks + k)*stride_b. Only the two layouts the op
   // writes (buffer_scale_strides in fusedrope/inverse_rope_group_quant/__init__.py): row-major (G*Ks, Ks, 1), or
   // column-major (1, Ks*L, L) with L >= S; strides of size-1 dims address nothing. Anything else (stride(0) == 0,
@@ -114,12 +145,12 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
       if (x_scale.size(d) > 1 && x_scale.stride(d) != want[d]) return false;
     return true;
   };
-  const int64_t lead = Ks > 1 ? x_scale.stride(2) : G > 1 ? x_scale.stride(1) : S;
-  TORCH_CHECK(x_scale.numel() == 0 || same_layout(G * Ks, Ks, 1) ||
-                  (lead >= S && same_layout(1, Ks * lead, lead)),
+  const int64_t lead = Ks > 1 ? x_scale.stride(2) : G > 1 ? x_scale.stride(1) : rows;
+  TORCH_CHECK(scale_layout == kScaleMfmaTile || x_scale.numel() == 0 || (rows == S && same_layout(G * Ks, Ks, 1)) ||
+                  (lead >= rows && same_layout(1, Ks * lead, lead)),
               n.op,
               ": argument 'x_scale' expected row-major strides (", msg::num(G * Ks), ", ", msg::num(Ks),
-              ", 1) or column-major (1, ", msg::num(Ks), "*L, L) with L >= S=", msg::num(S), ", got ",
+              ", 1) or column-major (1, ", msg::num(Ks), "*L, L) with L >= x_scale.size(0)=", msg::num(rows), ", got ",
               msg::shape(x_scale.strides()));
   check_aligned(n, o, "o");
   check_aligned(n, positions, "positions");
@@ -154,8 +185,13 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
   p->quant_group_size = static_cast<int32_t>(q);
   p->x_scale = x_scale.data_ptr();
   p->scale_is_f32 = st == at::kFloat;
-  p->scale_stride_s = S > 1 ? x_scale.stride(0) : 0;
-  p->scale_stride_b = Ks > 1 ? x_scale.stride(2) : G > 1 ? x_scale.stride(1) : 0;  // block index b = g*Ks + k
+  const bool strided = scale_layout == kScaleStrided;
+  p->scale_stride_s = strided && rows > 1 ? x_scale.stride(0) : 0;
+  p->scale_stride_b = !strided ? 0 : Ks > 1 ? x_scale.stride(2) : G > 1 ? x_scale.stride(1) : 0;  // b = g*Ks + k
+  p->scale_layout = static_cast<int32_t>(scale_layout);
+  p->scale_rows = rows;
+  p->x_stride_s = S > 1 ? x_fp8.stride(0) : 0;
+  p->x_stride_g = G > 1 ? x_fp8.stride(1) : 0;
   return true;
 }
 

@@ -46,17 +46,23 @@ enum Status : int {
   kBadConfig = 6,         // tail_warps, fast_layout or pdl not 0 or 1, tail_warps and fast_layout both 1, or
                           // block_threads not 0 or a multiple of 32 in [32, 256]
   kPdlUnsupported = 7,    // pdl 1, but the kernel image the device runs was not compiled for sm_90+ (no wait in it)
+  kUnsupportedLayout = 8, // a layout only the CUDA tiled kernel writes, asked of the HIP launcher
 };
+
+enum ScaleLayout : int { kScaleStrided = 0, kScaleMfmaTile = 1 };
 
 enum Dtype : int { kBF16 = 0, kF16 = 1, kF32 = 2 };
 
 //   o          [S, H, 512] bf16 or fp16, contiguous
 //   positions  [>= S] int64 or int32 with element stride pos_stride; clamped to [0, max_pos) on the device
 //   cos, sin   [max_pos, 32] bf16 / fp16 / fp32, row strides in elements, last dim contiguous
-//   x_fp8      [S, G, Dg] contiguous e4m3fn (448) or e4m3fnuz (240)
-//   x_scale    element (s, g, k) at s * scale_stride_s + (g * Ks + k) * scale_stride_b, Ks = Dg / Q, in the
-//              e8m0 byte (float8_e8m0fnu / uint8) or float32 = 2^(byte - 127); covers row-major and the
-//              column-major view (strides (1, Ks*L, L), L >= S: the token dim may be padded).
+//   x_fp8      [S, G, Dg] e4m3fn (448) or e4m3fnuz (240), row (s, g) at s * x_stride_s + g * x_stride_g,
+//              the Dg elements of a row contiguous (both strides 0: contiguous)
+//   x_scale    kScaleStrided: element (s, g, k) at s * scale_stride_s + (g * Ks + k) * scale_stride_b, Ks = Dg / Q,
+//              in the e8m0 byte (float8_e8m0fnu / uint8) or float32 = 2^(byte - 127); covers row-major and the
+//              column-major view (strides (1, Ks*L, L), L >= scale_rows: the token dim may be padded); token rows
+//              S .. scale_rows - 1 get zeros. kScaleMfmaTile: the e8m0 bytes of the contiguous [G, S_pad, Ks_pad]
+//              buffer gfx950's scaled MFMA GEMM reads (tile_scale_offset_bytes), padding bytes untouched.
 struct Params {
   const void* o = nullptr;
   int64_t num_tokens = 0;   // S
@@ -81,16 +87,22 @@ struct Params {
   int32_t scale_is_f32 = 0;
   int64_t scale_stride_s = 0;  // elements of the scale type
   int64_t scale_stride_b = 0;
+  int64_t x_stride_s = 0;      // elements; 0 and 0: contiguous
+  int64_t x_stride_g = 0;
+  int32_t scale_layout = kScaleStrided;
+  int64_t scale_rows = 0;      // token rows of a strided x_scale (>= S; 0: S)
   // CUDA launcher only (the HIP one ignores them): the launch experiments listed in kernels_cuda/README.md; all 0
   // is the default launch. tail_warps 1: every head's rope-tail chunks in warps of their own (generic layout);
   // fast_layout 1: the kernels compiled for the common 16-byte-aligned layout, where the call has that layout;
   // not both. block_threads: threads per block, a multiple of 32 up to 256, 0 = 256. pdl 1: a programmatic
   // dependent launch (sm_90+: the kernel may start while the stream's previous kernel finishes, and waits for it
-  // before its first global load).
+  // before its first global load). tiled 1: the tiled kernel for a call the generic kernel could write too (it
+  // always writes the layouts only it can: x_fp8 not contiguous, mfma_tile, padded scale rows).
   int32_t tail_warps = 0;
   int32_t fast_layout = 0;
   int32_t block_threads = 0;
   int32_t pdl = 0;
+  int32_t tiled = 0;
 };
 
 // ------------------------------------------------------------------------------------------------------------
@@ -120,6 +132,11 @@ struct KArgs {
   int cache_vec;  // cos/sin rows 16-byte aligned: 16-byte loads
   int io_vec;     // o and x_fp8 16-byte aligned: 16-byte loads / stores
   int fp8_fnuz, scale_is_f32;
+  // The tiled kernel's: x_fp8 row strides, sizes, and the mfma_tile geometry (mfma_k 0: strided scales; 2 or 8:
+  // the k alignment of mfma_tile, with the bytes of one 32-token row of tiles and of one group).
+  long long x_stride_s_bytes, x_stride_g_bytes, mfma_tile_stride, mfma_group_stride;
+  unsigned num_tokens, scale_rows, num_heads, dg, ks, mfma_k;
+  int needs_tiled;  // a layout the generic kernel does not write
 };
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -135,9 +152,11 @@ inline int make_kargs(const Params& p, KArgs* a, long long* num_chunks_out) {
   if (p.num_heads < 1 || p.num_groups < 1 || p.max_pos < 1 || p.num_tokens < 0) return kUnsupportedShape;
   const long long per_token = (long long)p.num_heads * kHeadDim;
   if (per_token % p.num_groups != 0 || (per_token / p.num_groups) % q != 0) return kBadGroup;
+  if (p.scale_layout != kScaleStrided && p.scale_layout != kScaleMfmaTile) return kUnsupportedShape;
   if (p.num_tokens == 0) return kOk;
   const long long chunks_per_token = per_token / kChunk;
-  if (p.num_tokens > 0x7FFFFFFFLL / chunks_per_token) return kTooLarge;
+  const long long rows = p.scale_rows > p.num_tokens ? p.scale_rows : p.num_tokens;
+  if (p.num_tokens > 0x7FFFFFFFLL / chunks_per_token || rows > 0x7FFFFFFFLL / chunks_per_token) return kTooLarge;
   const long long num_chunks = p.num_tokens * chunks_per_token;
   a->o = p.o;
   a->x_fp8 = p.x_fp8;
@@ -165,9 +184,27 @@ inline int make_kargs(const Params& p, KArgs* a, long long* num_chunks_out) {
   a->cache_dtype = p.cache_dtype;
   a->cache_vec = aligned16(p.cos) && aligned16(p.sin) && a->cos_stride_bytes % 16 == 0 &&
                  a->sin_stride_bytes % 16 == 0;
-  a->io_vec = aligned16(p.o) && aligned16(p.x_fp8);
   a->fp8_fnuz = p.fp8_fnuz ? 1 : 0;
   a->scale_is_f32 = p.scale_is_f32 ? 1 : 0;
+  const long long dg = per_token / p.num_groups, ks = dg / q;
+  const bool x_default = p.x_stride_s == 0 && p.x_stride_g == 0;
+  a->x_stride_s_bytes = x_default ? per_token : p.x_stride_s;
+  a->x_stride_g_bytes = x_default ? dg : p.x_stride_g;
+  a->io_vec = aligned16(p.o) && aligned16(p.x_fp8) && a->x_stride_s_bytes % 16 == 0 &&
+              a->x_stride_g_bytes % 16 == 0;
+  a->num_tokens = (unsigned)p.num_tokens;
+  a->scale_rows = (unsigned)rows;
+  a->num_heads = (unsigned)p.num_heads;
+  a->dg = (unsigned)dg;
+  a->ks = (unsigned)ks;
+  a->mfma_k = p.scale_layout == kScaleMfmaTile ? (q == 128 ? 2u : 8u) : 0u;
+  const long long align = a->mfma_k ? a->mfma_k : 1, s_pad = (p.num_tokens + 31) / 32 * 32;
+  const long long ks_pad = (ks + align - 1) / align * align;
+  a->mfma_tile_stride = 32 * ks_pad;
+  a->mfma_group_stride = s_pad * ks_pad;
+  const bool x_rows = (a->x_stride_s_bytes == per_token || p.num_tokens == 1) &&
+                      (a->x_stride_g_bytes == dg || p.num_groups == 1);
+  a->needs_tiled = !x_rows || a->mfma_k != 0 || rows > p.num_tokens;
   *num_chunks_out = num_chunks;
   return kOk;
 }
@@ -285,6 +322,24 @@ IRGQ_HD ChunkPos chunk_pos(const KArgs& a, unsigned chunk) {
 // Byte offset of the scale of the block that starts at chunk r of token s (lanes per block = Q / 16).
 IRGQ_HD long long scale_offset_bytes(const KArgs& a, unsigned s, unsigned r, int lanes) {
   return a.scale_stride_s_bytes * (long long)s + a.scale_stride_b_bytes * (long long)(r / (unsigned)lanes);
+}
+
+// The tiled kernel's write-out: thread slot i of a block writes the scale of token t = i % 32 of its 32-token tile
+// and of block kb = i / 32 of its head, so a warp's 32 lanes write 32 consecutive tokens of one block.
+struct TileSlot {
+  unsigned t, kb;
+};
+IRGQ_HD TileSlot tile_slot(unsigned i) { return TileSlot{i % 32u, i / 32u}; }
+
+// The tiled kernel's byte offset of the scale of block b (= g * Ks + k) of token s, in either scale layout. mfma_tile:
+// index (g, s / 32, k / 2, s % 16, k % 2, (s / 16) % 2) of [G, S_pad/32, Ks_pad/2, 16, 2, 2] (mfma_k 2, group 128),
+// else (g, s / 32, k / 8, k % 4, s % 16, (k / 4) % 2, (s / 16) % 2) of [G, S_pad/32, Ks_pad/8, 4, 16, 2, 2].
+IRGQ_HD long long tile_scale_offset_bytes(const KArgs& a, unsigned s, unsigned b) {
+  if (a.mfma_k == 0) return a.scale_stride_s_bytes * (long long)s + a.scale_stride_b_bytes * (long long)b;
+  const unsigned g = b / a.ks, k = b - g * a.ks;
+  const long long tile = a.mfma_group_stride * g + a.mfma_tile_stride * (s / 32) + (s % 16) * 4 + (s / 16) % 2;
+  if (a.mfma_k == 2) return tile + (k / 2) * 64 + (k % 2) * 2;
+  return tile + (k / 8) * 256 + (k % 4) * 64 + ((k / 4) % 2) * 2;
 }
 
 IRGQ_HD long long clamp_position(long long p, long long max_pos) { return p < 0 ? 0 : (p >= max_pos ? max_pos - 1 : p); }

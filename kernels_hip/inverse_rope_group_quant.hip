@@ -309,6 +309,9 @@ const char* irgq_status_string(int status) {
     case kBadDtype: return "unsupported dtype code";
     case kTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
     case kLaunchFailed: return "hipLaunchKernel failed";
+    case kUnsupportedLayout:
+      return "the HIP kernel writes a contiguous x_fp8 and row- or column-major scales of o's tokens (group-major "
+             "or padded x_fp8, mfma_tile scales and padding rows of scales are written by Triton)";
     default: return "unknown status";
   }
 }
@@ -318,6 +321,7 @@ int launch_inverse_rope_group_quant(const Params& p, hipStream_t stream, int* hi
   long long num_chunks = 0;
   const int st = make_kargs(p, &a, &num_chunks);
   if (st != kOk || num_chunks == 0) return st;
+  if (a.needs_tiled) return kUnsupportedLayout;
   const int q = p.quant_group_size;
 
   const void* kernel = p.o_dtype == kBF16 ? pick_kernel<BF16>(q) : pick_kernel<F16>(q);

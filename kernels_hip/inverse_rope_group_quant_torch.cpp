@@ -2,9 +2,10 @@
 // ROCm build of torch (where AMD GPUs are torch "cuda" devices: the masquerading guard and stream below).
 //
 //   torch.ops.fusedrope_hip.inverse_rope_group_quant_out(o, positions, cos, sin, x_fp8, x_scale,
-//                                                        quant_group_size) -> ()
+//                                                        quant_group_size, scale_layout=0) -> ()
 //
-// Writes x_fp8 [S, G, Dg] and x_scale [S, G, Dg/Q] in place; x_scale's layout (row-major, or the column-major
+// Writes a contiguous x_fp8 [S, G, Dg] and x_scale [S, G, Dg/Q] in place (the layouts only the CUDA tiled kernel
+// writes are refused: kUnsupportedLayout); x_scale's layout (row-major, or the column-major
 // view with strides (1, Ks*L, L), L >= S) is read from its strides and its dtype picks the format (float8_e8m0fnu or
 // uint8: the e8m0 byte; float32: 2^(byte-127)). x_fp8 is float8_e4m3fnuz (gfx942 hardware) or float8_e4m3fn
 // (gfx950 hardware); the other one is correct too, through the kernel's software conversion. Launches on the
@@ -31,9 +32,10 @@ constexpr fusedrope::irgq::BindingNames kNames{"fusedrope_hip::inverse_rope_grou
 
 void inverse_rope_group_quant_out(const at::Tensor& o, const at::Tensor& positions, const at::Tensor& cos,
                                   const at::Tensor& sin, at::Tensor& x_fp8, at::Tensor& x_scale,
-                                  int64_t quant_group_size) {
+                                  int64_t quant_group_size, int64_t scale_layout) {
   fusedrope::irgq::Params p;
-  if (!fusedrope::irgq::params_from_tensors(kNames, o, positions, cos, sin, x_fp8, x_scale, quant_group_size, &p)) {
+  if (!fusedrope::irgq::params_from_tensors(kNames, o, positions, cos, sin, x_fp8, x_scale, quant_group_size,
+                                            scale_layout, &p)) {
     return;  // S == 0 or H == 0: nothing to write
   }
   const c10::hip::HIPGuardMasqueradingAsCUDA guard(o.device());

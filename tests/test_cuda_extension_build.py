@@ -48,6 +48,6 @@ def test_cuda_extension_builds_links_and_registers_its_ops(tmp_path):
     assert f"Tensor(a!) q_out, Tensor(b!) k_out, {modes}, bool pdl=False) -> ()" in ops["qwen3_tts_rope_out"]
     assert ops["qwen3_tts_rope_out_config"].endswith(f"{modes}, int vec=0, int warps_per_token=0, "
                                                      "int tokens_per_cta=0, int max_blocks=0, bool pdl=False) -> ()")
-    assert "int quant_group_size) -> ()" in ops["inverse_rope_group_quant_out"]
-    assert ("int quant_group_size, int tail_warps=0, int fast_layout=0, int block_threads=0, int pdl=0) -> ()"
-            in ops["inverse_rope_group_quant_out_config"])
+    assert "int quant_group_size, int scale_layout=0) -> ()" in ops["inverse_rope_group_quant_out"]
+    assert ("int quant_group_size, int tail_warps=0, int fast_layout=0, int block_threads=0, int pdl=0, "
+            "int tiled=0, int scale_layout=0) -> ()" in ops["inverse_rope_group_quant_out_config"])

@@ -27,7 +27,6 @@ __all__ = ["inverse_rope_group_quant", "empty_quant_outputs", "quant_output_shap
 O_DTYPES = (torch.bfloat16, torch.float16)
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 POSITION_DTYPES = (torch.int64, torch.int32)
-ENV_CHECK_POSITIONS = C.ENV_CHECK_POSITIONS
 _Tensor = torch.Tensor
 
 
@@ -81,7 +80,8 @@ def _hip():
 
 
 REGISTRY.register(Backend("cuda", supports=lambda facts: _cuda().supports(facts), load=lambda: _cuda().load(),
-                          available=lambda device: cuda_toolkit_reason(device) or _cuda().available(device)))
+                          available=lambda device: cuda_toolkit_reason(device) or _cuda().available(device),
+                          opt_in=lambda facts: _cuda().opt_in(facts)))
 REGISTRY.register(Backend("hip", supports=lambda facts: _hip().supports(facts), load=lambda: _hip().load(),
                           available=lambda device: hip_toolkit_reason(device) or _hip().available(device),
                           opt_in=lambda facts: "never run on AMD hardware"))
@@ -304,7 +304,7 @@ def _check_buffer_dtype(name: str, buffer: torch.Tensor, dtype: torch.dtype, why
 def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
     """What the call checks beyond :func:`validate` (explain does too): the positions debug switch, and that the
     caller's buffers (None when not given) are writable here and apart from the inputs; returns those buffers."""
-    if getenv(ENV_CHECK_POSITIONS).lower() not in C.SWITCH_OFF:
+    if getenv(C.ENV_CHECK_POSITIONS).lower() not in C.SWITCH_OFF:
         C.check_positions_on_host(OP, positions[:o.shape[0]], cos_cache.shape[0])
     _refuse_one_cache(cos_cache, sin_cache)
     mine = {n: t for n, t in (("x_fp8", x_fp8), ("x_scale", x_scale)) if t is not None}

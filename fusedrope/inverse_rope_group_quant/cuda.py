@@ -1,10 +1,12 @@
-"""inverse_rope_group_quant on the hand-written CUDA kernel (kernels_cuda/inverse_rope_group_quant.cu), and what
-it shares with the HIP one (:mod:`.hip`): the envelope both are compiled for and the call into the extension.
+"""inverse_rope_group_quant on the hand-written CUDA kernels (kernels_cuda/inverse_rope_group_quant.cu), and what
+they share with the HIP one (:mod:`.hip`): the envelope both are compiled for and the call into the extension.
 
 Serves NVIDIA sm_80+ (hardware packed E4M3 conversion on sm_89+, exact software RNE on sm_80/sm_86), FP8 =
 float8_e4m3fn, head_dim 512 with rope_dim 64 (DeepSeek-V4), quant groups 32/64/128/256, bf16/fp16 ``o``,
-bf16/fp16/fp32 caches, int64/int32 positions, the float8_e8m0fnu, uint8 and float32 scale formats and both scale
-layouts. Other shapes, float8_e4m3fnuz (an AMD format) and packed int32 UE8M0 scales go to Triton. Pointer
+bf16/fp16/fp32 caches, int64/int32 positions, the float8_e8m0fnu, uint8 and float32 scale formats and every
+layout: the generic kernel writes a row-major x_fp8 with row- or column-major scales; the tiled kernel writes
+group-major or padded x_fp8, mfma_tile scales and zeroed padding rows, and is opt-in (:func:`opt_in`). Other
+shapes, float8_e4m3fnuz (an AMD format), packed int32 UE8M0 scales and quantize=False go to Triton. Pointer
 alignment is decided inside the compiled op (16-byte vector path or a narrow one).
 """
 
@@ -23,15 +25,10 @@ SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)  # not DeepGEM
 
 
 def envelope_reason(kernel: str, facts) -> Optional[str]:
-    """Why the compiled ``kernel`` ("cuda kernel", "hip kernel") does not serve ``facts`` whatever the device."""
+    """Why the compiled ``kernel`` ("cuda kernel", "hip kernel") does not serve ``facts`` whatever the device or
+    the layout."""
     if not facts.quantize:
         return f"{kernel} quantizes: quantize=False is served by Triton and the reference"
-    if facts.scale_layout == "mfma_tile":
-        return f"{kernel} writes row- and column-major scales: scale_layout='mfma_tile' is served by Triton"
-    if not facts.x_contiguous:
-        return f"{kernel} writes a row-major x_fp8: other layouts (group-major, padded rows) are served by Triton"
-    if facts.scale_pad:
-        return f"{kernel} writes the scales of o's tokens: x_scale's zeroed padding rows are served by Triton"
     if facts.head_dim != 512 or facts.rope_dim != 64:
         return f"{kernel} is compiled for head_dim 512 / rope_dim 64, got {facts.head_dim} / {facts.rope_dim}"
     if facts.quant_group_size not in GROUP_SIZES:
@@ -44,6 +41,15 @@ def envelope_reason(kernel: str, facts) -> Optional[str]:
     return None
 
 
+def tiled_layout(facts) -> Optional[str]:
+    """The layout of ``facts`` that only the tiled kernel writes, or None."""
+    if facts.scale_layout == "mfma_tile":
+        return "scale_layout='mfma_tile'"
+    if not facts.x_contiguous:
+        return "a group-major or padded x_fp8"
+    return "padding rows of x_scale" if facts.scale_pad else None
+
+
 def supports(facts) -> Optional[str]:
     arch = gpu_arch(facts.device)
     if not arch.startswith("sm_") or int(arch[3:]) < 80:
@@ -54,6 +60,13 @@ def supports(facts) -> Optional[str]:
     if reason is None and facts.pdl and int(arch[3:]) < 90:
         return f"cuda kernel launches with enable_pdl=True on sm_90 or newer, this device is {arch}"
     return reason
+
+
+def opt_in(facts) -> Optional[str]:
+    """Why ``auto`` passes over the CUDA backend for these facts: the tiled kernel has not run on a GPU
+    (kernels_cuda/README.md)."""
+    layout = tiled_layout(facts)
+    return layout and f"{layout} takes the tiled cuda kernel, not yet confirmed on a GPU"
 
 
 def available(device: torch.device) -> Optional[str]:
@@ -76,16 +89,19 @@ class CompiledOp:
     def __call__(self, o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, *,
                  scale_layout: str = "row", pdl: bool = False) -> None:
         op = self.pdl_op if pdl and self.pdl_op is not None else self.op
+        mfma = int(scale_layout == "mfma_tile")
         S, H, D = o.shape
         step = max(self.max_chunks // max(H * D // 16, 1), 1)  # a token past the limit: the binding says so
-        if S <= step:
-            op(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size)
+        if S <= step or mfma:  # (mfma_tile tiles do not slice by tokens: the binding refuses what is too large)
+            op(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, mfma)
             return
-        # Token slices keep every layout the kernels take: o, x_fp8 and row-major scales stay contiguous, and a
-        # column-major scale slice keeps stride(1) == Ks * stride(2).
+        # Token slices keep every layout the kernels take: o and row-major scales stay contiguous, x_fp8 keeps its
+        # strides, a column-major scale slice keeps stride(1) == Ks * stride(2), and the last one takes x_scale's
+        # padding rows.
         for i in range(0, S, step):
             j = min(i + step, S)
-            op(o[i:j], positions[i:j], cos_cache, sin_cache, x_fp8[i:j], x_scale[i:j], quant_group_size)
+            op(o[i:j], positions[i:j], cos_cache, sin_cache, x_fp8[i:j], x_scale[i:j] if j < S else x_scale[i:],
+               quant_group_size, 0)
 
 
 def load() -> tuple:
@@ -95,22 +111,25 @@ def load() -> tuple:
     cuda_ext.load()
     ops = torch.ops.fusedrope_cuda
 
-    def pdl_launch(o, positions, cos, sin, x_fp8, x_scale, quant_group_size):
-        ops.inverse_rope_group_quant_out_config(o, positions, cos, sin, x_fp8, x_scale, quant_group_size, pdl=1)
+    def pdl_launch(o, positions, cos, sin, x_fp8, x_scale, quant_group_size, scale_layout):
+        ops.inverse_rope_group_quant_out_config(o, positions, cos, sin, x_fp8, x_scale, quant_group_size, pdl=1,
+                                                scale_layout=scale_layout)
     return CompiledOp(ops.inverse_rope_group_quant_out.default, pdl_launch), None
 
 
 def inverse_rope_group_quant_config(o, positions, cos, sin, x_fp8, x_scale, quant_group_size: int, *,
                                     tail_warps: int = 0, fast_layout: int = 0, block_threads: int = 0,
-                                    pdl: int = 0) -> None:
+                                    pdl: int = 0, tiled: int = 0, scale_layout: str = "row") -> None:
     """The raw CUDA op with the launch experiments of kernels_cuda/README.md switched on, for tests and the
     benchmarks that decide them: ``tail_warps=1`` (every head's rope-tail chunks in warps of their own),
     ``fast_layout=1`` (the kernels for the common 16-byte-aligned layout, where the layout allows),
     ``block_threads`` threads per block (a multiple of 32 up to 256; 0 = 256), ``pdl=1`` (a programmatic
-    dependent launch, sm_90+). No validation beyond the binding's checks."""
+    dependent launch, sm_90+), ``tiled=1`` (the tiled kernel for a layout the generic one writes too). No
+    validation beyond the binding's checks."""
     from .. import cuda_ext
 
     cuda_ext.load()
     torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, positions, cos, sin, x_fp8, x_scale,
                                                                  quant_group_size, tail_warps, fast_layout,
-                                                                 block_threads, pdl)
+                                                                 block_threads, pdl, tiled,
+                                                                 int(scale_layout == "mfma_tile"))

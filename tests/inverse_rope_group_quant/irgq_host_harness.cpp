@@ -29,9 +29,9 @@ void irgq_host_encode(const float* x, long long n, int fnuz, unsigned char* out)
   for (long long i = 0; i < n; ++i) out[i] = (unsigned char)fp8_encode_sw(x[i], fnuz != 0);
 }
 
-// make_kargs on the given sizes (ptrs and ints as for params_from); fills out[0..9] = status, num_chunks,
+// make_kargs on the given sizes (ptrs and ints as for params_from); fills out[0..11] = status, num_chunks,
 // chunks_per_token, tok_shift, pos_stride_bytes, cos_stride_bytes, scale_stride_s_bytes, scale_stride_b_bytes,
-// cache_vec, io_vec.
+// cache_vec, io_vec, needs_tiled, scale_rows.
 void irgq_host_kargs(void** ptrs, const long long* ints, long long* out) {
   const Params p = params_from(ptrs, ints);
   KArgs a{};
@@ -46,6 +46,8 @@ void irgq_host_kargs(void** ptrs, const long long* ints, long long* out) {
   out[7] = a.scale_stride_b_bytes;
   out[8] = a.cache_vec;
   out[9] = a.io_vec;
+  out[10] = a.needs_tiled;
+  out[11] = a.scale_rows;
 }
 
 // Checks the kernels' multiply-shift token division (chunk_pos: token s and chunk r inside it) against '/' and
@@ -80,6 +82,25 @@ long long irgq_host_fastdiv_mismatches(long long heads, long long count, unsigne
     if (cp.s != c / d || cp.r != c % d) ++bad;
   }
   return bad;
+}
+
+// The tiled kernel's write-out for the first 32-token tile (ptrs and ints as for params_from): out[h][i] = the byte
+// offset that slot i of head h's block writes (tile_slot, tile_scale_offset_bytes), -1 past the rows it writes;
+// H * 32 * (512 / quant_group_size) values.
+int irgq_host_tile_offsets(void** ptrs, const long long* ints, long long* out) {
+  const Params p = params_from(ptrs, ints);
+  KArgs a{};
+  long long n = 0;
+  const int st = make_kargs(p, &a, &n);
+  if (st != kOk) return st;
+  const unsigned per_head = kHeadDim / (unsigned)p.quant_group_size, slots = 32u * per_head;
+  for (unsigned h = 0; h < a.num_heads; ++h)
+    for (unsigned i = 0; i < slots; ++i) {
+      const TileSlot slot = tile_slot(i);
+      const bool written = slot.t < (a.mfma_k ? a.num_tokens : a.scale_rows);
+      out[h * slots + i] = written ? tile_scale_offset_bytes(a, slot.t, h * per_head + slot.kb) : -1;
+    }
+  return kOk;
 }
 
 }  // extern "C"

@@ -14,7 +14,8 @@ import fusedrope
 from fusedrope import reference as R
 from fusedrope._device import native_fp8_dtype
 from fusedrope.benchmark.unfused import unfused_inverse_rope_group_quant
-from fusedrope.inverse_rope_group_quant import ENV_CHECK_POSITIONS, REGISTRY, scale_strides, validate
+from fusedrope._validation import ENV_CHECK_POSITIONS
+from fusedrope.inverse_rope_group_quant import REGISTRY, scale_strides, validate
 from fusedrope.testing import (QuantCase, assert_quant_close, assert_ulp_close, bytes_written_outside,
                                deepseek_rope_cache, guarded_poison, make_quant_inputs, poison_like, rope_blocks,
                                scale_bytes)

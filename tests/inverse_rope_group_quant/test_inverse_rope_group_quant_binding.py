@@ -96,7 +96,7 @@ def test_scale_layouts_accepted_are_the_validated_ones_and_addressed_exactly(par
         except RuntimeError as e:
             assert ours == [None, None], (st, str(e))
             assert f"{OP}: argument 'x_scale' expected row-major strides ({G * Ks}, {Ks}, 1) or column-major (1, " \
-                   f"{Ks}*L, L) with L >= S={S}, got [{', '.join(map(str, st))}]" in str(e)
+                   f"{Ks}*L, L) with L >= x_scale.size(0)={S}, got [{', '.join(map(str, st))}]" in str(e)
             continue
         assert launch == 1 and any(w is not None for w in ours), st
         accepted += 1
@@ -109,9 +109,10 @@ def test_scale_layouts_accepted_are_the_validated_ones_and_addressed_exactly(par
 
 def test_accepted_launch_parameters(params):
     o, p, c, s, x, sc, q = inputs()
-    assert params(o, p, c, s, x, sc, q) == [1, 4, 16, 2, 128, 64, 1, 1, 64, 64]
+    # ... x_stride_s, x_stride_g, scale_layout, scale_rows
+    assert params(o, p, c, s, x, sc, q) == [1, 4, 16, 2, 128, 64, 1, 1, 64, 64, 8192, 4096, 0, 4]
     col = torch.empty(2, 32, 7, dtype=torch.uint8).permute(2, 0, 1)[:4]  # column-major, token dim padded to 7
-    assert params(o, p, c, s, x, col, q) == [1, 4, 16, 2, 128, 1, 7, 1, 64, 64]
+    assert params(o, p, c, s, x, col, q) == [1, 4, 16, 2, 128, 1, 7, 1, 64, 64, 8192, 4096, 0, 4]
     p3 = torch.arange(12)[::3]
     assert params(o, p3, c, s, x, sc, q)[7] == 3
     # size-1 dims: their strides address nothing and may be anything; the kernels get 0 (no overflow in bytes)
@@ -121,11 +122,12 @@ def test_accepted_launch_parameters(params):
     def one(t):
         return t.as_strided(t.shape, [huge if n == 1 else st for n, st in zip(t.shape, t.stride())])
 
-    assert params(o1, one(p1), one(c1[:1]), one(s1[:1]), x1, one(sc1), 256) == [1, 1, 1, 2, 256, 0, 1, 0, 0, 0]
+    assert params(o1, one(p1), one(c1[:1]), one(s1[:1]), one(x1), one(sc1), 256) == [1, 1, 1, 2, 256, 0, 1, 0, 0, 0,
+                                                                                      0, 256, 0, 1]
     # data pointers aligned to their elements but not to 16 bytes: the kernels' narrow paths take them
     f32 = [at_byte_offset(t.float(), 4) for t in (c, s)]
     assert params(at_byte_offset(o, 2), at_byte_offset(p, 8), *f32, at_byte_offset(x, 1),
-                  at_byte_offset(sc.float(), 4), q) == [1, 4, 16, 2, 128, 64, 1, 1, 32, 32]
+                  at_byte_offset(sc.float(), 4), q)[:10] == [1, 4, 16, 2, 128, 64, 1, 1, 32, 32]
     assert params(*inputs(S=0))[0] == 0  # nothing to launch
     assert params(*inputs(S=3, H=0, G=2))[0] == 0  # x_scale [3, 2, 0]: no layout to check either
 
@@ -140,9 +142,22 @@ def bad_cases():
                             "argument 'positions' expected a 1-D tensor with at least S=4 elements, got shape [2]"),
         "group 48": ((o, p, c, s, x, sc, 48), "argument 'quant_group_size' expected 32, 64, 128 or 256, got 48"),
         "x_scale shape": ((o, p, c, s, x, sc[:, :, :1], q),
-                          "argument 'x_scale' expected shape [4, 2, 32], got [4, 2, 1]"),
+                          "argument 'x_scale' expected shape [4 (or more rows, column-major), 2, 32], got [4, 2, 1]"),
         "x_fp8 strided": ((o, p, c, s, x.transpose(1, 2).contiguous().transpose(1, 2), sc, q),
-                          "argument 'x_fp8' expected a contiguous tensor, got strides [8192, 1, 2]"),
+                          "argument 'x_fp8' expected rows of Dg=4096 contiguous and apart (row-major, group-major "
+                          "(Dg, S*Dg, 1) or padded rows), got strides [8192, 1, 2]"),
+        "x_fp8 rows overlap": ((o, p, c, s, x.as_strided(x.shape, (4096, 2048, 1)), sc, q),
+                               "argument 'x_fp8' expected rows of Dg=4096 contiguous and apart"),
+        "row-major x_scale with more rows": ((o, p, c, s, x, torch.empty(6, 2, 32, dtype=torch.uint8), q),
+                                             "argument 'x_scale' expected row-major strides (64, 32, 1) or "
+                                             "column-major (1, 32*L, L) with L >= x_scale.size(0)=6, got [64, 32, 1]"),
+        "scale_layout 2": ((o, p, c, s, x, sc, q, 2), "argument 'scale_layout' expected 0 (row- or column-major, "
+                                                      "read off the strides) or 1 (mfma_tile), got 2"),
+        "mfma_tile shape": ((o, p, c, s, x, torch.empty(2, 32, 33, dtype=torch.uint8), q, 1),
+                            "argument 'x_scale' expected a contiguous mfma_tile buffer [2, 32, 32], got shape "
+                            "[2, 32, 33] strides [1056, 33, 1]"),
+        "mfma_tile fp32": ((o, p, c, s, x, torch.empty(2, 32, 32), q, 1),
+                           "argument 'x_scale' expected dtype float8_e8m0fnu or uint8 for mfma_tile, got Float"),
         "cos rope_dim": ((o, p, c[:, :16], s[:, :16], x, sc, q),
                          "argument 'cos' expected shape [max_pos >= 1, 32] (rope_dim 64), got [64, 16]"),
         "o misaligned": ((at_byte_offset(o, 1), p, c, s, x, sc, q), misaligned("o", 2, 1)),
@@ -158,6 +173,24 @@ def bad_cases():
 def misaligned(name, size, off):
     return (f"argument '{name}' expected a data pointer aligned to its element size ({size} bytes), got one {off} "
             "bytes past")
+
+
+def test_output_layouts_only_the_tiled_kernel_writes(params):
+    """Group-major and padded x_fp8 (its strides handed over), column-major scales with more token rows than o
+    (scale_rows; their stride L at least those rows), and the contiguous mfma_tile buffer (scale_layout 1, the
+    scale strides unused)."""
+    o, p, c, s, x, sc, q = inputs()
+    gm = torch.empty(2, 4, 4096, dtype=torch.float8_e4m3fn).permute(1, 0, 2)
+    assert params(o, p, c, s, gm, sc, q)[10:] == [4096, 4 * 4096, 0, 4]
+    padded = torch.empty(4, 2, 4096 + 64, dtype=torch.float8_e4m3fn)[..., :4096]
+    assert params(o, p, c, s, padded, sc, q)[10:12] == [2 * 4160, 4160]
+    col = torch.empty(2, 32, 8, dtype=torch.uint8).permute(2, 0, 1)  # 8 rows for 4 tokens
+    assert params(o, p, c, s, gm, col, q)[5:7] == [1, 8] and params(o, p, c, s, gm, col, q)[12:] == [0, 8]
+    short = torch.empty(2 * 32 * 7 + 8, dtype=torch.uint8).as_strided((8, 2, 32), (1, 224, 7))  # L = 7 < 8 rows
+    with pytest.raises(RuntimeError, match=r"with L >= x_scale.size\(0\)=8, got \[1, 224, 7\]"):
+        params(o, p, c, s, gm, short, q)
+    mfma = torch.empty(2, 32, 32, dtype=torch.uint8)
+    assert params(o, p, c, s, gm, mfma, q, 1)[5:7] == [0, 0] and params(o, p, c, s, gm, mfma, q, 1)[12:] == [1, 4]
 
 
 @pytest.mark.parametrize("name", list(bad_cases()))

@@ -59,7 +59,7 @@ def test_launcher_arguments():
 
     r = kargs()
     assert r[:8] == [0, 5 * 16 * 32, 16 * 32, 31 + 9, 8, 256, 64, 1], r
-    assert r[8:] == [1, 1]
+    assert r[8:10] == [1, 1]
     assert kargs(ptrs=(4096 + 2, 8192, 16384, 16384 + 128, 65536, 131072))[9] == 0  # o off 16-byte alignment
     assert kargs(ptrs=(4096, 8192, 16384, 16384 + 128, 65536 + 3, 131072))[9] == 0  # x_fp8 too
     assert kargs(cos_stride=65)[8] == 0                                              # cache rows unaligned
@@ -84,10 +84,10 @@ def test_token_division_magic_numbers(seed):
 def _kargs(lib, ptrs=(4096, 8192, 16384, 16384 + 128, 65536, 131072), **kw):
     ints = dict(S=5, H=16, D=512, o_dtype=0, pos64=1, pos_stride=1, cache_dtype=2, cos_stride=64,
                 sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1, tail=0, fast=0,
-                block=0, pdl=0)
+                block=0, pdl=0, xs0=0, xs1=0, mfma=0, rows=0, tiled=0)
     ints.update(kw)
-    assert len(ints) == 21, "one value per irgq_test::params_from field"
-    out = (ctypes.c_longlong * 10)()
+    assert len(ints) == 26, "one value per irgq_test::params_from field"
+    out = (ctypes.c_longlong * 12)()
     lib.irgq_host_kargs((ctypes.c_void_p * 6)(*ptrs), (ctypes.c_longlong * len(ints))(*ints.values()), out)
     return list(out)
 
@@ -103,3 +103,56 @@ def test_launcher_sin_alignment_and_the_largest_launch():
         s_max = 0x7FFFFFFF // (H * 32)
         assert _kargs(lib, S=s_max, H=H, G=1, q=32, ss0=H * 16)[:2] == [0, s_max * H * 32], H
         assert _kargs(lib, S=s_max + 1, H=H, G=1, q=32, ss0=H * 16)[0] == 4, H
+
+
+def test_launcher_sends_what_only_the_tiled_kernel_writes_to_it():
+    """needs_tiled (out[10]): x_fp8 rows not contiguous (group-major, padded; a size-1 dim's stride does not
+    count), mfma_tile scales, or scale rows past S; and x_fp8 16-byte vector stores only with 16-byte row strides."""
+    lib = harness()
+    S, H, G = 5, 16, 2
+    dg = H * 512 // G
+    assert _kargs(lib)[10:] == [0, S] and _kargs(lib, xs0=H * 512, xs1=dg)[10] == 0   # contiguous, as 0, 0 says
+    assert _kargs(lib, xs0=dg, xs1=S * dg)[10] == 1                                    # group-major
+    assert _kargs(lib, xs0=H * 512 + 64, xs1=dg)[10] == 1                              # padded rows
+    assert _kargs(lib, S=1, xs0=7, xs1=dg)[10] == 0 and _kargs(lib, G=1, xs0=H * 512, xs1=3)[10] == 0
+    assert _kargs(lib, mfma=1)[10] == 1
+    assert _kargs(lib, rows=8)[10:] == [1, 8] and _kargs(lib, rows=S)[10] == 0
+    assert _kargs(lib, xs0=dg, xs1=S * dg)[9] == 1 and _kargs(lib, xs0=dg + 8, xs1=S * (dg + 8))[9] == 0
+    assert _kargs(lib, mfma=2)[0] == 1                                                   # no such layout
+
+
+@pytest.mark.parametrize("layout,q,scale_bytes", [("col", 128, 1), ("col", 32, 4), ("mfma_tile", 128, 1),
+                                                  ("mfma_tile", 64, 1), ("mfma_tile", 256, 1)])
+def test_tiled_kernel_writes_a_warps_scales_together(layout, q, scale_bytes):
+    """The tiled kernel's write-out (tile_slot, tile_scale_offset_bytes) for the first 32-token tile of S = 40
+    tokens, H = 16, G = 2: every scale of those tokens exactly once, at the address of the layout's own map
+    (column-major strides; fusedrope.reference.mfma_tile_offsets), and a warp's 32 stores together: one run of 32
+    consecutive scales (32 bytes of e8m0, 128 of fp32) column-major; inside one 64-byte row of a tile for
+    mfma_tile (its 32 tokens of one block interleave with a neighbouring block's)."""
+    from fusedrope.inverse_rope_group_quant import reference as R
+
+    lib = harness()
+    lib.irgq_host_tile_offsets.restype = ctypes.c_int
+    S, H, G = 40, 16, 2
+    ks = H * 512 // G // q
+    mfma = layout == "mfma_tile"
+    ints = dict(S=S, H=H, D=512, o_dtype=0, pos64=1, pos_stride=1, cache_dtype=2, cos_stride=32, sin_stride=32,
+                max_pos=100, rope=64, fnuz=0, G=G, q=q, f32=int(scale_bytes == 4), ss0=0 if mfma else 1,
+                ss2=0 if mfma else S, tail=0, fast=0, block=0, pdl=0, xs0=0, xs1=0, mfma=int(mfma),
+                rows=0 if mfma else S, tiled=1)
+    slots = 32 * 512 // q
+    out = (ctypes.c_longlong * (H * slots))()
+    ptrs = (ctypes.c_void_p * 6)(*([4096] * 6))
+    assert lib.irgq_host_tile_offsets(ptrs, (ctypes.c_longlong * 26)(*ints.values()), out) == 0
+    got = torch.tensor(list(out)).view(H * slots // 32, 32)  # one row per warp
+    idx = torch.stack(torch.meshgrid(torch.arange(32), torch.arange(G), torch.arange(ks), indexing="ij"), -1)
+    if mfma:
+        want = R.mfma_tile_offsets(S, G, ks, q)[:32]
+    else:
+        want = (idx * torch.tensor([1, ks * S, S])).sum(-1) * scale_bytes  # [s, g, k] at s + (g*Ks + k)*S
+    assert sorted(got.flatten().tolist()) == sorted(want.flatten().tolist())
+    span = got.max(1).values - got.min(1).values
+    if mfma:
+        assert bool((got // 64 == got[:, :1] // 64).all()) and bool((span < 64).all())
+    else:
+        assert bool((span == 31 * scale_bytes).all()) and bool((got.diff(dim=1) == scale_bytes).all())

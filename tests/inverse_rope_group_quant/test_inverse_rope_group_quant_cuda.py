@@ -125,12 +125,61 @@ def test_sm90_sass_vector_io_hw_e4m3_no_local_memory():
             assert n * 2 < generic, f"fast kernel {(dt, q, tw, fast)}: {n} instructions against {generic} generic"
 
 
+def _tiled_kernels(cubin) -> dict[str, tuple[int, int]]:
+    """{name: (o dtype, quant group)} of the irgq_tiled_kernel<dtype, Q> instantiations: exactly 8."""
+    names = {n: re.search(r"irgq_tiled_kernelILi(\d+)ELi(\d+)E", n) for n in sass_functions(sass(cubin))
+             if "irgq_tiled_kernel" in n}
+    got = {n: (int(m.group(1)), int(m.group(2))) for n, m in names.items()}
+    assert sorted(got.values()) == sorted((dt, q) for dt in (0, 1) for q in GROUPS), got
+    return got
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tiled_kernel_sass_stages_scales_in_shared_memory(arch):
+    """The tiled kernel (4 tokens of one head per warp, in 2 rounds of 2): 16-byte o loads and x_fp8 stores for
+    each token, a round's loads before its first store (PDL's wait before the first load, its go-ahead after the
+    last), log2(Q/16) shuffles per token, the scale bytes stored to shared memory, one barrier, then read back and
+    written to global memory: no 32-bit (fp32 scale) global store before the barrier and no x_fp8 store after it;
+    no local memory, at most 128 registers (2 blocks of 256 threads per SM)."""
+    cubin = nvcc_cubin(KERNEL, arch)
+    funcs, usage = sass_functions(sass(cubin)), resource_usage(cubin)
+    for name, (dt, q) in _tiled_kernels(cubin).items():
+        ops = opcodes(funcs[name])
+        ldg128 = sum(bool(re.fullmatch(r"LDG\.E(\.\w+)*\.128(\.CONSTANT)?", o)) for o in ops)
+        stg128 = sum(bool(re.fullmatch(r"STG\.E(\.\w+)*\.128", o)) for o in ops)
+        assert ldg128 >= 4 * 2 and stg128 >= 4, f"{name}: {ldg128} LDG.E.128, {stg128} STG.E.128"
+        stores = [i for i, o in enumerate(ops) if o.startswith("STG")]
+        loads = [i for i, o in enumerate(ops) if o.startswith("LDG")]
+        first_round = [o for o in ops[:stores[0]] if re.fullmatch(r"LDG\.E(\.\w+)*\.128", o)]
+        assert len(first_round) >= 2 * 2, f"{name}: {len(first_round)} 16-byte o loads before the first store"
+        bars = [i for i, o in enumerate(ops) if o.startswith("BAR")]
+        assert len(bars) == 1 and ops[bars[0]] == "BAR.SYNC.DEFER_BLOCKING" or ops[bars[0]].startswith("BAR.SYNC"), \
+            f"{name}: barriers {[ops[i] for i in bars]}"
+        bar = bars[0]
+        before, after = ops[:bar], ops[bar:]
+        assert any(o.startswith("STS") for o in before) and any(o.startswith("LDS") for o in after), name
+        assert not [o for o in before if re.fullmatch(r"STG\.E(\.STRONG\.\w+)?", o)], f"{name}: fp32 scale store early"
+        assert not [o for o in after if o.endswith(".128")], f"{name}: an x_fp8 store after the barrier"
+        assert "STG.E.U8" in after and any(re.fullmatch(r"STG\.E(\.STRONG\.\w+)?", o) for o in after), (
+            f"{name}: no byte and fp32 scale stores after the barrier")
+        assert sum(o.startswith("SHFL.BFLY") for o in ops) == 4 * int(math.log2(q // 16)), name
+        if arch == "sm_90":
+            assert ops.count("ACQBULK") == 1 and ops.index("ACQBULK") < loads[0], name
+            assert ops.count("PREEXIT") == 1 and loads[-1] < ops.index("PREEXIT") < bar, name
+            assert len([o for o in ops if o.startswith("F2FP") and "E4M3" in o]) >= 4 * 8, name
+        res = usage[name]
+        assert res["local"] == 0 and res["stack"] == 0 and res["registers"] <= 128, f"{name}: {res}"
+        print(f"{arch} tiled {dt} {q}: {res['registers']} registers, shared {res['shared']}, {len(ops)} instructions")
+
+
 @pytest.mark.parametrize("arch", ["sm_100", "sm_120"])
 def test_blackwell_no_local_memory_and_bounded_fast_kernels(arch):
     """__launch_bounds__(256, 6) holds the fast-layout kernels to 40 registers without spilling on Blackwell too
-    (the generic kernels, which would spill there, are not bounded)."""
+    (the generic kernels, which would spill there, are not bounded); the tiled kernels do not spill either."""
     cubin = nvcc_cubin(KERNEL, arch)
     usage = resource_usage(cubin)
+    for name in _tiled_kernels(cubin):
+        assert usage[name]["local"] == 0 and usage[name]["stack"] == 0, f"{arch} {name}: {usage[name]}"
     names = [n for n in usage if "irgq_kernel" in n]
     _check_instantiations(names)
     for name in names:
@@ -183,7 +232,11 @@ def test_cuda_backend_supports(monkeypatch):
     assert "packed UE8M0" in reason(scale_dtype=torch.int32)
     assert "head_dim 512" in reason(head_dim=256) and "rope_dim 64" in reason(rope_dim=128)
     assert "quantize=False" in reason(quantize=False, fp8_dtype=torch.bfloat16, scale_dtype=None)
-    assert "mfma_tile" in reason(scale_layout="mfma_tile") and "group-major" in reason(x_contiguous=False)
+    # every layout; what only the tiled kernel writes is opt-in (auto passes over it, backend="cuda" runs it)
+    tiled = dict(scale_layout="mfma_tile"), dict(x_contiguous=False), dict(scale_layout="col", scale_pad=True)
+    for change, what in zip(tiled, ("mfma_tile", "group-major", "padding rows")):
+        assert reason(**change) is None and what in cq.opt_in(base._replace(**change)), change
+    assert cq.opt_in(base) is None and cq.opt_in(base._replace(scale_layout="col")) is None
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "sm_80")
     assert reason() is None and "sm_90" in reason(pdl=True)
     monkeypatch.setattr(cq, "gpu_arch", lambda d: "sm_75")

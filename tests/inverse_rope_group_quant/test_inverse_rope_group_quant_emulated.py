@@ -438,6 +438,25 @@ for S, H, G, q, kw in ((3, 16, 2, 32, {}), (1, 3, 1, 256, dict(misaligned=True))
         for scale in (torch.float8_e8m0fnu, torch.float32):
             check_emulated(lib, o, p, c, s, G, q, transpose, scale_dtype=scale)
             n += 1
+if sys.argv[1].startswith("cuda"):  # the tiled kernel: group-major x, padded column-major and mfma_tile scales
+    from fusedrope.inverse_rope_group_quant import reference as R
+    from irgq_harness import emulate
+    for S, H, G, q in ((37, 16, 2, 128), (3, 8, 1, 32)):
+        o, p, c, s = (exact(t) for t in quant_inputs(S, H, seed=S))
+        dg, rows = H * 512 // G, S + 3
+        ks = dg // q
+        for layout in ("col", "mfma_tile"):
+            outs = []
+            for _ in range(2):
+                x = torch.empty(G, S, dg, dtype=torch.float8_e4m3fn).permute(1, 0, 2)
+                sc = (torch.empty(G, ks, rows, dtype=torch.uint8).permute(2, 0, 1) if layout == "col" else
+                      torch.zeros(R.mfma_tile_shape(S, G, ks, q), dtype=torch.uint8))
+                outs.append((x, sc))
+            (x, sc), (xr, sr) = outs
+            assert emulate(lib, o, p, c, s, x, sc, q, scale_layout=layout) == 0
+            R.inverse_rope_group_quant(o, p, c, s, xr, sr, q, scale_layout=layout)
+            assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8)) and torch.equal(sc, sr)
+            n += 1
 st = emul_stats(lib)
 assert st["errors"] == 0, st
 print("ASAN RUN OK", n)
@@ -463,35 +482,44 @@ def test_stays_in_bounds_under_asan(tmp_path, vendor):
     assert proc.returncode == 0 and "ASAN RUN OK" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
 
 
-@pytest.mark.parametrize("transpose", [False, True])
-def test_backend_entry_splits_what_one_launch_cannot_index(transpose, monkeypatch):
+@pytest.mark.parametrize("layout", ["row", "col", "group-major-x-padded-col"])
+def test_backend_entry_splits_what_one_launch_cannot_index(layout, monkeypatch):
     """Past 2^31 16-element chunks of o (S*H*512/16) the compiled backends' entry (CompiledOp) launches token
     ranges in turn. With its limit lowered to 3 tokens' worth, 10 tokens take launches of 3, 3, 3 and 1 token
     of the emulated CUDA kernel, whose bytes (every one written) equal one reference call over all 10: each
-    range gets its own positions and scale rows, the column-major scale slice included."""
+    range gets its own positions and scale rows, the column-major scale slice included, a group-major x_fp8
+    keeps its strides, and the last range takes x_scale's padding rows (12 rows for 10 tokens: zeros)."""
     from fusedrope import reference as ref
     from fusedrope.inverse_rope_group_quant.cuda import CompiledOp
 
     emu = emulated_kernel("cuda")
     o, p, c, s = quant_inputs(10, 4, seed=2)
-    x, sc = quant_outputs(o, 2, 64, transpose)
-    xr, sr = quant_outputs(o, 2, 64, transpose)
+    if layout == "group-major-x-padded-col":
+        def outputs():
+            x = torch.full((2, 10, 1024), 0xA5, dtype=torch.uint8).view(torch.float8_e4m3fn).permute(1, 0, 2)
+            buf = torch.full((2, 16, 16), 0xA5, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+            return x, buf.permute(2, 0, 1)[:12]  # [12, G, Ks], strides (1, Ks*16, 16)
+        (x, sc), (xr, sr) = outputs(), outputs()
+    else:
+        x, sc = quant_outputs(o, 2, 64, layout == "col")
+        xr, sr = quant_outputs(o, 2, 64, layout == "col")
     launches = []
 
-    def op(o, positions, cos, sin, x_fp8, x_scale, q):
-        launches.append(o.shape[0])
+    def op(o, positions, cos, sin, x_fp8, x_scale, q, scale_layout):
+        launches.append((o.shape[0], x_scale.shape[0]))
+        assert scale_layout == 0
         assert emulate(emu, o, positions, cos, sin, x_fp8, x_scale, q) == 0
 
     entry = CompiledOp(op)
     monkeypatch.setattr(entry, "max_chunks", 3 * 4 * 512 // 16 + 5)
-    entry(o, p, c, s, x, sc, 64)
-    assert launches == [3, 3, 3, 1]
-    ref.inverse_rope_group_quant(o, p, c, s, xr, sr, 64)
+    entry(o, p, c, s, x, sc, 64, scale_layout="row" if layout == "row" else "col")
+    assert launches == [(3, 3), (3, 3), (3, 3), (1, sc.shape[0] - 9)]
+    ref.inverse_rope_group_quant(o, p, c, s, xr, sr, 64, scale_layout="col")
     assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8))
     assert torch.equal(sc.view(torch.uint8), sr.view(torch.uint8))
     launches.clear()
     entry(o[:3], p, c, s, x[:3], sc[:3], 64)  # within the limit: one launch
-    assert launches == [3]
+    assert launches == [(3, 3)]
 
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -506,3 +534,130 @@ def test_special_blocks_with_float32_scales(lib, transpose):
     o[2, 4, 480] = float("nan")   # a tail pair
     for q in (32, 256):
         _run_checked(lib, o, p, c, s, 2, q, transpose, torch.float8_e4m3fn, torch.float32)
+
+
+# -- the CUDA tiled kernel: group-major / padded x, column-major and mfma_tile scales written in token order ----
+CUDA_VENDORS = ("cuda", "cuda-sm90")
+TILED_SCALES = [(torch.float8_e8m0fnu, "row"), (torch.uint8, "col"), (torch.float32, "col"),
+                (torch.float8_e8m0fnu, "mfma_tile"), (torch.uint8, "mfma_tile")]
+
+
+def emulated_backend(lib, **launch):
+    """A backend's run (irgq_layouts.check_layout calls it) on the emulated kernel; the launcher must say kOk."""
+    def run(o, positions, cos, sin, x, x_scale, q, *, scale_layout="row"):
+        lib.emul_reset()
+        assert emulate(lib, o, positions, cos, sin, x, x_scale, q, scale_layout=scale_layout, **launch) == 0
+        st = emul_stats(lib)
+        assert st["errors"] == 0, st["first_error"]
+        run.stats = st
+    return run
+
+
+@pytest.fixture(scope="module", params=CUDA_VENDORS)
+def cuda_lib(request):
+    return emulated_kernel(request.param)
+
+
+@pytest.mark.parametrize("scale_dtype,scale_layout", TILED_SCALES,
+                         ids=[f"{str(d)[6:]}-{lay}" for d, lay in TILED_SCALES])
+@pytest.mark.parametrize("x_layout", ["group_major", "padded", "row"])
+def test_cuda_tiled_kernel_layouts(cuda_lib, x_layout, scale_dtype, scale_layout):
+    """Every byte the reference's, nothing outside the outputs or in mfma padding written: S = 37 (a full and a
+    partial 32-token tile), the DeepSeek-V4 shapes, groups 128 and 32 (mfma k alignment 2 and 8)."""
+    from irgq_layouts import DEEPSEEK, check_layout
+    from fusedrope.testing import QuantCase
+
+    run = emulated_backend(cuda_lib, tiled=1)
+    for i, (H, G) in enumerate(DEEPSEEK.values()):
+        q = (128, 32)[i]
+        check_layout(QuantCase(37, H, G, quant_group_size=q), x_layout, scale_dtype, scale_layout, seed=H + q,
+                     backend=run, exact=True)
+        assert (run.stats["grid"], run.stats["block"]) == (2 * H, 256)  # a head of 32 tokens per block
+
+
+@pytest.mark.parametrize("x_layout,scale_layout", [("group_major", "row"), ("row", "mfma_tile")])
+def test_layouts_only_the_tiled_kernel_writes_take_it_by_default(cuda_lib, x_layout, scale_layout):
+    from irgq_layouts import check_layout
+    from fusedrope.testing import QuantCase
+
+    run = emulated_backend(cuda_lib)
+    check_layout(QuantCase(5, 16, 2), x_layout, torch.float8_e8m0fnu, scale_layout, backend=run, exact=True)
+    assert (run.stats["grid"], run.stats["block"]) == (16, 256), run.stats  # not the generic kernel's 10 blocks
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32])
+@pytest.mark.parametrize("S,rows", [(37, 40), (3, 64), (32, 33)])
+def test_cuda_tiled_kernel_zeroes_padding_rows_of_column_major_scales(cuda_lib, S, rows, scale_dtype):
+    """vLLM's x_scale: [rows, G, Ks] column-major over [G, Ks, L] storage (L = rows + 8, a max-size buffer); the
+    rows past S are zeros, the bytes past rows in each column untouched. Rows 64 against S = 3: a second tile
+    that holds padding only."""
+    from fusedrope.inverse_rope_group_quant import reference as R
+
+    o, p, c, s = quant_inputs(S, 8, seed=S)
+    G, q, L = 2, 64, rows + 8
+    ks = 8 * 512 // G // q
+    x, _ = quant_outputs(o, G, q, False, scale_dtype=scale_dtype)
+    xr = x.clone()
+    buf = torch.full((G, ks, L), -3.0).to(scale_dtype) if scale_dtype == torch.float32 else \
+        torch.full((G, ks, L), 0xA5, dtype=torch.uint8).view(scale_dtype)
+    bufr, before = buf.clone(), buf.clone()
+    view = lambda b: b.permute(2, 0, 1)[:rows]  # noqa: E731  [rows, G, Ks], strides (1, Ks*L, L)
+    cuda_lib.emul_reset()
+    assert emulate(cuda_lib, o, p, c, s, x, view(buf), q, scale_layout="col") == 0
+    assert emul_stats(cuda_lib)["grid"] == -(-rows // 32) * 8
+    R.inverse_rope_group_quant(o, p, c, s, xr, view(bufr), q, scale_layout="col")
+    assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8))
+    assert torch.equal(buf.view(torch.uint8), bufr.view(torch.uint8))
+    assert not buf[..., S:rows].view(torch.uint8).any()
+    assert torch.equal(buf[..., rows:].view(torch.uint8), before[..., rows:].view(torch.uint8))
+
+
+def test_tiled_layouts_are_refused_by_the_hip_launcher():
+    from irgq_layouts import check_layout
+    from fusedrope.testing import QuantCase
+
+    lib = emulated_kernel("hip")
+
+    def run(o, positions, cos, sin, x, x_scale, q, *, scale_layout="row"):
+        status = emulate(lib, o, positions, cos, sin, x, x_scale, q, scale_layout=scale_layout)
+        assert status == 8  # kUnsupportedLayout
+        raise RuntimeError("refused")
+
+    for x_layout, scale_layout in (("group_major", "row"), ("row", "mfma_tile")):
+        with pytest.raises(RuntimeError, match="refused"):
+            check_layout(QuantCase(2, 16, 2), x_layout, torch.float8_e8m0fnu, scale_layout, backend=run, exact=True)
+
+
+TILED_MUTATIONS = [  # (text, replacement): the tiled kernel's indexing broken
+    ("scales[t][lane / kLanes] =", "scales[t % 16][lane / kLanes] ="),  # the tile's second half of tokens lost
+    ("(unsigned long long)a.x_stride_g_bytes * g", "(unsigned long long)a.x_stride_s_bytes * g"),  # x's group stride
+    ("if (a.mfma_k == 2) return tile + (k / 2) * 64 + (k % 2) * 2;",
+     "if (a.mfma_k == 2) return tile + (k / 2) * 64 + (k % 2);"),  # mfma k%2 and token-half bits collide
+]
+
+
+@pytest.mark.slow  # builds mutated copies of the kernel: a check of the checks
+@pytest.mark.parametrize("old,new", TILED_MUTATIONS, ids=["token-half", "group-stride", "mfma-k-bit"])
+def test_a_broken_tiled_kernel_is_caught(tmp_path, old, new):
+    from irgq_layouts import check_layout
+    from fusedrope.testing import QuantCase
+
+    copy = _mutated_copy(tmp_path, CUDA_SRC, "", "")  # the kernel and its headers, side by side
+    mutated = next(f for f in copy.parent.iterdir() if old in f.read_text())
+    mutated.write_text(mutated.read_text().replace(old, new))
+    bad = emulated_kernel("cuda", copy)
+    with pytest.raises(AssertionError):
+        for x_layout, scale_layout in (("group_major", "col"), ("row", "mfma_tile")):
+            check_layout(QuantCase(37, 16, 2), x_layout, torch.uint8, scale_layout, backend=emulated_backend(bad),
+                         exact=True)
+
+
+def test_cuda_tiled_kernel_bad_configs(cuda_lib):
+    """The tiled kernel takes no tail warps, fast layout or block size: kBadConfig (6), as for tiled=2."""
+    o, p, c, s = quant_inputs(3, 16)
+    x, sc = quant_outputs(o, 2, 128, False)
+    for kw in (dict(tiled=2), dict(tiled=1, tail_warps=1), dict(tiled=1, fast_layout=1),
+               dict(tiled=1, block_threads=64)):
+        assert emulate(cuda_lib, o, p, c, s, x, sc, 128, **kw) == 6, kw
+    gm = torch.empty(2, 3, 4096, dtype=torch.float8_e4m3fn).permute(1, 0, 2)
+    assert emulate(cuda_lib, o, p, c, s, gm, sc, 128, block_threads=64) == 6  # group-major x needs the tiled kernel

@@ -7,7 +7,9 @@ GPU by itself when there is one: tests/conftest.py). ``gpu/run.sh`` runs these u
   x_fp8 or cache rows off 16-byte alignment, strided int32 positions, padded column-major scales), and with
   NaN, Inf and all-zero blocks; outputs poisoned inside guard bytes that must stay untouched;
 * the CUDA launch experiments forced through ``inverse_rope_group_quant_config`` (``fast_layout``,
-  ``tail_warps``, ``block_threads``, ``pdl``), each held to the same contract;
+  ``tail_warps``, ``block_threads``, ``pdl``, ``tiled``), each held to the same contract;
+* the layouts only the tiled CUDA kernel writes (group-major and padded x_fp8, mfma_tile scales, zeroed padding
+  rows of column-major scales), through the public op with ``backend="cuda"``;
 * the raw op with no token or no head returns without a launch; a programmatic dependent launch reads what the
   kernel before it wrote;
 * bad inputs to the raw compiled ops raise a RuntimeError naming them, in a child process, so that a crash is
@@ -149,6 +151,9 @@ EXPERIMENTS = [  # (S, H, G, q, column-major scales, config, make_inputs keyword
     (300, 16, 2, 128, False, dict(pdl=1), {}),
     (7, 8, 1, 64, True, dict(pdl=1, fast_layout=1, block_threads=128), {}),
     (9, 16, 2, 32, False, dict(pdl=1, tail_warps=1), {}),
+    (300, 16, 2, 128, True, dict(tiled=1), {}),
+    (37, 8, 1, 32, False, dict(tiled=1, pdl=1), dict(cache_dtype=BF16)),
+    (5, 16, 2, 64, True, dict(tiled=1), dict(o_offset=1)),
 ]
 
 
@@ -199,6 +204,45 @@ def test_launch_experiments(S, H, G, q, transpose, config, make):
     if config.get("pdl") and torch.cuda.get_device_capability(DEV) < (9, 0):
         pytest.skip("a programmatic dependent launch needs sm_90 or newer")
     check(*make_inputs(S, H, seed=S + q, **make), G, q, transpose, config=config)
+
+
+def _cuda_public(o, p, c, s, x, sc, q, *, scale_layout="row"):
+    fusedrope.inverse_rope_group_quant(o, p, c, s, x.shape[1], q, x_fp8=x, x_scale=sc, scale_layout=scale_layout,
+                                       backend="cuda")
+
+
+TILED = [("group_major", torch.float8_e8m0fnu, "row"), ("group_major", torch.uint8, "col"), ("padded", F32, "col"),
+         ("row", torch.float8_e8m0fnu, "mfma_tile"), ("group_major", torch.uint8, "mfma_tile")]
+
+
+@gpu
+@needs_cuda_kernel
+@pytest.mark.parametrize("S", [5, 37, 300])
+@pytest.mark.parametrize("x_layout,scale_dtype,scale_layout", TILED, ids=[f"{t[0]}-{t[2]}-{str(t[1])[6:]}"
+                                                                          for t in TILED])
+def test_tiled_kernel_layouts(S, x_layout, scale_dtype, scale_layout):
+    """The layouts only the tiled kernel writes, through the public op (backend="cuda"), on the DeepSeek-V4
+    shapes: held to the contract, nothing outside the outputs or in mfma padding written."""
+    from irgq_layouts import DEEPSEEK, check_layout
+
+    for (H, G), q in zip(DEEPSEEK.values(), (128, 32)):
+        check_layout(QuantCase(S, H, G, quant_group_size=q), x_layout, scale_dtype, scale_layout, seed=S + q,
+                     backend=_cuda_public, exact=False)
+
+
+@gpu
+@needs_cuda_kernel
+@pytest.mark.parametrize("S,rows", [(13, 16), (3, 40)])
+def test_tiled_kernel_zeroes_padding_rows(S, rows):
+    """vLLM's scales: column-major fp32 with token rows past S (zeros), over a max-size buffer (L = rows + 5)."""
+    o, p, c, s = make_inputs(S, 16, seed=rows)
+    G, q, L = 2, 128, rows + 5
+    buf = torch.full((G, 32, L), -3.0, device=DEV)
+    x, scale = fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, x_scale=buf.permute(2, 0, 1)[:rows],
+                                                  scale_layout="col", backend="cuda")
+    xr, sr = fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, transpose_scale=True, backend="reference")
+    assert_quant_close(x, scale[:S], xr, sr, rope_blocks(QuantCase(S, 16, G, 512, 64, q)))
+    assert not buf[..., S:rows].any() and bool((buf[..., rows:] == -3.0).all())
 
 
 @gpu

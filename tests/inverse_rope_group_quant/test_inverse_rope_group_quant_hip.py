@@ -167,6 +167,8 @@ def test_hip_backend_supports(monkeypatch):
     assert "float8_e4m3fn" in supports(base)
     assert "quantize=False" in hq.supports(Facts(*base[:7], torch.bfloat16, None, "row", False, True, False))
     assert "mfma_tile" in hq.supports(Facts(*base[:9], "mfma_tile", True, True, False))
+    assert "group-major" in hq.supports(Facts(*base[:9], "row", True, False, False))
+    assert "padding rows" in hq.supports(Facts(*base[:9], "col", True, True, False, True))
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx90a")
     assert "gfx942/gfx950" in supports(base)
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "sm_90")

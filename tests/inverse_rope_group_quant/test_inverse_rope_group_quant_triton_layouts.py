@@ -10,19 +10,15 @@ import torch
 
 import fusedrope
 from fusedrope.inverse_rope_group_quant import reference as R
-from fusedrope.testing import (QuantCase, assert_quant_close, bytes_written_outside, guarded_poison,
-                               make_quant_inputs, rope_blocks)
+from fusedrope.testing import QuantCase, bytes_written_outside, guarded_poison, make_quant_inputs
 
+import irgq_layouts
 from conftest import DEVICE
+from irgq_layouts import DEEPSEEK, E8M0, POISON, scale_buffer, x_strides
 
 _REG = fusedrope.registry("inverse_rope_group_quant")
 _REASON = _REG.availability(_REG.backend("triton"), DEVICE)
 pytestmark = pytest.mark.skipif(bool(_REASON), reason=f"triton: {_REASON}")
-
-POISON = 0x55  # a finite value in every output format (fp8, bf16, fp16, e8m0): a NaN written shows
-E8M0 = torch.float8_e8m0fnu
-DEEPSEEK = {"V4-Pro-TP8": (16, 2), "V4-Flash-TP8": (8, 1)}
-
 
 def _tk():
     from fusedrope.inverse_rope_group_quant import triton as TK
@@ -30,81 +26,12 @@ def _tk():
     return TK
 
 
-def _interpreted() -> bool:
+def check_layout(*args, **kw):
+    """irgq_layouts.check_layout on the Triton entry point: bit-exact in the interpreter (its fp32 math is the
+    reference's)."""
     from fusedrope._triton import INTERPRETED
 
-    return INTERPRETED
-
-
-def x_strides(layout: str, S: int, G: int, Dg: int) -> tuple:
-    """Strides of ``x [S, G, Dg]`` in each output layout the kernel serves."""
-    return {"row": (G * Dg, Dg, 1), "group_major": (Dg, S * Dg, 1), "padded": (G * Dg + 64, Dg, 1)}[layout]
-
-
-def scale_buffer(case: QuantCase, scale_dtype, scale_layout: str):
-    """``(x_scale, its guard buffer)``: ``[S, G, Ks]`` (``Ks/4`` packed int32) row- or column-major, or the
-    contiguous ``[G, S_pad, Ks_pad]`` of "mfma_tile"."""
-    S, G = case.num_tokens, case.num_groups
-    ks = case.num_heads * case.head_dim // G // case.quant_group_size
-    if scale_layout == "mfma_tile":
-        return guarded_poison(R.mfma_tile_shape(S, G, ks, case.quant_group_size), scale_dtype, DEVICE, byte=POISON)
-    k = ks // 4 if scale_dtype == torch.int32 else ks
-    strides = (G * k, k, 1) if scale_layout == "row" else (1, S * k, S)
-    return guarded_poison((S, G, k), scale_dtype, DEVICE, strides, byte=POISON)
-
-
-def mfma_bytes(x_scale: torch.Tensor, case: QuantCase) -> torch.Tensor:
-    """The ``[S, G, Ks]`` bytes of a "mfma_tile" buffer, read at the reference's offsets."""
-    S, G = case.num_tokens, case.num_groups
-    ks = case.num_heads * case.head_dim // G // case.quant_group_size
-    flat = x_scale.reshape(-1).view(torch.uint8)
-    return flat[R.mfma_tile_offsets(S, G, ks, case.quant_group_size, x_scale.device)]
-
-
-def check_layout(case: QuantCase, x_layout="row", scale_dtype=E8M0, scale_layout="row", fp8=torch.float8_e4m3fn,
-                 o_dtype=torch.bfloat16, seed=0, backend=None):
-    """Run the Triton entry point (or ``backend(o, pos, cos, sin, x, x_scale, group_size, scale_layout=...)``) and
-    the reference on the same layouts; ``scale_dtype`` None is quantize=False. Returns both buffers' pairs."""
-    o, pos, cos, sin = make_quant_inputs(case, dtype=o_dtype, device=DEVICE, seed=seed, edge_cases=True)
-    S, G, gs = case.num_tokens, case.num_groups, case.quant_group_size
-    Dg = case.num_heads * case.head_dim // G
-    quant = scale_dtype is not None
-    x_dtype = fp8 if quant else o_dtype
-    strides = x_strides(x_layout, S, G, Dg)
-    (x, xbuf), (xr, xrbuf) = (guarded_poison((S, G, Dg), x_dtype, DEVICE, strides, byte=POISON) for _ in range(2))
-    (s, sbuf), (sr, srbuf) = (scale_buffer(case, scale_dtype, scale_layout) if quant else (None, None)
-                              for _ in range(2))
-    run = backend or _tk().inverse_rope_group_quant
-    run(o, pos, cos, sin, x, s, gs, scale_layout=scale_layout)
-    R.inverse_rope_group_quant(o, pos, cos, sin, xr, sr, gs, scale_layout=scale_layout)
-    assert x.stride() == strides and (x.storage_offset(), x.data_ptr() - xbuf.data_ptr()) == (64, 64 * x.element_size())
-    assert bytes_written_outside(xbuf, x, POISON) == 0, "wrote outside x (a row's padding, the guard)"
-    if not quant:  # fp32 math rounded once (RNE) to o's dtype: the reference's bytes, NaN where it has NaN
-        got, want = x.view(torch.int16), xr.view(torch.int16)
-        # (a NaN's payload is the conversion's: torch's CPU copy gives 0xFFFF, a GPU's cvt 0x7FFF)
-        differ = (got != want) & ~(x.isnan() & xr.isnan())
-        assert bool(xr.isnan().any()), "the edge cases put a NaN in the data"
-        assert not differ.any(), (f"{int(differ.sum())} {o_dtype} elements differ; first at "
-                                  f"{tuple(int(i) for i in differ.nonzero()[0])}")
-        if o_dtype == torch.bfloat16:  # the data tells round-to-nearest-even from truncation (the interpreter's)
-            fp32 = R.inverse_rope_tail(o, pos, cos, sin).reshape(S, G, Dg)
-            assert not torch.equal(want, (fp32.view(torch.int32) >> 16).to(torch.int16))
-        return
-    if scale_layout == "mfma_tile":
-        # the whole buffer: real bytes as the reference's, padding and guard still the poison
-        real = torch.zeros(sbuf.numel(), dtype=torch.bool, device=DEVICE)
-        ks = Dg // gs
-        real[s.storage_offset() + R.mfma_tile_offsets(S, G, ks, gs, DEVICE).reshape(-1)] = True
-        raw = sbuf.view(torch.uint8)
-        assert int((raw[~real] != POISON).sum()) == 0, "wrote a padding byte of the mfma tiles (or a guard byte)"
-        assert torch.equal(raw, srbuf.view(torch.uint8)), "mfma_tile scale bytes differ from the reference's"
-        got_s, ref_s = mfma_bytes(s, case), mfma_bytes(sr, case)
-    else:
-        assert bytes_written_outside(sbuf, s, POISON) == 0, "wrote outside x_scale"
-        got_s, ref_s = s, sr
-    assert_quant_close(x, got_s, xr, ref_s, rope_blocks(case), f"x {x_layout}, scales {scale_layout}")
-    if _interpreted():  # the interpreter's fp32 math is the reference's: every byte equal, guards included
-        assert torch.equal(xbuf.view(torch.uint8), xrbuf.view(torch.uint8))
+    return irgq_layouts.check_layout(*args, backend=_tk().inverse_rope_group_quant, exact=INTERPRETED, **kw)
 
 
 # -- x with any token and group strides ----------------------------------------------------------------------

@@ -6,7 +6,8 @@
 //     thread order. tests/qwen3_tts_rope/test_qwen3_tts_rope_cuda.py runs qwen3_tts_rope this way.
 //   * CUDA_EMUL_LOCKSTEP defined before the include: 1-D grids and 1-D or 2-D blocks; each thread of a block runs on
 //     its own std::thread (../lockstep.h) and __shfl_xor_sync exchanges values in lockstep inside its warp of 32
-//     (consecutive linear thread ids, as on the GPU), a divergent shuffle being reported.
+//     (consecutive linear thread ids, as on the GPU), a divergent shuffle being reported; __syncthreads is a
+//     barrier of the block and __shared__ variables are shared by its threads.
 //     tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py runs inverse_rope_group_quant so, and
 //     tests/qwen3_tts_rope/test_qwen3_tts_rope_cuda.py the kernels of qwen3_tts_rope's modes (the q/k norm shuffles).
 //
@@ -160,6 +161,13 @@ cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*f)(E...)
     return err;
   }(std::forward<A>(args)...);
 }
+
+#ifdef CUDA_EMUL_LOCKSTEP
+// Shared memory: one variable for the whole launch, since blocks run one after another. A barrier of the block's
+// threads (those that returned no longer count).
+#define __shared__ static
+inline void __syncthreads() { lockstep::block->bar.arrive_and_wait(); }
+#endif
 
 // ---- device intrinsics --------------------------------------------------------------------------------------
 template <class T>
