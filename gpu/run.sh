@@ -58,6 +58,7 @@ MEMCHECK_K="${MEMCHECK_K:-not rejects and not seed and not graph}"
 BENCH_ARGS="${BENCH_ARGS:---op all --contenders cuda,triton,cuda:default,\
 cuda:fast_layout,cuda:tail_warps,cuda:block_threads=128,cuda:block_threads=64,cuda:pdl,cuda:default:bf16_cache,\
 cuda:fast_layout:bf16_cache,auto:col,auto:group_major,auto:mfma_tile,auto:bf16,auto:pdl,auto:vllm,unfused,floor,\
+cuda:col,cuda:tiled:col,cuda:group_major,cuda:mfma_tile,\
 auto:eager,auto:table,gather+auto,norm_rope:eager,norm_rope:compile,norm_rope:2norms+auto,auto:qk_norm_rope,liger,\
 cuda:eager,cuda:table,cuda:qk_norm_rope,cuda:pdl \
 --cases qwen3_tts-B1,qwen3_tts-B8,qwen3_tts-B32,wide_heads-B32}"

@@ -287,8 +287,9 @@ def test_contenders_say_why_they_cannot_run_here():
     assert {tts[n].reason for n in modes} == {tts["triton"].reason}  # on a CPU, auto runs Triton's interpreter
     assert tts["norm_rope:eager"].reason is None and tts["norm_rope:compile"].reason == tts["compile"].reason
     assert list(quant) == ["eager", "compile", "cuda", "hip", "triton", "reference", *B.QUANT_CUDA_EXPERIMENTS,
-                           *B.QUANT_LAYOUTS, "auto:vllm", "unfused", "floor"]
+                           *B.QUANT_LAYOUTS, *B.QUANT_CUDA_LAYOUTS, "auto:vllm", "unfused", "floor"]
     assert {quant[n].reason for n in (*B.QUANT_LAYOUTS, "auto:vllm")} == {quant["triton"].reason}
+    assert {quant[n].reason for n in B.QUANT_CUDA_LAYOUTS} == {quant["cuda"].reason}
     assert tts["triton"].reason == quant["unfused"].reason == "CPU interpreter timings are not meaningful"
     assert tts["cuda"].reason.startswith("cuda backend unavailable: ")
     assert quant["hip"].reason.startswith("hip backend unavailable: ")
@@ -324,6 +325,10 @@ def test_cuda_launch_experiments_run_the_config_op_where_the_cuda_backend_runs(m
         assert calls.pop() == ((2, 16, 512), True, kw.get("cache_dtype", torch.float32), 64, switches), name
     assert {"fast_layout", "tail_warps", "block_threads", "pdl", "cache_dtype"} == {
         k for kw in B.QUANT_CUDA_EXPERIMENTS.values() for k in kw}
+    # the tiled kernel on the layout the generic kernel writes too: the config op into column-major scales
+    quant["cuda:tiled:col"].make(case, sets)(1)
+    shape, is_set_x, _, q, kw = calls.pop()
+    assert (shape, is_set_x, q, kw) == ((2, 16, 512), False, 64, {"tiled": 1, "scale_layout": "col"})
 
 
 def test_tts_mode_contenders_compute_what_they_name(monkeypatch):

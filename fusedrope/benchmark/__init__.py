@@ -470,12 +470,14 @@ def _bf16_output_bytes(case) -> int:
 
 
 def _quant_layout_maker(kw: dict) -> Callable:
-    """The public op (``backend="auto"``) with the layout keywords ``kw``, into outputs of that layout allocated
-    once per set: ``x_layout="group_major"`` is vLLM's ``[S, G, Dg]`` over ``[G, S, Dg]``."""
+    """The public op (``backend="auto"`` unless ``kw`` names one) with the layout keywords ``kw``, into outputs of
+    that layout allocated once per set: ``x_layout="group_major"`` is vLLM's ``[S, G, Dg]`` over ``[G, S, Dg]``;
+    ``tiled=1``: the raw CUDA op's tiled kernel instead."""
     from .. import empty_quant_outputs, inverse_rope_group_quant
 
     kw = dict(kw)
     group_major = kw.pop("x_layout", None) == "group_major"
+    tiled = kw.pop("tiled", 0)
     quantize = kw.get("quantize", True)
     layout = {k: v for k, v in kw.items() if k in ("scale_layout", "quantize")}
 
@@ -491,6 +493,10 @@ def _quant_layout_maker(kw: dict) -> Callable:
 
         def call(i):
             o, p, c, s = sets[i % len(sets)][:4]
+            if tiled:
+                from ..inverse_rope_group_quant.cuda import inverse_rope_group_quant_config as config
+
+                return config(o, p, c, s, *outs[i % len(outs)], case.quant_group_size, tiled=1, **layout)
             return inverse_rope_group_quant(o, p, c, s, case.num_groups, case.quant_group_size, False,
                                             *outs[i % len(outs)], **kw)
         return call
@@ -519,6 +525,12 @@ def _vllm_maker(case, sets):
 QUANT_LAYOUTS = {"auto:col": {"scale_layout": "col"}, "auto:group_major": {"x_layout": "group_major"},
                  "auto:mfma_tile": {"scale_layout": "mfma_tile"}, "auto:bf16": {"quantize": False},
                  "auto:pdl": {"enable_pdl": True}}
+# The same layouts on the cuda backend: "col" on the generic kernel, the others on the tiled one (opt-in), and
+# "cuda:tiled:col" the tiled kernel on the layout the generic one writes too (kernels_cuda/README.md).
+QUANT_CUDA_LAYOUTS = {"cuda:col": {"scale_layout": "col", "backend": "cuda"},
+                      "cuda:tiled:col": {"scale_layout": "col", "tiled": 1},
+                      "cuda:group_major": {"x_layout": "group_major", "backend": "cuda"},
+                      "cuda:mfma_tile": {"scale_layout": "mfma_tile", "backend": "cuda"}}
 
 
 def _floor_maker(case, sets):
@@ -648,6 +660,10 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
             out.append(Contender(name, op, f"fusedrope.inverse_rope_group_quant(..., {kw}) into preallocated "
                                            "outputs of that layout", _quant_layout_maker(kw), reason=no_auto,
                                  bytes_moved=_bf16_output_bytes if kw.get("quantize") is False else None))
+        for name, kw in QUANT_CUDA_LAYOUTS.items():
+            out.append(Contender(name, op, f"{'the raw CUDA op, tiled=1' if kw.get('tiled') else 'the public op'}, "
+                                           f"{kw}, into preallocated outputs of that layout", _quant_layout_maker(kw),
+                                 reason=no_cuda, backend="cuda"))
         out.append(Contender("auto:vllm", op, "fusedrope.integrations.vllm.fused_inv_rope_fp8_quant (group-major "
                                               "fp8, MN-major TMA-aligned fp32 scales), allocating its outputs",
                              _vllm_maker, reason=no_auto, bytes_moved=_vllm_bytes))
