@@ -46,7 +46,6 @@ enum Status : int {
   kBadConfig = 6,         // tail_warps, fast_layout or pdl not 0 or 1, tail_warps and fast_layout both 1, or
                           // block_threads not 0 or a multiple of 32 in [32, 256]
   kPdlUnsupported = 7,    // pdl 1, but the kernel image the device runs was not compiled for sm_90+ (no wait in it)
-  kUnsupportedLayout = 8, // a layout only the CUDA tiled kernel writes, asked of the HIP launcher
 };
 
 enum ScaleLayout : int { kScaleStrided = 0, kScaleMfmaTile = 1 };
@@ -96,8 +95,8 @@ struct Params {
   // fast_layout 1: the kernels compiled for the common 16-byte-aligned layout, where the call has that layout;
   // not both. block_threads: threads per block, a multiple of 32 up to 256, 0 = 256. pdl 1: a programmatic
   // dependent launch (sm_90+: the kernel may start while the stream's previous kernel finishes, and waits for it
-  // before its first global load). tiled 1: the tiled kernel for a call the generic kernel could write too (it
-  // always writes the layouts only it can: x_fp8 not contiguous, mfma_tile, padded scale rows).
+  // before its first global load). tiled 1 (both launchers): the tiled kernel for a call the other kernel could
+  // write too (it always writes the layouts only it can: x_fp8 not contiguous, mfma_tile, padded scale rows).
   int32_t tail_warps = 0;
   int32_t fast_layout = 0;
   int32_t block_threads = 0;

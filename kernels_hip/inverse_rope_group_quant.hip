@@ -9,7 +9,8 @@
 //   DPP row: 2 lanes for Q=32 (one DPP step), 4 for 64, 8 for 128, 16 for 256 (four steps). Every lane of a
 //   block ends with the block amax (butterfly, no broadcast), computes the same scale byte with a handful of
 //   scalar ALU ops, and the first lane of the block writes it: one store instruction per wave for any Q.
-//   So smaller groups do fewer cross-lane steps, not more; no full-wave reduction and no LDS anywhere.
+//   So smaller groups do fewer cross-lane steps, not more; no full-wave reduction and no LDS (only the tiled
+//   kernel below stages its scale bytes there).
 //   Each lane handles kUnroll chunks (256 lanes apart) with all loads issued before any math or store: o with
 //   the positions, then the cos/sin rows they select.
 //
@@ -42,6 +43,9 @@ struct dim3 {
 extern "C" hipError_t hipLaunchKernel(const void* function_address, dim3 numBlocks, dim3 dimBlocks,
                                       void** args, unsigned long sharedMemBytes, hipStream_t stream);
 extern "C" hipError_t hipGetLastError(void);
+#ifndef __shared__
+#define __shared__ __attribute__((shared))
+#endif
 #endif
 
 namespace fusedrope_hip {
@@ -273,6 +277,116 @@ __global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
   }
 }
 
+// __syncthreads without the HIP headers: the block's LDS writes are visible to every wave after it.
+__device__ inline void block_barrier() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+
+// The tiled kernel (the CUDA one's design, kernels_cuda/inverse_rope_group_quant.cu): a block takes one head of 32
+// consecutive tokens; each 32-lane half of a wave takes one token at a time (a lane one 16-element chunk, so a
+// quant block stays inside a 16-lane DPP row), 4 tokens in 2 rounds of 2, each round's loads issued before its math.
+// The scale bytes meet in LDS and leave after one barrier in token order (tile_slot): 64 lanes write 32
+// consecutive tokens of two blocks. x_fp8 rows go through their token and group strides. It writes what the other
+// kernel cannot: x_fp8 not contiguous, mfma_tile scales, zeroed padding rows of column-major scales.
+constexpr unsigned kTileTokens = 32, kTileRows = kThreads / 32, kRounds = 2;
+constexpr unsigned kTokensPerRound = kTileTokens / kTileRows / kRounds;
+
+template <typename TIn, int kQgs>
+__global__ __launch_bounds__(kThreads) void irgq_tiled_kernel(KArgs a) {
+  constexpr int kLanes = kQgs / kChunk;
+  constexpr unsigned kBlocksPerHead = kHeadDim / kQgs;
+  __shared__ unsigned char scales[kTileTokens][kBlocksPerHead];
+  const unsigned tid = __builtin_amdgcn_workitem_id_x(), bid = __builtin_amdgcn_workgroup_id_x();
+  const unsigned head = bid % a.num_heads, s0 = bid / a.num_heads * kTileTokens;
+  const unsigned lane = tid % 32, row = tid / 32;  // the chunk in the head; the token of the tile's row
+  const unsigned col = head * kHeadDim + lane * kChunk;
+  const unsigned g = col / a.dg;
+  const unsigned long long x_col = (unsigned long long)a.x_stride_g_bytes * g + (col - g * a.dg);
+  const bool tail = lane >= (unsigned)kFirstTailChunk;
+  const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u, j0 = (lane - kFirstTailChunk) * 8u;
+  const FR_GLOBAL unsigned char* o_p = (const FR_GLOBAL unsigned char*)a.o;
+  const FR_GLOBAL unsigned char* positions = (const FR_GLOBAL unsigned char*)a.positions;
+  const FR_GLOBAL unsigned char* cos_p = (const FR_GLOBAL unsigned char*)a.cos;
+  const FR_GLOBAL unsigned char* sin_p = (const FR_GLOBAL unsigned char*)a.sin;
+  FR_GLOBAL unsigned char* x_p = (FR_GLOBAL unsigned char*)a.x_fp8;
+
+#pragma unroll
+  for (unsigned round = 0; round < kRounds; ++round) {
+    u32x4 raw[kTokensPerRound][2], cw[kTokensPerRound][2], sw[kTokensPerRound][2];
+    long long pos[kTokensPerRound];
+#pragma unroll
+    for (unsigned i = 0; i < kTokensPerRound; ++i) {  // o and the positions, then the cos / sin rows
+      const unsigned s = s0 + row + kTileRows * (round * kTokensPerRound + i);
+      pos[i] = 0;
+      if (s < a.num_tokens) {
+        const FR_GLOBAL unsigned char* src = o_p + 2ull * ((unsigned long long)s * a.num_heads * kHeadDim + col);
+        if (a.io_vec) {
+          raw[i][0] = ((const FR_GLOBAL u32x4*)src)[0];
+          raw[i][1] = ((const FR_GLOBAL u32x4*)src)[1];
+        } else {
+          const FR_GLOBAL unsigned short* h = (const FR_GLOBAL unsigned short*)src;
+#pragma unroll
+          for (int k = 0; k < 8; ++k) raw[i][k >> 2][k & 3] = (unsigned)h[2 * k] | ((unsigned)h[2 * k + 1] << 16);
+        }
+        if (tail) {
+          const FR_GLOBAL unsigned char* pp = positions + a.pos_stride_bytes * s;
+          pos[i] = a.pos_is_int64 ? *(const FR_GLOBAL long long*)pp : (long long)*(const FR_GLOBAL int*)pp;
+        }
+      } else {
+        raw[i][0] = raw[i][1] = u32x4{0u, 0u, 0u, 0u};
+      }
+    }
+#pragma unroll
+    for (unsigned i = 0; i < kTokensPerRound; ++i) {
+      if (tail && s0 + row + kTileRows * (round * kTokensPerRound + i) < a.num_tokens) {
+        const long long p = clamp_position(pos[i], a.max_pos);
+        load_cache_words(cos_p + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, cw[i]);
+        load_cache_words(sin_p + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, sw[i]);
+      }
+    }
+
+#pragma unroll
+    for (unsigned i = 0; i < kTokensPerRound; ++i) {
+      const unsigned t = row + kTileRows * (round * kTokensPerRound + i), s = s0 + t;
+      float v[16];
+      unpack16<TIn>(raw[i], v);
+      if (tail && s < a.num_tokens) {
+        float c[8], n[8];
+        cache8_from_words(cw[i], a.cache_dtype, c);
+        cache8_from_words(sw[i], a.cache_dtype, n);
+        rotate8(v, c, n);
+      }
+      const unsigned amax = block_max<kLanes>(amax_bits16(v));
+      const unsigned byte = e8m0_byte(amax, a.fp8_fnuz != 0);
+      if (s < a.num_tokens) {
+        const u32x4 q = a.fp8_fnuz ? quant16<true>(v, byte, nonfinite_bits(amax))
+                                   : quant16<false>(v, byte, nonfinite_bits(amax));
+        FR_GLOBAL unsigned char* dst = x_p + (unsigned long long)a.x_stride_s_bytes * s + x_col;
+        if (a.io_vec) {
+          *(FR_GLOBAL u32x4*)dst = q;
+        } else {
+#pragma unroll
+          for (int k = 0; k < 16; ++k) dst[k] = (unsigned char)(q[k >> 2] >> (8 * (k & 3)));
+        }
+      }
+      if (lane % kLanes == 0) scales[t][lane / kLanes] = s < a.num_tokens ? (unsigned char)byte : 0;  // padding: 0
+    }
+  }
+  block_barrier();
+  for (unsigned i = tid; i < kTileTokens * kBlocksPerHead; i += kThreads) {
+    const TileSlot slot = tile_slot(i);
+    const unsigned s = s0 + slot.t;
+    if (s < (a.mfma_k ? a.num_tokens : a.scale_rows)) {
+      FR_GLOBAL unsigned char* dst = (FR_GLOBAL unsigned char*)a.x_scale +
+                                     tile_scale_offset_bytes(a, s, head * kBlocksPerHead + slot.kb);
+      if (a.scale_is_f32) *(FR_GLOBAL unsigned*)dst = scale_f32_bits(scales[slot.t][slot.kb]);
+      else *dst = scales[slot.t][slot.kb];
+    }
+  }
+}
+
 #define FR_INSTANTIATE(TIn, Q) template __global__ void irgq_kernel<TIn, Q>(KArgs);
 FR_INSTANTIATE(BF16, 32)
 FR_INSTANTIATE(BF16, 64)
@@ -285,12 +399,12 @@ FR_INSTANTIATE(F16, 256)
 #undef FR_INSTANTIATE
 
 template <typename TIn>
-const void* pick_kernel(int qgs) {
+const void* pick_kernel(int qgs, bool tiled) {
   switch (qgs) {
-    case 32: return reinterpret_cast<const void*>(&irgq_kernel<TIn, 32>);
-    case 64: return reinterpret_cast<const void*>(&irgq_kernel<TIn, 64>);
-    case 128: return reinterpret_cast<const void*>(&irgq_kernel<TIn, 128>);
-    case 256: return reinterpret_cast<const void*>(&irgq_kernel<TIn, 256>);
+    case 32: return tiled ? (const void*)&irgq_tiled_kernel<TIn, 32> : (const void*)&irgq_kernel<TIn, 32>;
+    case 64: return tiled ? (const void*)&irgq_tiled_kernel<TIn, 64> : (const void*)&irgq_kernel<TIn, 64>;
+    case 128: return tiled ? (const void*)&irgq_tiled_kernel<TIn, 128> : (const void*)&irgq_kernel<TIn, 128>;
+    case 256: return tiled ? (const void*)&irgq_tiled_kernel<TIn, 256> : (const void*)&irgq_kernel<TIn, 256>;
     default: return nullptr;
   }
 }
@@ -309,9 +423,6 @@ const char* irgq_status_string(int status) {
     case kBadDtype: return "unsupported dtype code";
     case kTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
     case kLaunchFailed: return "hipLaunchKernel failed";
-    case kUnsupportedLayout:
-      return "the HIP kernel writes a contiguous x_fp8 and row- or column-major scales of o's tokens (group-major "
-             "or padded x_fp8, mfma_tile scales and padding rows of scales are written by Triton)";
     default: return "unknown status";
   }
 }
@@ -321,12 +432,13 @@ int launch_inverse_rope_group_quant(const Params& p, hipStream_t stream, int* hi
   long long num_chunks = 0;
   const int st = make_kargs(p, &a, &num_chunks);
   if (st != kOk || num_chunks == 0) return st;
-  if (a.needs_tiled) return kUnsupportedLayout;
   const int q = p.quant_group_size;
+  const bool tiled = a.needs_tiled || p.tiled == 1;
 
-  const void* kernel = p.o_dtype == kBF16 ? pick_kernel<BF16>(q) : pick_kernel<F16>(q);
+  const void* kernel = p.o_dtype == kBF16 ? pick_kernel<BF16>(q, tiled) : pick_kernel<F16>(q, tiled);
   const long long per_block = (long long)kThreads * kUnroll;
-  const dim3 grid((unsigned)((num_chunks + per_block - 1) / per_block));
+  const dim3 grid(tiled ? (a.scale_rows + kTileTokens - 1) / kTileTokens * a.num_heads
+                        : (unsigned)((num_chunks + per_block - 1) / per_block));
   const dim3 block(kThreads);
   void* args[] = {&a};
   const hipError_t err = hipLaunchKernel(kernel, grid, block, args, 0, stream);

@@ -4,13 +4,13 @@
 //   torch.ops.fusedrope_hip.inverse_rope_group_quant_out(o, positions, cos, sin, x_fp8, x_scale,
 //                                                        quant_group_size, scale_layout=0) -> ()
 //
-// Writes a contiguous x_fp8 [S, G, Dg] and x_scale [S, G, Dg/Q] in place (the layouts only the CUDA tiled kernel
-// writes are refused: kUnsupportedLayout); x_scale's layout (row-major, or the column-major
-// view with strides (1, Ks*L, L), L >= S) is read from its strides and its dtype picks the format (float8_e8m0fnu or
-// uint8: the e8m0 byte; float32: 2^(byte-127)). x_fp8 is float8_e4m3fnuz (gfx942 hardware) or float8_e4m3fn
-// (gfx950 hardware); the other one is correct too, through the kernel's software conversion. Launches on the
-// current stream of o's device, never synchronizes (HIP-graph capturable). fusedrope/inverse_rope_quant.py
-// validates the inputs first; the checks (../kernels_cuda/inverse_rope_group_quant_binding.h, shared with the
+// Writes x_fp8 [S, G, Dg] (rows of Dg contiguous) and x_scale in place, as the CUDA binding does
+// (../kernels_cuda/inverse_rope_group_quant_torch.cpp: scale_layout 0 reads x_scale's layout, row-major or the
+// column-major view with strides (1, Ks*L, L), off its strides; 1 is mfma_tile); its dtype picks the format
+// (float8_e8m0fnu or uint8: the e8m0 byte; float32: 2^(byte-127)). x_fp8 is float8_e4m3fnuz (gfx942 hardware) or
+// float8_e4m3fn (gfx950 hardware); the other one is correct too, through the kernel's software conversion.
+// Launches on the current stream of o's device, never synchronizes (HIP-graph capturable).
+// fusedrope/inverse_rope_group_quant/__init__.py validates the inputs first; the checks (../kernels_cuda/inverse_rope_group_quant_binding.h, shared with the
 // CUDA binding, plain torch C++) are the defensive second line.
 //
 // Built by fusedrope/hip_ext.py (torch.utils.cpp_extension.load with hipcc). NOT compiled in this repository's

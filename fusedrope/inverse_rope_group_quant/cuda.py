@@ -1,5 +1,5 @@
 """inverse_rope_group_quant on the hand-written CUDA kernels (kernels_cuda/inverse_rope_group_quant.cu), and what
-they share with the HIP one (:mod:`.hip`): the envelope both are compiled for and the call into the extension.
+they share with the HIP ones (:mod:`.hip`): the envelope both are compiled for and the call into the extension.
 
 Serves NVIDIA sm_80+ (hardware packed E4M3 conversion on sm_89+, exact software RNE on sm_80/sm_86), FP8 =
 float8_e4m3fn, head_dim 512 with rope_dim 64 (DeepSeek-V4), quant groups 32/64/128/256, bf16/fp16 ``o``,

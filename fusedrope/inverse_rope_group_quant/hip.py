@@ -2,9 +2,9 @@
 Opt-in (``backend="hip"``) until it has run on AMD hardware.
 
 Serves gfx942 (MI300, FP8 = float8_e4m3fnuz in hardware) and gfx950 (MI350/MI355, FP8 = OCP float8_e4m3fn in
-hardware), in the envelope the CUDA kernels serve (:func:`.cuda.envelope_reason`) with the generic kernel's
-layouts. Other shapes and layouts, the non-native fp8 format of an arch and packed int32 UE8M0 scales go to
-Triton. Pointer alignment is decided inside the
+hardware), in the envelope the CUDA kernels serve (:func:`.cuda.envelope_reason`), every layout included (a
+generic and a tiled kernel, as for CUDA). Other shapes, the non-native fp8 format of an arch and packed int32
+UE8M0 scales go to Triton. Pointer alignment is decided inside the
 compiled op.
 """
 
@@ -16,7 +16,7 @@ import torch
 
 from .._device import HIP_ARCHS, arch_fp8_dtype, gpu_arch
 from .._validation import dtype_name
-from .cuda import CompiledOp, envelope_reason, tiled_layout
+from .cuda import CompiledOp, envelope_reason
 
 
 def supports(facts) -> Optional[str]:
@@ -25,8 +25,6 @@ def supports(facts) -> Optional[str]:
         return f"hip kernel runs on {'/'.join(HIP_ARCHS)}, this device is {arch or facts.device}"
     native = arch_fp8_dtype(arch)
     reason = envelope_reason("hip kernel", facts)
-    if reason is None and (layout := tiled_layout(facts)):
-        reason = f"hip kernel writes a row-major x_fp8 and row- or column-major scales: {layout} is served by Triton"
     if reason is None and facts.fp8_dtype != native:
         return (f"hip kernel writes {dtype_name(native)} on {arch} (its hardware fp8 format), "
                 f"got fp8_dtype={dtype_name(facts.fp8_dtype)} (Triton serves it)")

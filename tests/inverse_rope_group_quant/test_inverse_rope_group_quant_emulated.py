@@ -438,25 +438,25 @@ for S, H, G, q, kw in ((3, 16, 2, 32, {}), (1, 3, 1, 256, dict(misaligned=True))
         for scale in (torch.float8_e8m0fnu, torch.float32):
             check_emulated(lib, o, p, c, s, G, q, transpose, scale_dtype=scale)
             n += 1
-if sys.argv[1].startswith("cuda"):  # the tiled kernel: group-major x, padded column-major and mfma_tile scales
-    from fusedrope.inverse_rope_group_quant import reference as R
-    from irgq_harness import emulate
-    for S, H, G, q in ((37, 16, 2, 128), (3, 8, 1, 32)):
-        o, p, c, s = (exact(t) for t in quant_inputs(S, H, seed=S))
-        dg, rows = H * 512 // G, S + 3
-        ks = dg // q
-        for layout in ("col", "mfma_tile"):
-            outs = []
-            for _ in range(2):
-                x = torch.empty(G, S, dg, dtype=torch.float8_e4m3fn).permute(1, 0, 2)
-                sc = (torch.empty(G, ks, rows, dtype=torch.uint8).permute(2, 0, 1) if layout == "col" else
-                      torch.zeros(R.mfma_tile_shape(S, G, ks, q), dtype=torch.uint8))
-                outs.append((x, sc))
-            (x, sc), (xr, sr) = outs
-            assert emulate(lib, o, p, c, s, x, sc, q, scale_layout=layout) == 0
-            R.inverse_rope_group_quant(o, p, c, s, xr, sr, q, scale_layout=layout)
-            assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8)) and torch.equal(sc, sr)
-            n += 1
+# the tiled kernel: group-major x, padded column-major and mfma_tile scales
+from fusedrope.inverse_rope_group_quant import reference as R
+from irgq_harness import emulate
+for S, H, G, q in ((37, 16, 2, 128), (3, 8, 1, 32)):
+    o, p, c, s = (exact(t) for t in quant_inputs(S, H, seed=S))
+    dg, rows = H * 512 // G, S + 3
+    ks = dg // q
+    for layout in ("col", "mfma_tile"):
+        outs = []
+        for _ in range(2):
+            x = torch.empty(G, S, dg, dtype=torch.float8_e4m3fn).permute(1, 0, 2)
+            sc = (torch.empty(G, ks, rows, dtype=torch.uint8).permute(2, 0, 1) if layout == "col" else
+                  torch.zeros(R.mfma_tile_shape(S, G, ks, q), dtype=torch.uint8))
+            outs.append((x, sc))
+        (x, sc), (xr, sr) = outs
+        assert emulate(lib, o, p, c, s, x, sc, q, scale_layout=layout) == 0
+        R.inverse_rope_group_quant(o, p, c, s, xr, sr, q, scale_layout=layout)
+        assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8)) and torch.equal(sc, sr)
+        n += 1
 st = emul_stats(lib)
 assert st["errors"] == 0, st
 print("ASAN RUN OK", n)
@@ -536,8 +536,7 @@ def test_special_blocks_with_float32_scales(lib, transpose):
         _run_checked(lib, o, p, c, s, 2, q, transpose, torch.float8_e4m3fn, torch.float32)
 
 
-# -- the CUDA tiled kernel: group-major / padded x, column-major and mfma_tile scales written in token order ----
-CUDA_VENDORS = ("cuda", "cuda-sm90")
+# -- the tiled kernels: group-major / padded x, column-major and mfma_tile scales written in token order -------
 TILED_SCALES = [(torch.float8_e8m0fnu, "row"), (torch.uint8, "col"), (torch.float32, "col"),
                 (torch.float8_e8m0fnu, "mfma_tile"), (torch.uint8, "mfma_tile")]
 
@@ -553,7 +552,7 @@ def emulated_backend(lib, **launch):
     return run
 
 
-@pytest.fixture(scope="module", params=CUDA_VENDORS)
+@pytest.fixture(scope="module", params=("cuda", "cuda-sm90"))
 def cuda_lib(request):
     return emulated_kernel(request.param)
 
@@ -561,13 +560,13 @@ def cuda_lib(request):
 @pytest.mark.parametrize("scale_dtype,scale_layout", TILED_SCALES,
                          ids=[f"{str(d)[6:]}-{lay}" for d, lay in TILED_SCALES])
 @pytest.mark.parametrize("x_layout", ["group_major", "padded", "row"])
-def test_cuda_tiled_kernel_layouts(cuda_lib, x_layout, scale_dtype, scale_layout):
+def test_tiled_kernel_layouts(lib, x_layout, scale_dtype, scale_layout):
     """Every byte the reference's, nothing outside the outputs or in mfma padding written: S = 37 (a full and a
     partial 32-token tile), the DeepSeek-V4 shapes, groups 128 and 32 (mfma k alignment 2 and 8)."""
     from irgq_layouts import DEEPSEEK, check_layout
     from fusedrope.testing import QuantCase
 
-    run = emulated_backend(cuda_lib, tiled=1)
+    run = emulated_backend(lib, tiled=1)
     for i, (H, G) in enumerate(DEEPSEEK.values()):
         q = (128, 32)[i]
         check_layout(QuantCase(37, H, G, quant_group_size=q), x_layout, scale_dtype, scale_layout, seed=H + q,
@@ -576,18 +575,18 @@ def test_cuda_tiled_kernel_layouts(cuda_lib, x_layout, scale_dtype, scale_layout
 
 
 @pytest.mark.parametrize("x_layout,scale_layout", [("group_major", "row"), ("row", "mfma_tile")])
-def test_layouts_only_the_tiled_kernel_writes_take_it_by_default(cuda_lib, x_layout, scale_layout):
+def test_layouts_only_the_tiled_kernel_writes_take_it_by_default(lib, x_layout, scale_layout):
     from irgq_layouts import check_layout
     from fusedrope.testing import QuantCase
 
-    run = emulated_backend(cuda_lib)
+    run = emulated_backend(lib)
     check_layout(QuantCase(5, 16, 2), x_layout, torch.float8_e8m0fnu, scale_layout, backend=run, exact=True)
-    assert (run.stats["grid"], run.stats["block"]) == (16, 256), run.stats  # not the generic kernel's 10 blocks
+    assert (run.stats["grid"], run.stats["block"]) == (16, 256), run.stats  # not the generic kernel's 10 or 5
 
 
 @pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32])
 @pytest.mark.parametrize("S,rows", [(37, 40), (3, 64), (32, 33)])
-def test_cuda_tiled_kernel_zeroes_padding_rows_of_column_major_scales(cuda_lib, S, rows, scale_dtype):
+def test_tiled_kernel_zeroes_padding_rows_of_column_major_scales(lib, S, rows, scale_dtype):
     """vLLM's x_scale: [rows, G, Ks] column-major over [G, Ks, L] storage (L = rows + 8, a max-size buffer); the
     rows past S are zeros, the bytes past rows in each column untouched. Rows 64 against S = 3: a second tile
     that holds padding only."""
@@ -602,9 +601,9 @@ def test_cuda_tiled_kernel_zeroes_padding_rows_of_column_major_scales(cuda_lib, 
         torch.full((G, ks, L), 0xA5, dtype=torch.uint8).view(scale_dtype)
     bufr, before = buf.clone(), buf.clone()
     view = lambda b: b.permute(2, 0, 1)[:rows]  # noqa: E731  [rows, G, Ks], strides (1, Ks*L, L)
-    cuda_lib.emul_reset()
-    assert emulate(cuda_lib, o, p, c, s, x, view(buf), q, scale_layout="col") == 0
-    assert emul_stats(cuda_lib)["grid"] == -(-rows // 32) * 8
+    lib.emul_reset()
+    assert emulate(lib, o, p, c, s, x, view(buf), q, scale_layout="col") == 0
+    assert emul_stats(lib)["grid"] == -(-rows // 32) * 8
     R.inverse_rope_group_quant(o, p, c, s, xr, view(bufr), q, scale_layout="col")
     assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8))
     assert torch.equal(buf.view(torch.uint8), bufr.view(torch.uint8))
@@ -612,40 +611,29 @@ def test_cuda_tiled_kernel_zeroes_padding_rows_of_column_major_scales(cuda_lib, 
     assert torch.equal(buf[..., rows:].view(torch.uint8), before[..., rows:].view(torch.uint8))
 
 
-def test_tiled_layouts_are_refused_by_the_hip_launcher():
-    from irgq_layouts import check_layout
-    from fusedrope.testing import QuantCase
-
-    lib = emulated_kernel("hip")
-
-    def run(o, positions, cos, sin, x, x_scale, q, *, scale_layout="row"):
-        status = emulate(lib, o, positions, cos, sin, x, x_scale, q, scale_layout=scale_layout)
-        assert status == 8  # kUnsupportedLayout
-        raise RuntimeError("refused")
-
-    for x_layout, scale_layout in (("group_major", "row"), ("row", "mfma_tile")):
-        with pytest.raises(RuntimeError, match="refused"):
-            check_layout(QuantCase(2, 16, 2), x_layout, torch.float8_e8m0fnu, scale_layout, backend=run, exact=True)
-
-
-TILED_MUTATIONS = [  # (text, replacement): the tiled kernel's indexing broken
-    ("scales[t][lane / kLanes] =", "scales[t % 16][lane / kLanes] ="),  # the tile's second half of tokens lost
-    ("(unsigned long long)a.x_stride_g_bytes * g", "(unsigned long long)a.x_stride_s_bytes * g"),  # x's group stride
-    ("if (a.mfma_k == 2) return tile + (k / 2) * 64 + (k % 2) * 2;",
+TILED_MUTATIONS = [  # (vendor, text, replacement): a tiled kernel's indexing broken
+    ("cuda", "scales[t][lane / kLanes] =", "scales[t % 16][lane / kLanes] ="),  # the tile's second half of tokens
+    ("cuda", "(unsigned long long)a.x_stride_g_bytes * g", "(unsigned long long)a.x_stride_s_bytes * g"),
+    ("cuda", "if (a.mfma_k == 2) return tile + (k / 2) * 64 + (k % 2) * 2;",
      "if (a.mfma_k == 2) return tile + (k / 2) * 64 + (k % 2);"),  # mfma k%2 and token-half bits collide
+    ("hip", "scales[t][lane / kLanes] =", "scales[t % 16][lane / kLanes] ="),
+    ("hip", "(unsigned long long)a.x_stride_g_bytes * g", "(unsigned long long)a.x_stride_s_bytes * g"),
 ]
 
 
 @pytest.mark.slow  # builds mutated copies of the kernel: a check of the checks
-@pytest.mark.parametrize("old,new", TILED_MUTATIONS, ids=["token-half", "group-stride", "mfma-k-bit"])
-def test_a_broken_tiled_kernel_is_caught(tmp_path, old, new):
+@pytest.mark.parametrize("vendor,old,new", TILED_MUTATIONS,
+                         ids=["cuda-token-half", "cuda-group-stride", "mfma-k-bit", "hip-token-half",
+                              "hip-group-stride"])
+def test_a_broken_tiled_kernel_is_caught(tmp_path, vendor, old, new):
     from irgq_layouts import check_layout
     from fusedrope.testing import QuantCase
 
-    copy = _mutated_copy(tmp_path, CUDA_SRC, "", "")  # the kernel and its headers, side by side
-    mutated = next(f for f in copy.parent.iterdir() if old in f.read_text())
+    copy = _mutated_copy(tmp_path, HIP_SRC if vendor == "hip" else CUDA_SRC, "", "")  # with its headers
+    mutated = next(f for f in sorted(tmp_path.rglob("*")) if f.is_file() and old in f.read_text()
+                   and f.suffix in (copy.suffix, ".h"))
     mutated.write_text(mutated.read_text().replace(old, new))
-    bad = emulated_kernel("cuda", copy)
+    bad = emulated_kernel(vendor, copy)
     with pytest.raises(AssertionError):
         for x_layout, scale_layout in (("group_major", "col"), ("row", "mfma_tile")):
             check_layout(QuantCase(37, 16, 2), x_layout, torch.uint8, scale_layout, backend=emulated_backend(bad),

@@ -4,7 +4,8 @@ compiles the device code (no ROCm, no GPU) and the ISA must show what the design
 * gfx942: dwordx4 global loads and stores, hardware FNUZ conversion (v_cvt_pk_fp8_f32), DPP butterfly steps
   whose number grows with the quant group (1 for group 32 ... 4 for group 256; no LDS, no full-wave
   reduction), no scratch (``.private_segment_fixed_size`` 0 in the code object's notes, no scratch_*
-  instructions), no spills;
+  instructions), no spills; the tiled kernel (group-major x, mfma_tile and padded scales) stages its scale
+  bytes in LDS and writes them after one s_barrier;
 * gfx950 (OCP e4m3fn in hardware): the same, with the first clang that knows gfx950 (clang-19 does not; the clang
   22 of the ``ziglang`` wheel in the test extra does; skipped with the reasons where none is installed);
 * gfx90a (no fp8 instructions): the software fallback compiles, still without scratch.
@@ -32,16 +33,52 @@ DPP_STEPS = ("quad_perm:[1,0,3,2]", "quad_perm:[2,3,0,1]", "row_half_mirror", "r
 
 
 def _group(name: str) -> int:
-    m = re.search(r"irgq_kernelINS0_\d+(?:BF16|F16)ELi(\d+)E", name)
+    m = re.search(r"irgq_(?:tiled_)?kernelINS0_\d+(?:BF16|F16)ELi(\d+)E", name)
     assert m, name
     return int(m.group(1))
 
 
+def _split(kernels: dict) -> tuple[dict, dict]:
+    """(the generic kernels, the tiled ones): 8 each, {bf16, fp16} x {32, 64, 128, 256}."""
+    tiled = {n: k for n, k in kernels.items() if "irgq_tiled_kernel" in n}
+    generic = {n: k for n, k in kernels.items() if n not in tiled}
+    for part in (generic, tiled):
+        assert sorted(_group(n) for n in part) == [32, 32, 64, 64, 128, 128, 256, 256], sorted(kernels)
+    return generic, tiled
+
+
+def _check_tiled_isa(arch: str, hw_fp8: bool, kernels: dict, meta: dict) -> None:
+    """The tiled kernel (4 tokens per lane in 2 rounds of 2): dwordx4 loads of o before the first store, the
+    scale bytes written to LDS, one s_barrier, read back and stored (byte or dword) after it and no dwordx4
+    store after it; log2(Q/16) DPP steps per token; no scratch."""
+    for name, body in kernels.items():
+        ops = mnemonics(body)
+        q = _group(name)
+        stores = [i for i, o in enumerate(ops) if o.startswith("global_store")]
+        assert ops[:stores[0]].count("global_load_dwordx4") >= 2 * 2, f"{arch} {name}: a round's o loads"
+        bar = [i for i, o in enumerate(ops) if o == "s_barrier"]
+        assert len(bar) == 1, f"{arch} {name}: {len(bar)} s_barrier"
+        before, after = ops[:bar[0]], ops[bar[0]:]
+        assert "ds_write_b8" in before and "ds_read_u8" in after, f"{arch} {name}: no LDS staging of the scales"
+        assert "global_store_dwordx4" in before and "global_store_dwordx4" not in after, name
+        assert "global_store_byte" in after and "global_store_dword" in after, f"{arch} {name}: scale stores"
+        assert "global_store_dword" not in before, f"{arch} {name}: an fp32 scale store before the barrier"
+        steps = int(q // 16).bit_length() - 1
+        for i, ctl in enumerate(DPP_STEPS):
+            assert body.count(ctl) == (4 if i < steps else 0), f"{arch} {name}: {body.count(ctl)} x {ctl}"
+        assert (ops.count("v_cvt_pk_fp8_f32") >= 4 * 8) == hw_fp8, name
+        assert not [o for o in ops if o.startswith(("scratch_", "flat_"))], f"{arch} {name}: scratch or flat"
+        md = meta.get(name, {})
+        assert md.get("private_segment_fixed_size") == "0", f"{arch} {name}: scratch {md}"
+        assert md.get("group_segment_fixed_size") == str(32 * 512 // q), f"{arch} {name}: LDS {md}"
+        print(f"{arch} tiled {name}: vgpr {md.get('vgpr_count')}, lds {md.get('group_segment_fixed_size')} B")
+
+
 def _check_isa(arch: str, hw_fp8: bool) -> dict[str, str]:
     text = hip_asm(SRC, arch)
-    kernels = kernel_asm(text)
+    kernels, tiled = _split(kernel_asm(text))
     meta = asm_metadata(text)
-    assert len(kernels) == 8, sorted(kernels)  # {bf16, fp16} x {32, 64, 128, 256}
+    _check_tiled_isa(arch, hw_fp8, tiled, meta)
     for name, body in kernels.items():
         ops = mnemonics(body)
         q = _group(name)
@@ -83,13 +120,14 @@ def _check_isa(arch: str, hw_fp8: bool) -> dict[str, str]:
 
 def _check_notes(arch: str) -> None:
     notes = kernel_notes(hip_code_object(SRC, arch))
-    assert len(notes) == 8, sorted(notes)
+    assert len(notes) == 16, sorted(notes)  # the generic and the tiled kernels
     for name, md in notes.items():
         assert md["private_segment_fixed_size"] == "0", \
             f"{arch} {name}: scratch {md['private_segment_fixed_size']}"
         assert md.get("uses_dynamic_stack", "false") == "false", f"{arch} {name}: dynamic stack"
         assert md.get("vgpr_spill_count", "0") == "0" and md.get("sgpr_spill_count", "0") == "0", md
-        assert md["group_segment_fixed_size"] == "0", md
+        tiled = "irgq_tiled_kernel" in name  # only it stages scales in LDS
+        assert md["group_segment_fixed_size"] == (str(32 * 512 // _group(name)) if tiled else "0"), md
         assert md["wavefront_size"] == "64", md
         vgpr = int(md["vgpr_count"])
         assert vgpr <= 128, f"{arch} {name}: {vgpr} VGPRs (keep >= 4 waves per SIMD)"
@@ -166,9 +204,9 @@ def test_hip_backend_supports(monkeypatch):
     assert supports(base[:7] + (torch.float8_e4m3fn,) + base[8:]) is None
     assert "float8_e4m3fn" in supports(base)
     assert "quantize=False" in hq.supports(Facts(*base[:7], torch.bfloat16, None, "row", False, True, False))
-    assert "mfma_tile" in hq.supports(Facts(*base[:9], "mfma_tile", True, True, False))
-    assert "group-major" in hq.supports(Facts(*base[:9], "row", True, False, False))
-    assert "padding rows" in hq.supports(Facts(*base[:9], "col", True, True, False, True))
+    for tiled in (("mfma_tile", True, True, False), ("row", True, False, False), ("col", True, True, False, True)):
+        # every layout (the tiled kernel), in gfx950's fp8 format
+        assert hq.supports(Facts(*base[:7], torch.float8_e4m3fn, base[8], *tiled)) is None, tiled
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "gfx90a")
     assert "gfx942/gfx950" in supports(base)
     monkeypatch.setattr(hq, "gpu_arch", lambda d: "sm_90")

@@ -8,7 +8,8 @@
 //     manual defines them; a source lane that did not execute the same DPP is reported (lockstep.h says how
 //     far that goes).
 //   * __builtin_amdgcn_workitem_id_x / workgroup_id_x: the thread's ids; __builtin_amdgcn_fmed3f: the median;
-//     address_space(1) pointers become plain pointers, and the launch bounds attribute is dropped.
+//     address_space(1) pointers become plain pointers, and the launch bounds attribute is dropped;
+//     __shared__ (LDS) variables are shared by the block's threads and __builtin_amdgcn_s_barrier is its barrier.
 //
 // The fp8 conversion: built plainly, the host compile has no gfx9 macros and the kernel takes its exact software
 // fp8 path. Built with -DHIP_EMUL_GFX=942 or 950, the kernel sees __gfx942__ / __gfx950__ and the builtin, and
@@ -95,5 +96,10 @@ inline int cvt_pk_fp8_f32(float src0, float src1, int old, bool word_sel) {
 #define __builtin_amdgcn_workgroup_id_x() (lockstep::bid)
 #define __builtin_amdgcn_update_dpp hip_emul::update_dpp
 #define __builtin_amdgcn_fmed3f hip_emul::fmed3
+// LDS: one variable for the whole launch (blocks run one after another); the barrier is the block's, and the
+// fences around it have nothing to order on the host.
+#define __shared__ static
+#define __builtin_amdgcn_s_barrier() lockstep::block->bar.arrive_and_wait()
+#define __builtin_amdgcn_fence(order, scope) ((void)0)
 #define address_space(n)
 #define amdgpu_flat_work_group_size(lo, hi)
