@@ -24,13 +24,16 @@
 #              and the cuda kernels of those modes and of enable_pdl (opt-in until this run decides them);
 #              then op 2's seed matrix, S sweep first, the CUDA launch experiments against the default launch,
 #              fast_layout with an fp32 and a bf16 cache, the engines' layouts and modes through the public op
-#              (auto:col, auto:group_major, auto:mfma_tile, auto:bf16, auto:pdl, auto:vllm) against the
+#              (auto:col, auto:group_major, auto:mfma_tile, auto:bf16, auto:pdl, auto:vllm) and on the cuda
+#              backend (cuda:col, and the tiled kernel's cuda:tiled:col, cuda:group_major, cuda:mfma_tile, opt-in
+#              until this run decides them) against the
 #              row-major cuda and triton rows, the unfused baseline, the launch floor; the copy roofline is
 #              measured in the same run), --budget-s a little under its limit
 #   tests      pytest -m "not gpu" over TESTS: by default the suites that run kernels on the device (TESTS=tests:
 #              the whole suite, whose CPU-only parts, emulation, SASS, AOT, lint, give on the GPU machine what
 #              they give in CI, at the cost of minutes)
-#   ncu        Nsight Compute on op 2's kernel, default launch and fast_layout=1 (S = 8192, (H, G) = (16, 2))
+#   ncu        Nsight Compute on op 2's kernel, default launch and fast_layout=1, then column-major scales on the
+#              generic and the tiled kernel (S = 8192, (H, G) = (16, 2))
 # Files under $OUT (the device tool brings back 8): log.txt (all printed), pytest-gpu.xml and pytest.xml (junit),
 # memcheck.txt, ncu.txt, bench/results.json, bench/results.csv, bench/results.md (plots: `python -m fusedrope
 # plot bench/results.json` here). Exit status 0 when no step failed (skipped or cut steps are not failures).
@@ -134,12 +137,16 @@ NCU_PY='
 import torch
 from fusedrope import benchmark as B
 from fusedrope.inverse_rope_group_quant.cuda import inverse_rope_group_quant_config as config
+from fusedrope import empty_quant_outputs
 from fusedrope.testing import QuantCase
 (o, p, c, s, x, sc, _), = B.quant_sets(QuantCase(8192, 16, 2), 1, torch.device("cuda"))
 for kw in ({}, {"fast_layout": 1}):
     config(o, p, c, s, x, sc, 128, **kw)
+col = empty_quant_outputs(o, 2, 128, True)[1]
+for kw in ({}, {"tiled": 1}):
+    config(o, p, c, s, x, col, 128, scale_layout="col", **kw)
 torch.cuda.synchronize()
-print("profiled: the default launch, then fast_layout=1")'
+print("profiled: the default launch, fast_layout=1, then column-major scales: the default launch, tiled=1")'
 
 main() {
     export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -176,7 +183,7 @@ main() {
         --junitxml "$OUT/pytest.xml" $TESTS
     if [ -n "$NCU" ]; then
         TO="$OUT/ncu.txt" step ncu "$(limit "${NCU_S:-45}" 0)" "$NCU" --clock-control none --kernel-name regex:irgq \
-            --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+            --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
             --section WarpStateStats --section LaunchStats \
             --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum "$PY" -c "$NCU_PY"
     else
