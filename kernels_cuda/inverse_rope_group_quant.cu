@@ -4,8 +4,8 @@
 // fp8 (STG.E.128). A quant block of Q elements is Q/16 adjacent lanes, reduced with log2(Q/16) xor shuffles (1
 // for Q=32, 3 for Q=128), after which every lane of the block holds the block amax and computes the same scale
 // byte; the block's first lane stores it. So group 32 costs fewer shuffles per byte than group 128. Every load
-// is issued before any math: o with the position, then the cos/sin rows it selects (read-only path). No shared
-// memory, no local memory.
+// is issued before any math: o with the position, then the cos/sin rows it selects (read-only path). No local
+// memory, and no shared memory but the tiled kernel's scale tile.
 //
 // The public op runs the generic kernel (the layout read per call) in 256-thread blocks, and the tiled kernel
 // below for the layouts the generic one does not write. The launch experiments of kernels_cuda/README.md (tail
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kFastCache>())) i
 // does (o with the positions, then cos / sin); 2 tokens per round, not 4, keeps it under 128 registers without a
 // spill. The scale bytes meet in shared memory and leave after one barrier in token order: a warp's 32
 // consecutive threads write one block's scales of the 32 tokens, one 32-byte run (e8m0, column-major; 128 bytes
-// for fp32) or two half-filled 64-byte runs (mfma_tile) where the generic kernel writes 32 scattered bytes.
+// for fp32) or one half-filled 64-byte run (mfma_tile) where the generic kernel writes 32 scattered bytes.
 // x_fp8 rows are addressed through their token and group strides (group-major, padded rows, contiguous). It
 // writes what the generic kernel cannot (x_fp8 not contiguous, mfma_tile scales, zeroed padding rows of
 // column-major scales), and any call with Params::tiled (an experiment).
@@ -375,7 +375,9 @@ const char* status_string(int status) {
       return "num_groups must divide H*head_dim, and quant_group_size be 32, 64, 128 or 256 and divide "
              "Dg = H*head_dim/num_groups";
     case kBadDtype: return "unsupported dtype code";
-    case kTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
+    case kTooLarge:
+      return "S*H*head_dim/16 exceeds 2^31 - 1 (or, for the tiled kernel, H*head_dim or its blocks do: "
+             "x_scale's token rows / 32 * H)";
     case kLaunchFailed: return "kernel launch failed";
     case kBadConfig:
       return "tail_warps, fast_layout, pdl and tiled must be 0 or 1, tail_warps and fast_layout not both 1, "

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "check_message.h"
 #include "inverse_rope_group_quant_common.h"
@@ -47,17 +48,22 @@ inline void check_aligned(const BindingNames& n, const at::Tensor& t, const char
 
 inline int dtype_code(at::ScalarType t) { return t == at::kBFloat16 ? kBF16 : t == at::kHalf ? kF16 : kF32; }
 
-// x_fp8 [S, G, Dg]: rows of Dg contiguous that no two (s, g) share: the smaller of the token and group strides
-// (of a dim longer than 1) at least Dg, the larger at least the smaller times its dim (row-major, group-major,
-// padded rows).
+// x_fp8 [S, G, Dg]: rows of Dg contiguous that no two (s, g) share (row-major, group-major, padded rows): taking
+// the token and group dims (longer than 1) smaller stride first, each stride reaches past all that the dims below
+// it cover (fusedrope/inverse_rope_group_quant/outputs.py: rows_apart, the same rule).
 inline bool rows_apart(const at::Tensor& x) {
   const int64_t dg = x.size(2);
+  if (x.numel() == 0) return true;
   if (dg > 1 && x.stride(2) != 1) return false;
-  int64_t n[2] = {x.size(0), x.size(1)}, st[2] = {x.stride(0), x.stride(1)};
-  if (n[0] <= 1) n[0] = 1, st[0] = 0;
-  if (n[1] <= 1) n[1] = 1, st[1] = 0;
-  const int a = st[0] <= st[1] ? 0 : 1, b = 1 - a;  // a: the smaller stride
-  return (n[a] == 1 || st[a] >= dg) && (n[b] == 1 || st[b] >= (n[a] == 1 ? dg : st[a] * n[a]));
+  int64_t st[2] = {x.stride(0), x.stride(1)}, n[2] = {x.size(0), x.size(1)};
+  if (st[1] < st[0]) std::swap(st[0], st[1]), std::swap(n[0], n[1]);
+  int64_t reach = dg;  // elements from a row's start that the dims below cover
+  for (int d = 0; d < 2; ++d) {
+    if (n[d] <= 1) continue;
+    if (st[d] < reach) return false;
+    reach = st[d] * (n[d] - 1) + reach;
+  }
+  return true;
 }
 
 // Check the arguments of inverse_rope_group_quant_out (TORCH_CHECK errors name n.op) and fill *p from them.
@@ -127,10 +133,13 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
     TORCH_CHECK(st == at::kFloat8_e8m0fnu || st == at::kByte, n.op,
                 ": argument 'x_scale' expected dtype float8_e8m0fnu or uint8 for mfma_tile, got ", st);
   } else {
-    // Token rows past S (a column-major buffer padded to a TMA multiple) are written as zeros.
-    TORCH_CHECK(x_scale.dim() == 3 && x_scale.size(0) >= S && x_scale.size(1) == G && x_scale.size(2) == Ks, n.op,
-                ": argument 'x_scale' expected shape [", msg::num(S), " (or more rows, column-major), ", msg::num(G),
-                ", ", msg::num(Ks), "], got ", msg::shape(x_scale.sizes()));
+    // Token rows past S (a column-major buffer padded to a TMA multiple) are written as zeros, by a launch for a
+    // non-empty o only.
+    TORCH_CHECK(x_scale.dim() == 3 && (x_scale.size(0) == S || (S > 0 && x_scale.size(0) > S)) &&
+                    x_scale.size(1) == G && x_scale.size(2) == Ks,
+                n.op, ": argument 'x_scale' expected shape [", msg::num(S),
+                " (or more rows, column-major, for S > 0), ", msg::num(G), ", ", msg::num(Ks), "], got ",
+                msg::shape(x_scale.sizes()));
     TORCH_CHECK(st == at::kFloat8_e8m0fnu || st == at::kByte || st == at::kFloat, n.op,
                 ": argument 'x_scale' expected dtype float8_e8m0fnu, uint8 or float32, got ", st);
   }

@@ -421,7 +421,9 @@ const char* irgq_status_string(int status) {
       return "num_groups must divide H*head_dim, and quant_group_size be 32, 64, 128 or 256 and divide "
              "Dg = H*head_dim/num_groups";
     case kBadDtype: return "unsupported dtype code";
-    case kTooLarge: return "S*H*head_dim/16 exceeds 2^31 - 1";
+    case kTooLarge:
+      return "S*H*head_dim/16 exceeds 2^31 - 1 (or, for the tiled kernel, H*head_dim or its blocks do: "
+             "x_scale's token rows / 32 * H)";
     case kLaunchFailed: return "hipLaunchKernel failed";
     default: return "unknown status";
   }

@@ -142,7 +142,8 @@ def bad_cases():
                             "argument 'positions' expected a 1-D tensor with at least S=4 elements, got shape [2]"),
         "group 48": ((o, p, c, s, x, sc, 48), "argument 'quant_group_size' expected 32, 64, 128 or 256, got 48"),
         "x_scale shape": ((o, p, c, s, x, sc[:, :, :1], q),
-                          "argument 'x_scale' expected shape [4 (or more rows, column-major), 2, 32], got [4, 2, 1]"),
+                          "argument 'x_scale' expected shape [4 (or more rows, column-major, for S > 0), 2, 32], got "
+                          "[4, 2, 1]"),
         "x_fp8 strided": ((o, p, c, s, x.transpose(1, 2).contiguous().transpose(1, 2), sc, q),
                           "argument 'x_fp8' expected rows of Dg=4096 contiguous and apart (row-major, group-major "
                           "(Dg, S*Dg, 1) or padded rows), got strides [8192, 1, 2]"),
@@ -191,6 +192,37 @@ def test_output_layouts_only_the_tiled_kernel_writes(params):
         params(o, p, c, s, gm, short, q)
     mfma = torch.empty(2, 32, 32, dtype=torch.uint8)
     assert params(o, p, c, s, gm, mfma, q, 1)[5:7] == [0, 0] and params(o, p, c, s, gm, mfma, q, 1)[12:] == [1, 4]
+
+
+@pytest.mark.parametrize("S, G", [(2, 2), (3, 1), (1, 4), (3, 2)])
+def test_x_layouts_accepted_are_the_validated_ones(params, S, G):
+    """The binding accepts exactly the x_fp8 strides fusedrope's own validation does (outputs.rows_apart: rows
+    of Dg contiguous, no two sharing an element), over a grid of strides, and hands them to the kernels."""
+    from fusedrope.inverse_rope_group_quant.outputs import rows_apart
+
+    o, p, c, s, x, sc, q = inputs(S, 1, G, 128 // G if G > 1 else 128)
+    dg = x.shape[2]
+    choices = sorted({0, 1, dg - 1, dg, dg + 16, 2 * dg, S * dg, G * dg, (S - 1) * dg + 88, (G - 1) * (dg + 16) + dg})
+    base = torch.empty((S + G) * max(choices) + dg, dtype=torch.float8_e4m3fn)
+    for st in itertools.product(choices, choices, (1, 2)):
+        view = base.as_strided(x.shape, st)
+        ours = rows_apart(tuple(x.shape), st)
+        try:
+            got = params(o, p, c, s, view, sc, q)
+        except RuntimeError as e:
+            assert not ours and "argument 'x_fp8' expected rows of Dg" in str(e), (st, str(e))
+            continue
+        assert ours, st
+        assert got[10:12] == [st[0] if S > 1 else 0, st[1] if G > 1 else 0], st
+
+
+def test_padding_rows_need_tokens(params):
+    """An empty o launches nothing, so nothing would zero the padding rows of its x_scale: refused."""
+    o, p, c, s, x, sc, q = inputs(S=0)
+    col = torch.empty(2, 32, 4, dtype=torch.uint8).permute(2, 0, 1)
+    with pytest.raises(RuntimeError, match=r"argument 'x_scale' expected shape \[0 \(or more rows, column-major, "
+                                           r"for S > 0\), 2, 32\], got \[4, 2, 32\]"):
+        params(o, p, c, s, x, col, q)
 
 
 @pytest.mark.parametrize("name", list(bad_cases()))

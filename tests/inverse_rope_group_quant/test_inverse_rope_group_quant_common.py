@@ -119,6 +119,13 @@ def test_launcher_sends_what_only_the_tiled_kernel_writes_to_it():
     assert _kargs(lib, rows=8)[10:] == [1, 8] and _kargs(lib, rows=S)[10] == 0
     assert _kargs(lib, xs0=dg, xs1=S * dg)[9] == 1 and _kargs(lib, xs0=dg + 8, xs1=S * (dg + 8))[9] == 0
     assert _kargs(lib, mfma=2)[0] == 1                                                   # no such layout
+    # the tiled kernel's limits: its blocks (a head of 32 rows each) and a token row's elements in 32-bit ints;
+    # padding rows past the generic kernel's 2^31 chunks are fine
+    s_max = 0x7FFFFFFF // (128 * 32)
+    assert _kargs(lib, S=s_max, H=128, G=16, q=32, rows=s_max + 1, ss0=1, ss2=s_max + 1)[:1] == [0]
+    assert _kargs(lib, S=1, H=2**22, G=1, q=128, rows=4, ss0=1, ss2=4)[0] == 4
+    assert _kargs(lib, S=1, H=2**22, G=1, q=128, ss0=2**24, ss2=1)[:2] == [0, 2**27]   # the generic kernel's
+    assert _kargs(lib, S=1, H=2**22, G=1, q=128, ss0=2**24, ss2=1, tiled=1)[0] == 4
 
 
 @pytest.mark.parametrize("layout,q,scale_bytes", [("col", 128, 1), ("col", 32, 4), ("mfma_tile", 128, 1),

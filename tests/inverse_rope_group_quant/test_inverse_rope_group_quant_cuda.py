@@ -153,8 +153,7 @@ def test_tiled_kernel_sass_stages_scales_in_shared_memory(arch):
         first_round = [o for o in ops[:stores[0]] if re.fullmatch(r"LDG\.E(\.\w+)*\.128", o)]
         assert len(first_round) >= 2 * 2, f"{name}: {len(first_round)} 16-byte o loads before the first store"
         bars = [i for i, o in enumerate(ops) if o.startswith("BAR")]
-        assert len(bars) == 1 and ops[bars[0]] == "BAR.SYNC.DEFER_BLOCKING" or ops[bars[0]].startswith("BAR.SYNC"), \
-            f"{name}: barriers {[ops[i] for i in bars]}"
+        assert len(bars) == 1 and ops[bars[0]].startswith("BAR.SYNC"), f"{name}: barriers {[ops[i] for i in bars]}"
         bar = bars[0]
         before, after = ops[:bar], ops[bar:]
         assert any(o.startswith("STS") for o in before) and any(o.startswith("LDS") for o in after), name
