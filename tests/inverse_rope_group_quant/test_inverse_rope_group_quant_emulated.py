@@ -560,13 +560,15 @@ def cuda_lib(request):
 @pytest.mark.parametrize("scale_dtype,scale_layout", TILED_SCALES,
                          ids=[f"{str(d)[6:]}-{lay}" for d, lay in TILED_SCALES])
 @pytest.mark.parametrize("x_layout", ["group_major", "padded", "row"])
-def test_tiled_kernel_layouts(lib, x_layout, scale_dtype, scale_layout):
+@pytest.mark.parametrize("vendor", ["cuda", "hip", *(pytest.param(v, marks=pytest.mark.slow)  # the other tests
+                                                     for v in ("cuda-sm90", "hip-gfx942", "hip-gfx950"))])  # take them
+def test_tiled_kernel_layouts(vendor, x_layout, scale_dtype, scale_layout):
     """Every byte the reference's, nothing outside the outputs or in mfma padding written: S = 37 (a full and a
     partial 32-token tile), the DeepSeek-V4 shapes, groups 128 and 32 (mfma k alignment 2 and 8)."""
     from irgq_layouts import DEEPSEEK, check_layout
     from fusedrope.testing import QuantCase
 
-    run = emulated_backend(lib, tiled=1)
+    run = emulated_backend(emulated_kernel(vendor), tiled=1)
     for i, (H, G) in enumerate(DEEPSEEK.values()):
         q = (128, 32)[i]
         check_layout(QuantCase(37, H, G, quant_group_size=q), x_layout, scale_dtype, scale_layout, seed=H + q,
