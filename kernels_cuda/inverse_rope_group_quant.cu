@@ -376,8 +376,8 @@ const char* status_string(int status) {
              "Dg = H*head_dim/num_groups";
     case kBadDtype: return "unsupported dtype code";
     case kTooLarge:
-      return "S*H*head_dim/16 exceeds 2^31 - 1 (or, for the tiled kernel, H*head_dim or its blocks do: "
-             "x_scale's token rows / 32 * H)";
+      return "too large to index: S*H*head_dim/16 >= 2^31 for the generic kernel; H*head_dim, the token rows or "
+             "the blocks (rows / 32 * H) >= 2^31 for the tiled kernel";
     case kLaunchFailed: return "kernel launch failed";
     case kBadConfig:
       return "tail_warps, fast_layout, pdl and tiled must be 0 or 1, tail_warps and fast_layout not both 1, "

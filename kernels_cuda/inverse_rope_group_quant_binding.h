@@ -167,8 +167,9 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
   check_aligned(n, sin, "sin");
   check_aligned(n, x_fp8, "x_fp8");
   check_aligned(n, x_scale, "x_scale");
-  TORCH_CHECK(S * H * D / 16 <= INT32_MAX, n.op, ": expected S*H*head_dim/16 < 2^31, got S=",
-              msg::num(S), " H=", msg::num(H));
+  // What a launch can index is the launcher's to say (kTooLarge: per kernel); the Params fields must hold H and S.
+  TORCH_CHECK(H * D / 16 <= INT32_MAX && S <= INT32_MAX, n.op,
+              ": expected H*head_dim/16 < 2^31 and S < 2^31, got S=", msg::num(S), " H=", msg::num(H));
   if (S == 0 || H == 0) return false;
 
   p->o = o.data_ptr();

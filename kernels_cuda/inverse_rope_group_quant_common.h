@@ -41,8 +41,8 @@ enum Status : int {
   kUnsupportedShape = 1,  // head_dim != 512 or rope_dim != 64, or a non-positive size
   kBadGroup = 2,          // quant_group_size not in {32, 64, 128, 256}, or not dividing Dg
   kBadDtype = 3,
-  kTooLarge = 4,          // S * H * 512 / 16 >= 2^31; for the tiled kernel also H * 512 >= 2^31 or its blocks
-                          // (scale rows / 32 * H) >= 2^31
+  kTooLarge = 4,          // the generic kernels: S * H * 512 / 16 >= 2^31; the tiled kernel: H * 512, the
+                          // token rows or its blocks (rows / 32 * H) >= 2^31
   kLaunchFailed = 5,      // the runtime's kernel launch failed (the launcher also returns its error code)
   kBadConfig = 6,         // tail_warps, fast_layout, pdl or tiled not 0 or 1, tail_warps and fast_layout both 1,
                           // block_threads not 0 or a multiple of 32 in [32, 256], or the tiled kernel with
@@ -157,7 +157,6 @@ inline int make_kargs(const Params& p, KArgs* a, long long* num_chunks_out) {
   if (p.num_tokens == 0) return kOk;
   const long long chunks_per_token = per_token / kChunk;
   const long long rows = p.scale_rows > p.num_tokens ? p.scale_rows : p.num_tokens;
-  if (p.num_tokens > 0x7FFFFFFFLL / chunks_per_token) return kTooLarge;
   const long long num_chunks = p.num_tokens * chunks_per_token;
   a->o = p.o;
   a->x_fp8 = p.x_fp8;
@@ -206,9 +205,14 @@ inline int make_kargs(const Params& p, KArgs* a, long long* num_chunks_out) {
   const bool x_rows = (a->x_stride_s_bytes == per_token || p.num_tokens == 1) &&
                       (a->x_stride_g_bytes == dg || p.num_groups == 1);
   a->needs_tiled = !x_rows || a->mfma_k != 0 || rows > p.num_tokens;
-  // The tiled kernel indexes a token row's elements and its blocks (a head of 32 rows each) with 32-bit ints.
-  if ((a->needs_tiled || p.tiled == 1) && (per_token > 0x7FFFFFFFLL || (rows + 31) / 32 * p.num_heads > 0x7FFFFFFFLL))
+  // The generic kernels number o's 16-element chunks with 32-bit ints; the tiled kernel a token row's elements,
+  // the token rows and its blocks (a head of 32 rows each), and addresses o and x_fp8 in 64 bits.
+  if (a->needs_tiled || p.tiled == 1) {
+    if (per_token > 0x7FFFFFFFLL || rows > 0x7FFFFFFFLL || (rows + 31) / 32 * p.num_heads > 0x7FFFFFFFLL)
+      return kTooLarge;
+  } else if (p.num_tokens > 0x7FFFFFFFLL / chunks_per_token) {
     return kTooLarge;
+  }
   *num_chunks_out = num_chunks;
   return kOk;
 }

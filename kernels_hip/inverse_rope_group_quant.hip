@@ -422,8 +422,8 @@ const char* irgq_status_string(int status) {
              "Dg = H*head_dim/num_groups";
     case kBadDtype: return "unsupported dtype code";
     case kTooLarge:
-      return "S*H*head_dim/16 exceeds 2^31 - 1 (or, for the tiled kernel, H*head_dim or its blocks do: "
-             "x_scale's token rows / 32 * H)";
+      return "too large to index: S*H*head_dim/16 >= 2^31 for the generic kernel; H*head_dim, the token rows or "
+             "the blocks (rows / 32 * H) >= 2^31 for the tiled kernel";
     case kLaunchFailed: return "hipLaunchKernel failed";
     default: return "unknown status";
   }

@@ -78,9 +78,9 @@ def available(device: torch.device) -> Optional[str]:
 
 class CompiledOp:
     """``op.inverse_rope_group_quant_out`` of a vendor's extension: writes ``x_fp8`` / ``x_scale`` in place, one
-    launch on the current stream (a few, token ranges in turn, past what one launch can index)."""
+    launch on the current stream (a few, token ranges in turn, past what the generic kernel can index)."""
 
-    max_chunks = 2**31 - 1  # the kernels number 16-element chunks of o with 32-bit ints (S*H*head_dim/16)
+    max_chunks = 2**31 - 1  # the generic kernels number o's 16-element chunks with 32-bit ints (S*H*head_dim/16)
 
     def __init__(self, op, pdl_op=None) -> None:
         self.op = op
@@ -91,17 +91,15 @@ class CompiledOp:
         op = self.pdl_op if pdl and self.pdl_op is not None else self.op
         mfma = int(scale_layout == "mfma_tile")
         S, H, D = o.shape
-        step = max(self.max_chunks // max(H * D // 16, 1), 1)  # a token past the limit: the binding says so
-        if S <= step or mfma:  # (mfma_tile tiles do not slice by tokens: the binding refuses what is too large)
+        step = max(self.max_chunks // max(H * D // 16, 1), 1)  # a token past the limit: the launcher says so
+        if S <= step or mfma or x_scale.shape[0] > S or not x_fp8.is_contiguous():  # the tiled kernel: 64-bit
             op(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, mfma)
             return
-        # Token slices keep every layout the kernels take: o and row-major scales stay contiguous, x_fp8 keeps its
-        # strides, a column-major scale slice keeps stride(1) == Ks * stride(2), and the last one takes x_scale's
-        # padding rows.
+        # Token slices keep the generic kernel's layouts: o, x_fp8 and row-major scales stay contiguous, and a
+        # column-major scale slice keeps stride(1) == Ks * stride(2).
         for i in range(0, S, step):
             j = min(i + step, S)
-            op(o[i:j], positions[i:j], cos_cache, sin_cache, x_fp8[i:j], x_scale[i:j] if j < S else x_scale[i:],
-               quant_group_size, 0)
+            op(o[i:j], positions[i:j], cos_cache, sin_cache, x_fp8[i:j], x_scale[i:j], quant_group_size, 0)
 
 
 def load() -> tuple:

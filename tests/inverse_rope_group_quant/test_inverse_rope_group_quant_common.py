@@ -123,6 +123,11 @@ def test_launcher_sends_what_only_the_tiled_kernel_writes_to_it():
     # padding rows past the generic kernel's 2^31 chunks are fine
     s_max = 0x7FFFFFFF // (128 * 32)
     assert _kargs(lib, S=s_max, H=128, G=16, q=32, rows=s_max + 1, ss0=1, ss2=s_max + 1)[:1] == [0]
+    # past the generic kernel's 2^31 chunks: one tiled launch (64-bit addresses), not the generic kernel
+    assert _kargs(lib, S=s_max + 1, H=128, G=16, q=32, rows=s_max + 4, ss0=1, ss2=s_max + 4)[0] == 0
+    assert _kargs(lib, S=s_max + 1, H=128, G=16, q=32, ss0=128 * 512 // 32, ss2=1)[0] == 4
+    assert _kargs(lib, S=s_max + 1, H=128, G=16, q=32, ss0=128 * 512 // 32, ss2=1, tiled=1)[0] == 0
+    assert _kargs(lib, S=2**20, H=2**21, G=1, q=32, ss0=2**25, ss2=1, tiled=1)[0] == 4  # its blocks: rows/32*H
     assert _kargs(lib, S=1, H=2**22, G=1, q=128, rows=4, ss0=1, ss2=4)[0] == 4
     assert _kargs(lib, S=1, H=2**22, G=1, q=128, ss0=2**24, ss2=1)[:2] == [0, 2**27]   # the generic kernel's
     assert _kargs(lib, S=1, H=2**22, G=1, q=128, ss0=2**24, ss2=1, tiled=1)[0] == 4

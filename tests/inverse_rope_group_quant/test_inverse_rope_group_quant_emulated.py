@@ -482,44 +482,50 @@ def test_stays_in_bounds_under_asan(tmp_path, vendor):
     assert proc.returncode == 0 and "ASAN RUN OK" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
 
 
-@pytest.mark.parametrize("layout", ["row", "col", "group-major-x-padded-col"])
+@pytest.mark.parametrize("layout", ["row", "col", "group-major-x-padded-col", "mfma_tile"])
 def test_backend_entry_splits_what_one_launch_cannot_index(layout, monkeypatch):
-    """Past 2^31 16-element chunks of o (S*H*512/16) the compiled backends' entry (CompiledOp) launches token
-    ranges in turn. With its limit lowered to 3 tokens' worth, 10 tokens take launches of 3, 3, 3 and 1 token
-    of the emulated CUDA kernel, whose bytes (every one written) equal one reference call over all 10: each
-    range gets its own positions and scale rows, the column-major scale slice included, a group-major x_fp8
-    keeps its strides, and the last range takes x_scale's padding rows (12 rows for 10 tokens: zeros)."""
+    """Past 2^31 16-element chunks of o (S*H*512/16) the compiled backends' entry (CompiledOp) launches the
+    generic kernel on token ranges in turn. With its limit lowered to 3 tokens' worth, 10 tokens take launches of
+    3, 3, 3 and 1 token of the emulated CUDA kernel, whose bytes (every one written) equal one reference call over
+    all 10: each range gets its own positions and scale rows, the column-major scale slice included. The tiled
+    kernel's layouts (group-major x_fp8 with 12 scale rows for 10 tokens, mfma_tile) take one launch: it
+    addresses o and x_fp8 in 64 bits."""
     from fusedrope import reference as ref
     from fusedrope.inverse_rope_group_quant.cuda import CompiledOp
 
     emu = emulated_kernel("cuda")
     o, p, c, s = quant_inputs(10, 4, seed=2)
+    scale_layout = {"row": "row", "mfma_tile": "mfma_tile"}.get(layout, "col")
     if layout == "group-major-x-padded-col":
         def outputs():
             x = torch.full((2, 10, 1024), 0xA5, dtype=torch.uint8).view(torch.float8_e4m3fn).permute(1, 0, 2)
             buf = torch.full((2, 16, 16), 0xA5, dtype=torch.uint8).view(torch.float8_e8m0fnu)
             return x, buf.permute(2, 0, 1)[:12]  # [12, G, Ks], strides (1, Ks*16, 16)
         (x, sc), (xr, sr) = outputs(), outputs()
+    elif layout == "mfma_tile":
+        (x, _), (xr, _) = quant_outputs(o, 2, 64, False), quant_outputs(o, 2, 64, False)
+        sc, sr = (torch.full((2, 32, 16), 0xA5, dtype=torch.uint8) for _ in range(2))
     else:
         x, sc = quant_outputs(o, 2, 64, layout == "col")
         xr, sr = quant_outputs(o, 2, 64, layout == "col")
     launches = []
 
-    def op(o, positions, cos, sin, x_fp8, x_scale, q, scale_layout):
-        launches.append((o.shape[0], x_scale.shape[0]))
-        assert scale_layout == 0
-        assert emulate(emu, o, positions, cos, sin, x_fp8, x_scale, q) == 0
+    def op(o, positions, cos, sin, x_fp8, x_scale, q, mfma):
+        launches.append(o.shape[0])
+        assert mfma == (scale_layout == "mfma_tile")
+        assert emulate(emu, o, positions, cos, sin, x_fp8, x_scale, q, scale_layout=scale_layout) == 0
 
     entry = CompiledOp(op)
     monkeypatch.setattr(entry, "max_chunks", 3 * 4 * 512 // 16 + 5)
-    entry(o, p, c, s, x, sc, 64, scale_layout="row" if layout == "row" else "col")
-    assert launches == [(3, 3), (3, 3), (3, 3), (1, sc.shape[0] - 9)]
-    ref.inverse_rope_group_quant(o, p, c, s, xr, sr, 64, scale_layout="col")
+    entry(o, p, c, s, x, sc, 64, scale_layout=scale_layout)
+    assert launches == ([3, 3, 3, 1] if layout in ("row", "col") else [10])
+    ref.inverse_rope_group_quant(o, p, c, s, xr, sr, 64, scale_layout=scale_layout)
     assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8))
     assert torch.equal(sc.view(torch.uint8), sr.view(torch.uint8))
-    launches.clear()
-    entry(o[:3], p, c, s, x[:3], sc[:3], 64)  # within the limit: one launch
-    assert launches == [(3, 3)]
+    if layout in ("row", "col"):
+        launches.clear()
+        entry(o[:3], p, c, s, x[:3], sc[:3], 64, scale_layout=scale_layout)  # within the limit: one launch
+        assert launches == [3]
 
 
 @pytest.mark.parametrize("transpose", [False, True])
