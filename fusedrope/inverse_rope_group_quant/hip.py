@@ -4,8 +4,7 @@ Opt-in (``backend="hip"``) until it has run on AMD hardware.
 Serves gfx942 (MI300, FP8 = float8_e4m3fnuz in hardware) and gfx950 (MI350/MI355, FP8 = OCP float8_e4m3fn in
 hardware), in the envelope the CUDA kernels serve (:func:`.cuda.envelope_reason`), every layout included (a
 generic and a tiled kernel, as for CUDA). Other shapes, the non-native fp8 format of an arch and packed int32
-UE8M0 scales go to Triton. Pointer alignment is decided inside the
-compiled op.
+UE8M0 scales go to Triton. Pointer alignment is decided inside the compiled op.
 """
 
 from __future__ import annotations
