@@ -182,18 +182,73 @@ __device__ inline u32x4 quant16(const float (&v)[16], unsigned byte, bool bad) {
   return out;
 }
 
+// The 16 elements of o at p: two dwordx4 loads, or 16-bit ones where p is not 16-byte aligned (an odd storage
+// offset of o).
+__device__ inline void load_o16(const FR_GLOBAL unsigned char* p, int vec, u32x4 (&r)[2]) {
+  if (vec) {
+    r[0] = ((const FR_GLOBAL u32x4*)p)[0];
+    r[1] = ((const FR_GLOBAL u32x4*)p)[1];
+  } else {
+    const FR_GLOBAL unsigned short* h = (const FR_GLOBAL unsigned short*)p;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r[i >> 2][i & 3] = (unsigned)h[2 * i] | ((unsigned)h[2 * i + 1] << 16);
+  }
+}
+
+// The position of token s, for its rope-tail chunks.
+__device__ inline long long load_position(const KArgs& a, unsigned s) {
+  const FR_GLOBAL unsigned char* pp = (const FR_GLOBAL unsigned char*)a.positions + a.pos_stride_bytes * s;
+  return a.pos_is_int64 ? *(const FR_GLOBAL long long*)pp : (long long)*(const FR_GLOBAL int*)pp;
+}
+
+// The raw cos / sin words of rope-tail chunk r of a head (its index in the head, or in the token row) at pos.
+__device__ inline void load_cos_sin(const KArgs& a, long long pos, unsigned r, u32x4 (&cw)[2], u32x4 (&sw)[2]) {
+  const long long p = clamp_position(pos, a.max_pos);
+  const unsigned j0 = (r % kChunksPerHead - kFirstTailChunk) * 8u;  // first pair index of this chunk
+  const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u;
+  load_cache_words((const FR_GLOBAL unsigned char*)a.cos + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype,
+                   a.cache_vec, cw);
+  load_cache_words((const FR_GLOBAL unsigned char*)a.sin + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype,
+                   a.cache_vec, sw);
+}
+
+// A chunk's 16 values, rotated back where it holds rope dims.
+template <typename TIn>
+__device__ inline void values16(const KArgs& a, const u32x4 (&raw)[2], bool rope, const u32x4 (&cw)[2],
+                                const u32x4 (&sw)[2], float (&v)[16]) {
+  unpack16<TIn>(raw, v);
+  if (rope) {
+    float c[8], n[8];
+    cache8_from_words(cw, a.cache_dtype, c);
+    cache8_from_words(sw, a.cache_dtype, n);
+    rotate8(v, c, n);
+  }
+}
+
+// The chunk quantized with its block's scale byte (bad: the block holds NaN or Inf), stored at dst: one dwordx4
+// store, or byte stores where dst is not 16-byte aligned.
+__device__ inline void store_fp8(FR_GLOBAL unsigned char* dst, int vec, bool fnuz, const float (&v)[16],
+                                 unsigned byte, bool bad) {
+  const u32x4 q = fnuz ? quant16<true>(v, byte, bad) : quant16<false>(v, byte, bad);
+  if (vec) {
+    *(FR_GLOBAL u32x4*)dst = q;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) dst[i] = (unsigned char)(q[i >> 2] >> (8 * (i & 3)));
+  }
+}
+
+// A scale byte at dst, as the byte or as the fp32 2^(byte - 127).
+__device__ inline void store_scale(FR_GLOBAL unsigned char* dst, bool f32, unsigned byte) {
+  if (f32) *(FR_GLOBAL unsigned*)dst = scale_f32_bits(byte);
+  else *dst = (unsigned char)byte;
+}
+
 template <typename TIn, int kQgs>
 __global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
   constexpr int kLanes = kQgs / kChunk;
   const unsigned tid = __builtin_amdgcn_workitem_id_x();
   const unsigned first = __builtin_amdgcn_workgroup_id_x() * (unsigned)(kThreads * kUnroll) + tid;
-  const FR_GLOBAL u32x4* o = (const FR_GLOBAL u32x4*)a.o;
-  FR_GLOBAL u32x4* x_fp8 = (FR_GLOBAL u32x4*)a.x_fp8;
-  const FR_GLOBAL unsigned char* positions = (const FR_GLOBAL unsigned char*)a.positions;
-  const FR_GLOBAL unsigned char* cos_p = (const FR_GLOBAL unsigned char*)a.cos;
-  const FR_GLOBAL unsigned char* sin_p = (const FR_GLOBAL unsigned char*)a.sin;
-  FR_GLOBAL unsigned char* x_scale = (FR_GLOBAL unsigned char*)a.x_scale;
-
   // Every load of the lane is issued before any math or store, in two waves: o and the positions of its
   // rope-tail chunks, then (needing the positions) the cos and sin rows of all of them. Not a chain of
   // o -> position -> cos -> sin -> store per chunk: x_fp8 may alias the caches as far as the compiler knows,
@@ -211,18 +266,8 @@ __global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
     rope[j] = chunk < a.num_chunks && (cps[j].r % kChunksPerHead) >= kFirstTailChunk;
     pos[j] = 0;
     if (chunk < a.num_chunks) {
-      if (a.io_vec) {
-        raw[j][0] = o[2 * (unsigned long long)chunk];
-        raw[j][1] = o[2 * (unsigned long long)chunk + 1];
-      } else {  // o is contiguous but its data pointer is not 16-byte aligned (an odd storage offset)
-        const FR_GLOBAL unsigned short* h = (const FR_GLOBAL unsigned short*)o + 16ull * chunk;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) raw[j][i >> 2][i & 3] = (unsigned)h[2 * i] | ((unsigned)h[2 * i + 1] << 16);
-      }
-      if (rope[j]) {
-        const FR_GLOBAL unsigned char* pp = positions + a.pos_stride_bytes * cps[j].s;
-        pos[j] = a.pos_is_int64 ? *(const FR_GLOBAL long long*)pp : (long long)*(const FR_GLOBAL int*)pp;
-      }
+      load_o16((const FR_GLOBAL unsigned char*)a.o + 32ull * chunk, a.io_vec, raw[j]);
+      if (rope[j]) pos[j] = load_position(a, cps[j].s);
     } else {
       raw[j][0] = u32x4{0u, 0u, 0u, 0u};
       raw[j][1] = u32x4{0u, 0u, 0u, 0u};
@@ -231,13 +276,7 @@ __global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
   u32x4 cw[kUnroll][2], sw[kUnroll][2];  // raw cos / sin words of the rope-tail chunks
 #pragma unroll
   for (int j = 0; j < kUnroll; ++j) {
-    if (rope[j]) {
-      const long long p = clamp_position(pos[j], a.max_pos);
-      const unsigned j0 = (cps[j].r % kChunksPerHead - kFirstTailChunk) * 8u;  // first pair index of this chunk
-      const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u;
-      load_cache_words(cos_p + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, cw[j]);
-      load_cache_words(sin_p + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, sw[j]);
-    }
+    if (rope[j]) load_cos_sin(a, pos[j], cps[j].r, cw[j], sw[j]);
   }
 
 #pragma unroll
@@ -247,31 +286,15 @@ __global__ __launch_bounds__(kThreads) void irgq_kernel(KArgs a) {
     const ChunkPos cp = cps[j];
 
     float v[16];
-    unpack16<TIn>(raw[j], v);
-    if (rope[j]) {
-      float c[8], n[8];
-      cache8_from_words(cw[j], a.cache_dtype, c);
-      cache8_from_words(sw[j], a.cache_dtype, n);
-      rotate8(v, c, n);
-    }
-
+    values16<TIn>(a, raw[j], rope[j], cw[j], sw[j], v);
     const unsigned amax = block_max<kLanes>(amax_bits16(v));
     const bool bad = nonfinite_bits(amax);  // NaN or +-Inf somewhere in the block
     const unsigned byte = e8m0_byte(amax, a.fp8_fnuz != 0);  // 0xFF when bad
-
     if (valid) {
-      const u32x4 q = a.fp8_fnuz ? quant16<true>(v, byte, bad) : quant16<false>(v, byte, bad);
-      if (a.io_vec) {
-        x_fp8[chunk] = q;
-      } else {
-        FR_GLOBAL unsigned char* b = (FR_GLOBAL unsigned char*)x_fp8 + 16ull * chunk;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) b[i] = (unsigned char)(q[i >> 2] >> (8 * (i & 3)));
-      }
+      store_fp8((FR_GLOBAL unsigned char*)a.x_fp8 + 16ull * chunk, a.io_vec, a.fp8_fnuz != 0, v, byte, bad);
       if (cp.r % kLanes == 0) {
-        FR_GLOBAL unsigned char* dst = x_scale + scale_offset_bytes(a, cp.s, cp.r, kLanes);
-        if (a.scale_is_f32) *(FR_GLOBAL unsigned*)dst = scale_f32_bits(byte);
-        else *dst = (unsigned char)byte;
+        store_scale((FR_GLOBAL unsigned char*)a.x_scale + scale_offset_bytes(a, cp.s, cp.r, kLanes), a.scale_is_f32,
+                    byte);
       }
     }
   }
@@ -305,12 +328,6 @@ __global__ __launch_bounds__(kThreads) void irgq_tiled_kernel(KArgs a) {
   const unsigned g = col / a.dg;
   const unsigned long long x_col = (unsigned long long)a.x_stride_g_bytes * g + (col - g * a.dg);
   const bool tail = lane >= (unsigned)kFirstTailChunk;
-  const unsigned esz = a.cache_dtype == kF32 ? 4u : 2u, j0 = (lane - kFirstTailChunk) * 8u;
-  const FR_GLOBAL unsigned char* o_p = (const FR_GLOBAL unsigned char*)a.o;
-  const FR_GLOBAL unsigned char* positions = (const FR_GLOBAL unsigned char*)a.positions;
-  const FR_GLOBAL unsigned char* cos_p = (const FR_GLOBAL unsigned char*)a.cos;
-  const FR_GLOBAL unsigned char* sin_p = (const FR_GLOBAL unsigned char*)a.sin;
-  FR_GLOBAL unsigned char* x_p = (FR_GLOBAL unsigned char*)a.x_fp8;
 
 #pragma unroll
   for (unsigned round = 0; round < kRounds; ++round) {
@@ -321,19 +338,9 @@ __global__ __launch_bounds__(kThreads) void irgq_tiled_kernel(KArgs a) {
       const unsigned s = s0 + row + kTileRows * (round * kTokensPerRound + i);
       pos[i] = 0;
       if (s < a.num_tokens) {
-        const FR_GLOBAL unsigned char* src = o_p + 2ull * ((unsigned long long)s * a.num_heads * kHeadDim + col);
-        if (a.io_vec) {
-          raw[i][0] = ((const FR_GLOBAL u32x4*)src)[0];
-          raw[i][1] = ((const FR_GLOBAL u32x4*)src)[1];
-        } else {
-          const FR_GLOBAL unsigned short* h = (const FR_GLOBAL unsigned short*)src;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) raw[i][k >> 2][k & 3] = (unsigned)h[2 * k] | ((unsigned)h[2 * k + 1] << 16);
-        }
-        if (tail) {
-          const FR_GLOBAL unsigned char* pp = positions + a.pos_stride_bytes * s;
-          pos[i] = a.pos_is_int64 ? *(const FR_GLOBAL long long*)pp : (long long)*(const FR_GLOBAL int*)pp;
-        }
+        const unsigned long long e = (unsigned long long)s * a.num_heads * kHeadDim + col;  // element of o
+        load_o16((const FR_GLOBAL unsigned char*)a.o + 2ull * e, a.io_vec, raw[i]);
+        if (tail) pos[i] = load_position(a, s);
       } else {
         raw[i][0] = raw[i][1] = u32x4{0u, 0u, 0u, 0u};
       }
@@ -341,9 +348,7 @@ __global__ __launch_bounds__(kThreads) void irgq_tiled_kernel(KArgs a) {
 #pragma unroll
     for (unsigned i = 0; i < kTokensPerRound; ++i) {
       if (tail && s0 + row + kTileRows * (round * kTokensPerRound + i) < a.num_tokens) {
-        const long long p = clamp_position(pos[i], a.max_pos);
-        load_cache_words(cos_p + p * a.cos_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, cw[i]);
-        load_cache_words(sin_p + p * a.sin_stride_bytes + j0 * esz, a.cache_dtype, a.cache_vec, sw[i]);
+        load_cos_sin(a, pos[i], lane, cw[i], sw[i]);
       }
     }
 
@@ -351,25 +356,12 @@ __global__ __launch_bounds__(kThreads) void irgq_tiled_kernel(KArgs a) {
     for (unsigned i = 0; i < kTokensPerRound; ++i) {
       const unsigned t = row + kTileRows * (round * kTokensPerRound + i), s = s0 + t;
       float v[16];
-      unpack16<TIn>(raw[i], v);
-      if (tail && s < a.num_tokens) {
-        float c[8], n[8];
-        cache8_from_words(cw[i], a.cache_dtype, c);
-        cache8_from_words(sw[i], a.cache_dtype, n);
-        rotate8(v, c, n);
-      }
+      values16<TIn>(a, raw[i], tail && s < a.num_tokens, cw[i], sw[i], v);
       const unsigned amax = block_max<kLanes>(amax_bits16(v));
       const unsigned byte = e8m0_byte(amax, a.fp8_fnuz != 0);
       if (s < a.num_tokens) {
-        const u32x4 q = a.fp8_fnuz ? quant16<true>(v, byte, nonfinite_bits(amax))
-                                   : quant16<false>(v, byte, nonfinite_bits(amax));
-        FR_GLOBAL unsigned char* dst = x_p + (unsigned long long)a.x_stride_s_bytes * s + x_col;
-        if (a.io_vec) {
-          *(FR_GLOBAL u32x4*)dst = q;
-        } else {
-#pragma unroll
-          for (int k = 0; k < 16; ++k) dst[k] = (unsigned char)(q[k >> 2] >> (8 * (k & 3)));
-        }
+        store_fp8((FR_GLOBAL unsigned char*)a.x_fp8 + (unsigned long long)a.x_stride_s_bytes * s + x_col, a.io_vec,
+                  a.fp8_fnuz != 0, v, byte, nonfinite_bits(amax));
       }
       if (lane % kLanes == 0) scales[t][lane / kLanes] = s < a.num_tokens ? (unsigned char)byte : 0;  // padding: 0
     }
@@ -379,10 +371,8 @@ __global__ __launch_bounds__(kThreads) void irgq_tiled_kernel(KArgs a) {
     const TileSlot slot = tile_slot(i);
     const unsigned s = s0 + slot.t;
     if (s < (a.mfma_k ? a.num_tokens : a.scale_rows)) {
-      FR_GLOBAL unsigned char* dst = (FR_GLOBAL unsigned char*)a.x_scale +
-                                     tile_scale_offset_bytes(a, s, head * kBlocksPerHead + slot.kb);
-      if (a.scale_is_f32) *(FR_GLOBAL unsigned*)dst = scale_f32_bits(scales[slot.t][slot.kb]);
-      else *dst = scales[slot.t][slot.kb];
+      store_scale((FR_GLOBAL unsigned char*)a.x_scale + tile_scale_offset_bytes(a, s, head * kBlocksPerHead + slot.kb),
+                  a.scale_is_f32, scales[slot.t][slot.kb]);
     }
   }
 }
