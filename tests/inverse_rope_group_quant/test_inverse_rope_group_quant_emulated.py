@@ -33,8 +33,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from fusedrope.testing import QuantCase
+
 from irgq_harness import (CUDA_SRC, HIP_SRC, asan_runtime, check_emulated, emul_stats, emulate, emulated_kernel,
                           quant_inputs, quant_outputs)
+from irgq_layouts import DEEPSEEK, check_layout
 
 GROUPS = (32, 64, 128, 256)
 # cuda / hip: the software fp8 paths; cuda-sm90, hip-gfxN: the hardware conversion paths, through models
@@ -571,9 +574,6 @@ def cuda_lib(request):
 def test_tiled_kernel_layouts(vendor, x_layout, scale_dtype, scale_layout):
     """Every byte the reference's, nothing outside the outputs or in mfma padding written: S = 37 (a full and a
     partial 32-token tile), the DeepSeek-V4 shapes, groups 128 and 32 (mfma k alignment 2 and 8)."""
-    from irgq_layouts import DEEPSEEK, check_layout
-    from fusedrope.testing import QuantCase
-
     run = emulated_backend(emulated_kernel(vendor), tiled=1)
     for i, (H, G) in enumerate(DEEPSEEK.values()):
         q = (128, 32)[i]
@@ -584,9 +584,6 @@ def test_tiled_kernel_layouts(vendor, x_layout, scale_dtype, scale_layout):
 
 @pytest.mark.parametrize("x_layout,scale_layout", [("group_major", "row"), ("row", "mfma_tile")])
 def test_layouts_only_the_tiled_kernel_writes_take_it_by_default(lib, x_layout, scale_layout):
-    from irgq_layouts import check_layout
-    from fusedrope.testing import QuantCase
-
     run = emulated_backend(lib)
     check_layout(QuantCase(5, 16, 2), x_layout, torch.float8_e8m0fnu, scale_layout, backend=run, exact=True)
     assert (run.stats["grid"], run.stats["block"]) == (16, 256), run.stats  # not the generic kernel's 10 or 5
@@ -634,9 +631,6 @@ TILED_MUTATIONS = [  # (vendor, text, replacement): a tiled kernel's indexing br
                          ids=["cuda-token-half", "cuda-group-stride", "mfma-k-bit", "hip-token-half",
                               "hip-group-stride"])
 def test_a_broken_tiled_kernel_is_caught(tmp_path, vendor, old, new):
-    from irgq_layouts import check_layout
-    from fusedrope.testing import QuantCase
-
     copy = _mutated_copy(tmp_path, HIP_SRC if vendor == "hip" else CUDA_SRC, "", "")  # with its headers
     mutated = next(f for f in sorted(tmp_path.rglob("*")) if f.is_file() and old in f.read_text()
                    and f.suffix in (copy.suffix, ".h"))
