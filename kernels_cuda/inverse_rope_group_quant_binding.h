@@ -124,7 +124,8 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
               "got ", msg::num(scale_layout));
   const auto st = x_scale.scalar_type();
   if (scale_layout == kScaleMfmaTile) {
-    const int64_t align = q == 128 ? 2 : 8, s_pad = (S + 31) / 32 * 32, ks_pad = (Ks + align - 1) / align * align;
+    long long s_pad, ks_pad;
+    mfma_tile_dims(S, Ks, static_cast<int>(q), &s_pad, &ks_pad);
     TORCH_CHECK(x_scale.dim() == 3 && x_scale.size(0) == G && x_scale.size(1) == s_pad &&
                     x_scale.size(2) == ks_pad && x_scale.is_contiguous(),
                 n.op, ": argument 'x_scale' expected a contiguous mfma_tile buffer [", msg::num(G), ", ",

@@ -142,6 +142,15 @@ struct KArgs {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// The mfma_tile buffer [G, S_pad, Ks_pad]: tokens padded to 32, blocks per group to mfma_k_align(Q) (2 for group
+// 128, else 8); *s_pad and *ks_pad from S and Ks.
+inline unsigned mfma_k_align(int q) { return q == 128 ? 2u : 8u; }
+inline void mfma_tile_dims(long long S, long long ks, int q, long long* s_pad, long long* ks_pad) {
+  const long long align = mfma_k_align(q);
+  *s_pad = (S + 31) / 32 * 32;
+  *ks_pad = (ks + align - 1) / align * align;
+}
+
 // Validate and derive the kernel arguments (host). Returns a Status; *num_chunks_out = 0 means nothing to do.
 inline int make_kargs(const Params& p, KArgs* a, long long* num_chunks_out) {
   *num_chunks_out = 0;
@@ -197,9 +206,9 @@ inline int make_kargs(const Params& p, KArgs* a, long long* num_chunks_out) {
   a->num_heads = (unsigned)p.num_heads;
   a->dg = (unsigned)dg;
   a->ks = (unsigned)ks;
-  a->mfma_k = p.scale_layout == kScaleMfmaTile ? (q == 128 ? 2u : 8u) : 0u;
-  const long long align = a->mfma_k ? a->mfma_k : 1, s_pad = (p.num_tokens + 31) / 32 * 32;
-  const long long ks_pad = (ks + align - 1) / align * align;
+  a->mfma_k = p.scale_layout == kScaleMfmaTile ? mfma_k_align(q) : 0u;
+  long long s_pad, ks_pad;
+  mfma_tile_dims(p.num_tokens, ks, q, &s_pad, &ks_pad);
   a->mfma_tile_stride = 32 * ks_pad;
   a->mfma_group_stride = s_pad * ks_pad;
   const bool x_rows = (a->x_stride_s_bytes == per_token || p.num_tokens == 1) &&
