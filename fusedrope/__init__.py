@@ -15,9 +15,9 @@ oracle). ``FUSEDROPE_BACKEND=name`` forces one for every call made with ``backen
 import importlib as _importlib
 
 from ._validation import BackendUnavailableError
-from .inverse_rope_group_quant import empty_quant_outputs, inverse_rope_group_quant, quant_output_shapes
+from .inverse_rope_group_quant import inverse_rope_group_quant
 from .qwen3_tts_rope import qwen3_tts_rope
-from .registry import BACKENDS, ENV_BACKEND, Explanation, registry
+from .registry import BACKENDS, ENV_BACKEND, registry
 
 __version__ = "0.1.0"
 
@@ -25,7 +25,10 @@ __version__ = "0.1.0"
 # Loaded on first use: the ops' plain calls need none of these. name -> (module, attribute or None for the module)
 _LAZY = {"reference": (".reference", None), "testing": (".testing", None),
          "qwen3_tts_qk_norm_rope": (".qwen3_tts_rope.modes", "qwen3_tts_qk_norm_rope"),
-         "explain": (".backends", "explain"), "register_backend": (".backends", "register_backend")}
+         "explain": (".backends", "explain"), "register_backend": (".backends", "register_backend"),
+         "Explanation": (".backends", "Explanation"),
+         "empty_quant_outputs": (".inverse_rope_group_quant.buffers", "empty_quant_outputs"),
+         "quant_output_shapes": (".inverse_rope_group_quant.buffers", "quant_output_shapes")}
 
 
 def __getattr__(name):

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._validation import fail
+
 # AMD GPUs run 64-wide wavefronts: launchers size num_warps by it to keep 16-byte accesses per thread.
 WARP_SIZE = 64 if torch.version.hip else 32
 
@@ -122,3 +124,13 @@ def f32_to_fp8_bits(x, FNUZ: tl.constexpr):
     else:
         code = code | sign
     return tl.where(x != x, NAN, code).to(tl.uint8)
+
+
+def check_aligned(op: str, named: dict) -> None:
+    """Each tensor's data starts at a multiple of its element size, as a compiled kernel's loads need (torch's
+    own tensors always do; one over a numpy, DLPack or ``frombuffer`` buffer at an odd offset may not)."""
+    for name, t in named.items():
+        size = t.element_size()
+        if t.data_ptr() % size:
+            fail(op, name, f"data aligned to its element size ({size} bytes)",
+                 f"a data pointer {t.data_ptr() % size} bytes past that (e.g. a view at an odd byte offset)")

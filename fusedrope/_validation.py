@@ -222,12 +222,3 @@ def check_positions_on_host(op: str, positions: torch.Tensor, max_pos: int) -> N
         at = f"positions[{i}]" if positions.dim() == 1 else f"positions.flatten()[{i}]"
         fail(op, "positions", f"values in [0, max_pos={max_pos})", f"{at}={int(p[i])} ({bad.numel()} out of range)")
 
-
-def check_aligned(op: str, named: dict) -> None:
-    """Each tensor's data starts at a multiple of its element size, as a compiled kernel's loads need (torch's
-    own tensors always do; one over a numpy, DLPack or ``frombuffer`` buffer at an odd offset may not)."""
-    for name, t in named.items():
-        size = t.element_size()
-        if t.data_ptr() % size:
-            fail(op, name, f"data aligned to its element size ({size} bytes)",
-                 f"a data pointer {t.data_ptr() % size} bytes past that (e.g. a view at an odd byte offset)")

@@ -5,9 +5,34 @@ from __future__ import annotations
 
 import inspect
 from importlib import import_module
+from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .registry import BACKENDS, Backend, Explanation, _yes, registry
+from ._validation import BackendUnavailableError
+from .registry import BACKENDS, ENV_BACKEND, Backend, OpRegistry, _yes, forced_backend, registry
+
+
+@dataclass
+class Decision:
+    backend: str
+    runs: bool
+    reason: str
+
+
+class Explanation(list):
+    """``[Decision, ...]`` in registry order, plus ``chosen`` (a backend name or None); prints as a table."""
+
+    chosen: Optional[str] = None
+    op: str = ""
+    forced: str = ""  # "FUSEDROPE_BACKEND=name" when the environment forced the choice of a backend="auto" call
+
+    def __str__(self) -> str:
+        forced = f" (forced by {self.forced})" if self.forced else ""
+        lines = [f"{self.op}: chosen backend = {self.chosen or 'none'}{forced}"]
+        for d in self:
+            mark = "->" if d.backend == self.chosen else ("ok" if d.runs else "no")
+            lines.append(f"  {mark} {d.backend:<10} {d.reason}")
+        return "\n".join(lines)
 
 
 def explain(op, *args, **kwargs) -> Explanation:
@@ -113,3 +138,24 @@ def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Ca
             raise TypeError(f"register_backend: argument '{arg}' expected a callable, got {type(fn).__name__}")
     run, supports = reg.user_protocol(run, supports or _yes)
     reg.register(Backend(name, run, supports, available or _yes))
+
+
+def explain_key(reg: OpRegistry, key: tuple, backend: str = "auto") -> Explanation:
+    """:meth:`OpRegistry.explain`: every backend's decision for a call with this key, and the one it would run."""
+    facts = reg.facts(*key)
+    if not isinstance(backend, str):
+        raise reg._not_a_name(backend)
+    request = forced_backend() if backend == "auto" else backend
+    out = Explanation(  # a named backend is judged as named: opt-in is no reason to pass it over then
+        Decision(b.name, (r := reg.decide(b, facts, auto=b.name != request)) is None, r or "supports these inputs")
+        for b in reg.backends
+    )
+    out.op = reg.op
+    if backend == "auto" and request in {b.name for b in reg.backends}:
+        out.forced = f"{ENV_BACKEND}={request}"
+    try:
+        out.chosen = reg._select_uncached(facts, request, backend).name
+    except (BackendUnavailableError, ValueError) as e:
+        out.chosen = None
+        out.append(Decision("(error)", False, str(e).splitlines()[0]))
+    return out

@@ -69,29 +69,6 @@ class Backend:
         return self
 
 
-@dataclass
-class Decision:
-    backend: str
-    runs: bool
-    reason: str
-
-
-class Explanation(list):
-    """``[Decision, ...]`` in registry order, plus ``chosen`` (a backend name or None); prints as a table."""
-
-    chosen: Optional[str] = None
-    op: str = ""
-    forced: str = ""  # "FUSEDROPE_BACKEND=name" when the environment forced the choice of a backend="auto" call
-
-    def __str__(self) -> str:
-        forced = f" (forced by {self.forced})" if self.forced else ""
-        lines = [f"{self.op}: chosen backend = {self.chosen or 'none'}{forced}"]
-        for d in self:
-            mark = "->" if d.backend == self.chosen else ("ok" if d.runs else "no")
-            lines.append(f"  {mark} {d.backend:<10} {d.reason}")
-        return "\n".join(lines)
-
-
 class OpRegistry:
     """The backends of one op, in the order ``auto`` tries them: user backends first, then ``BACKENDS``."""
 
@@ -195,25 +172,11 @@ class OpRegistry:
             raise BackendUnavailableError(f"{self.op}: backend {request!r}{forced} cannot run these inputs: {reason}")
         return by_name[request]
 
-    def explain(self, key: tuple, backend: str = "auto") -> Explanation:
+    def explain(self, key: tuple, backend: str = "auto"):
         """Every backend's decision for a call with this key, and the one it would run (nothing is loaded)."""
-        facts = self.facts(*key)
-        if not isinstance(backend, str):
-            raise self._not_a_name(backend)
-        request = forced_backend() if backend == "auto" else backend
-        out = Explanation(  # a named backend is judged as named: opt-in is no reason to pass it over then
-            Decision(b.name, (r := self.decide(b, facts, auto=b.name != request)) is None, r or "supports these inputs")
-            for b in self.backends
-        )
-        out.op = self.op
-        if backend == "auto" and request in {b.name for b in self.backends}:
-            out.forced = f"{ENV_BACKEND}={request}"
-        try:
-            out.chosen = self._select_uncached(facts, request, backend).name
-        except (BackendUnavailableError, ValueError) as e:
-            out.chosen = None
-            out.append(Decision("(error)", False, str(e).splitlines()[0]))
-        return out
+        from .backends import explain_key
+
+        return explain_key(self, key, backend)
 
 
 REGISTRIES: dict[str, OpRegistry] = {}

@@ -50,7 +50,7 @@ from .. import __version__
 from .. import reference as R
 from .._device import gpu_arch, native_fp8_dtype, triton_available
 from ..inverse_rope_group_quant import OP as QUANT
-from ..inverse_rope_group_quant import quant_output_shapes
+from ..inverse_rope_group_quant.buffers import quant_output_shapes
 from ..qwen3_tts_rope import OP as TTS
 from ..registry import registry
 from .report import markdown, plot, write_results

@@ -3,7 +3,8 @@ rounded to o's dtype, then a separate per-group e8m0 quant launch. Both in Trito
 
 from __future__ import annotations
 
-from ..inverse_rope_group_quant import empty_quant_outputs, validate
+from ..inverse_rope_group_quant import validate
+from ..inverse_rope_group_quant.buffers import empty_quant_outputs
 
 
 def unfused_inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128,

@@ -40,8 +40,7 @@ import triton
 import triton.language as tl
 
 from .._device import arch_fp8_dtype, gpu_arch
-from .._triton import INTERPRETED, WARP_SIZE, f32_to_fp8_bits, launch_lock, round_to, to_f32
-from .._validation import check_aligned
+from .._triton import INTERPRETED, WARP_SIZE, check_aligned, f32_to_fp8_bits, launch_lock, round_to, to_f32
 from .reference import FP8_MAX, mfma_tile_shape
 
 _FP8_TL = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e4m3fnuz: tl.float8e4b8}

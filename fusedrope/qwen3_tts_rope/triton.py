@@ -12,8 +12,7 @@ first applies the model's per-head RMSNorm to every row.
 import triton
 import triton.language as tl
 
-from .._triton import INTERPRETED, WARP_SIZE, launch_lock, round_to, to_f32
-from .._validation import check_aligned
+from .._triton import INTERPRETED, WARP_SIZE, check_aligned, launch_lock, round_to, to_f32
 
 
 @triton.jit

@@ -188,7 +188,7 @@ def quant_inputs(S, H, *, dtype=torch.bfloat16, cache_dtype=torch.bfloat16, pos_
 
 
 def quant_outputs(o, G, q, transpose, fp8_dtype=torch.float8_e4m3fn, scale_dtype=torch.float8_e8m0fnu):
-    from fusedrope.inverse_rope_group_quant import empty_quant_outputs
+    from fusedrope.inverse_rope_group_quant.buffers import empty_quant_outputs
 
     x, s = empty_quant_outputs(o, G, q, transpose, fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
     x.view(torch.uint8).fill_(0xA5)  # poison: every byte must be written

@@ -27,7 +27,7 @@ import torch
 
 import fusedrope
 from fusedrope import reference as ref
-from fusedrope.inverse_rope_group_quant import empty_quant_outputs
+from fusedrope.inverse_rope_group_quant.buffers import empty_quant_outputs
 from fusedrope.testing import (QUANT_HEAD_GROUPS, QuantCase, assert_quant_close, bytes_written_outside,
                                deepseek_rope_cache, guarded_poison, poison_like, rope_blocks)
 
