@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fusedrope-installed
 
-.PHONY: demo test test-slow bench aot clean
+.PHONY: demo test test-slow bench aot checks clean
 
 $(STAMP): pyproject.toml requirements-cpu.txt requirements-callers.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,16 +18,21 @@ $(STAMP): pyproject.toml requirements-cpu.txt requirements-callers.txt
 	$(PY) -m pip install -q --no-deps -r requirements-callers.txt
 	touch $(STAMP)
 
-demo: $(STAMP)  ## the main job: backends, selection, self-check, timing
+# The compiled checks of both ops' plain calls (fusedrope/csrc/fast_checks.cpp): about 15 s the first time, then
+# cached. Without a C++ compiler every call takes the Python checks, and tests/test_fast_checks.py skips, saying why.
+checks: $(STAMP)  ## build the compiled checks (the host cost of a call: docs/design.md)
+	-$(PY) -m fusedrope build --checks
+
+demo: checks  ## the main job: backends, selection, self-check, timing
 	$(PY) -m fusedrope
 
-test: $(STAMP)  ## the CPU test suite but the tests marked slow (Triton kernels in the interpreter), JOBS processes
+test: checks  ## the CPU test suite but the tests marked slow (Triton kernels in the interpreter), JOBS processes
 	$(PY) -m pytest -q -m "not slow" -n $(JOBS)
 
-test-slow: $(STAMP)  ## the tests marked slow (AddressSanitizer runs, compiles, mutated kernels, ...: docs/testing.md)
+test-slow: checks  ## the tests marked slow (AddressSanitizer runs, compiles, mutated kernels, ...: docs/testing.md)
 	$(PY) -m pytest -q -m slow
 
-bench: $(STAMP)  ## pytest-benchmark suites: both ops' backends side by side, and the host overhead
+bench: checks  ## pytest-benchmark suites: both ops' backends side by side, and the host overhead
 	$(PY) -m pytest bench/ --benchmark-only -q
 
 aot: $(STAMP)  ## ahead-of-time Triton compiles for sm_90 / sm_80 / gfx942 / gfx950, with access-width counts

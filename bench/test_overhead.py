@@ -8,13 +8,16 @@ the no-op itself; ``bare aten`` is one ``torch.neg`` on a tiny tensor. The last 
 bare aten calls the public call costs over the direct one (the ratio engines compare against torch.compile
 and CUDA-graph replay); ``--benchmark-json`` keeps it in that test's ``extra_info``. qwen3_tts_rope's other
 entry points (``numerics="eager"``, ``positions=``, ``qwen3_tts_qk_norm_rope``) go to built-in backends only: a
-no-op registered as one of those (``noop_builtin``) stands in for the kernel there.
+no-op registered as one of those (``noop_builtin``) stands in for the kernel there. ``python checks`` times the
+plain calls again without the compiled checks (``python -m fusedrope build --checks``), as on a machine where
+they are not built.
 """
 
 import pytest
 import torch
 
 import fusedrope
+from fusedrope import fast_checks
 from fusedrope.qwen3_tts_rope import REGISTRY as TTS_REGISTRY
 from fusedrope.registry import Backend
 
@@ -66,6 +69,12 @@ def test_bare_aten_call(benchmark, tts):
 def test_tts_public(benchmark, tts):
     q, k, cos, sin = tts
     timed(benchmark, "tts public", lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="noop"))
+
+
+def test_tts_public_python_checks(benchmark, tts, monkeypatch):
+    monkeypatch.setattr(fast_checks, "checks", fast_checks.Python)
+    q, k, cos, sin = tts
+    timed(benchmark, "tts python checks", lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="noop"))
 
 
 def test_tts_public_auto(benchmark, tts, monkeypatch):
@@ -123,6 +132,13 @@ def test_quant_public(benchmark, quant):
     timed(benchmark, "quant public", lambda: fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend="noop"))
 
 
+def test_quant_public_python_checks(benchmark, quant, monkeypatch):
+    monkeypatch.setattr(fast_checks, "checks", fast_checks.Python)
+    o, pos, cos, sin = quant
+    timed(benchmark, "quant python checks",
+          lambda: fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend="noop"))
+
+
 def test_quant_direct(benchmark, quant):
     o, pos, cos, sin = quant
     x_shape, s_shape = fusedrope.quant_output_shapes(2, 2, 128, 2)
@@ -147,11 +163,17 @@ def test_ratio_public_over_direct_in_bare_aten_calls(benchmark):
         pytest.skip("needs the timings above (run the whole file with --benchmark-only)")
     aten = MEDIANS["aten"]
     ratios = {op: round((MEDIANS[f"{op} public"] - MEDIANS[f"{op} direct"]) / aten, 2) for op in ("tts", "quant")}
+    ratios.update({f"{op} python checks": round((MEDIANS[f"{op} python checks"] - MEDIANS[f"{op} direct"]) / aten, 2)
+                   for op in ("tts", "quant") if f"{op} python checks" in MEDIANS})
     ratios.update({f"tts {mode}": round((MEDIANS[f"{mode} public"] - MEDIANS["tts direct"]) / aten, 2)
                    for mode in ("eager", "table", "qk_norm") if f"{mode} public" in MEDIANS})
-    benchmark.extra_info.update({"ratios": ratios, "medians_us": {k: v * 1e6 for k, v in MEDIANS.items()}})
+    built = fast_checks.load() is not fast_checks.Python
+    benchmark.extra_info.update({"ratios": ratios, "medians_us": {k: v * 1e6 for k, v in MEDIANS.items()},
+                                 "compiled_checks": built})
     benchmark.pedantic(lambda: None, rounds=1)
-    print(f"\nhost overhead over a direct backend call, in bare aten calls ({aten * 1e6:.2f} us each): "
-          f"qwen3_tts_rope {ratios['tts']}, inverse_rope_group_quant {ratios['quant']}; qwen3_tts_rope's "
+    print(f"\nhost overhead over a direct backend call, in bare aten calls ({aten * 1e6:.2f} us each), "
+          f"{'with the compiled checks' if built else 'WITHOUT the compiled checks (not built)'}: "
+          f"qwen3_tts_rope {ratios['tts']}, inverse_rope_group_quant {ratios['quant']}; with the Python checks: "
+          f"{ratios.get('tts python checks')} and {ratios.get('quant python checks')}; qwen3_tts_rope's "
           f"numerics='eager' {ratios.get('tts eager')}, positions= {ratios.get('tts table')}, "
           f"qwen3_tts_qk_norm_rope {ratios.get('tts qk_norm')}")

@@ -3,7 +3,7 @@ backend each op picks for the seed shapes and why, a self-check of every availab
 and a short timing table.
 
     fusedrope            # the report (same as `report`)
-    fusedrope build      # build the compiled CUDA / HIP kernels ahead of time
+    fusedrope build      # build the compiled checks and the CUDA / HIP kernels ahead of time (--checks: only those)
     fusedrope bench      # benchmark both ops: the seed tables, JSON/CSV/markdown and plots
 """
 
@@ -205,8 +205,18 @@ def report(args) -> int:
 
 
 def build(args) -> int:
-    """Exit 0 when an extension was built and the other one only cannot build here (the other vendor);
-    1 when a build failed or nothing was built, so an ahead-of-time step in a Dockerfile or CI fails loudly."""
+    """Exit 0 when the compiled checks were built and (without ``--checks``) a kernel extension was built and the
+    other one only cannot build here (the other vendor); 1 when a build failed or no kernels were built, so an
+    ahead-of-time step in a Dockerfile or CI fails loudly."""
+    from .jit_ext import build_fast_checks
+
+    try:
+        print(f"compiled checks: built {build_fast_checks(verbose=args.verbose)}")
+    except RuntimeError as e:
+        print(f"compiled checks: not built: {e}")
+        return 1
+    if args.checks:
+        return 0
     built, failed = 0, False
     for name, module in (("CUDA", "fusedrope.cuda_ext"), ("HIP", "fusedrope.hip_ext")):
         mod = __import__(module, fromlist=["build"])
@@ -264,8 +274,10 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command")
     rep = sub.add_parser("report", help="backends, selection, self-check, timing (the default)")
     rep.add_argument("--no-timing", dest="report_no_timing", action="store_true", help="skip the timing table")
-    b = sub.add_parser("build", help="build the compiled CUDA/HIP kernels ahead of time")
+    b = sub.add_parser("build", help="build the compiled checks and CUDA/HIP kernels ahead of time")
     b.add_argument("--verbose", action="store_true")
+    b.add_argument("--checks", action="store_true", help="only the compiled checks of both ops' plain calls "
+                   "(C++ for the host: any machine with a C++ compiler)")
     be = sub.add_parser("bench", help="benchmark both ops against every contender: seed tables, files, plots")
     be.add_argument("--op", default="all", choices=("all",) + OPS)
     size = be.add_mutually_exclusive_group()

@@ -26,6 +26,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from .fast_checks import extensions_folder
+
 
 ENV_NO_BUILD = "FUSEDROPE_NO_BUILD"  # "1": never compile on first use; a cached build still loads
 
@@ -144,12 +146,8 @@ class Extension:
         return f"{self.namespace}_{h.hexdigest()[:12]}"
 
     def build_root(self) -> Path:
-        """torch's JIT extension root plus the same ``py311_cu130`` subfolder torch's own load() uses."""
-        root = os.environ.get("TORCH_EXTENSIONS_DIR")
-        if not root:
-            cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-            root = os.path.join(cache, "torch_extensions")
-        return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{self.build_tag()}"
+        """torch's JIT extension folder for this toolkit (``py311_cu130``), the one torch's own load() uses."""
+        return extensions_folder(self.build_tag())
 
     def library_path(self, name: str) -> Path:
         return self.build_root() / name / f"{name}.so"
@@ -252,6 +250,25 @@ class Extension:
         except RuntimeError as e:
             return str(e)
         return None
+
+
+def build_fast_checks(verbose: bool = False) -> str:
+    """Compile fusedrope/csrc/fast_checks.cpp with the host compiler (``python -m fusedrope build``) and load
+    it for this process; return the library's path. Raises RuntimeError saying why it cannot."""
+    from torch.utils import cpp_extension
+
+    from . import fast_checks
+
+    path = fast_checks.library_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        cpp_extension.load(name=path.stem, sources=[str(fast_checks.SOURCE)], build_directory=str(path.parent),
+                           extra_cflags=["-O2"], verbose=verbose)
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"fusedrope: cannot build the compiled checks: {short_error(e)}") from e
+    if fast_checks.load(again=True) is fast_checks.Python:
+        raise RuntimeError(f"fusedrope: the compiled checks built at {path} do not load")
+    return str(path)
 
 
 @functools.lru_cache(maxsize=None)

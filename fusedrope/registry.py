@@ -50,7 +50,8 @@ class Backend:
     """One backend of one op.
 
     ``run(inputs..., outputs...)`` writes into the outputs it is handed; ``run_alloc(inputs...)``, optional,
-    allocates and returns them itself (a compiled op does that in C++, cheaper than Python). ``load``, for a
+    allocates and returns them itself where the Python path allocates (a compiled op does that in C++, cheaper;
+    the compiled checks, when built, allocate plain calls' outputs before choosing a backend). ``load``, for a
     backend whose kernel module needs an optional toolchain: called on first use, it returns ``(run, run_alloc)``.
     """
 

@@ -567,7 +567,7 @@ def test_cli_no_timing_is_refused_outside_the_report(capsys):
     ("nvcc failed", "cannot build", 1),   # ... and nothing built: the message must not blame the toolchain
 ])
 def test_cli_build_exit_status(cuda, hip, code, monkeypatch, capsys):
-    from fusedrope import cuda_ext, hip_ext
+    from fusedrope import cuda_ext, hip_ext, jit_ext
 
     def builder(outcome):
         def build(verbose=False):
@@ -578,10 +578,17 @@ def test_cli_build_exit_status(cuda, hip, code, monkeypatch, capsys):
 
     monkeypatch.setattr(cuda_ext, "build", builder(cuda))
     monkeypatch.setattr(hip_ext, "build", builder(hip))
+    monkeypatch.setattr(jit_ext, "build_fast_checks", builder("ok"))
     assert main(["build"]) == code
     out = capsys.readouterr().out
     assert ("nothing was built" in out) == (cuda != "ok" and hip != "ok")
     assert ("no toolchain" in out) == (cuda == hip == "cannot build")
+    assert "compiled checks: built ext.so" in out
+    assert main(["build", "--checks"]) == 0  # the kernels are not asked for
+    assert "CUDA" not in capsys.readouterr().out
+    monkeypatch.setattr(jit_ext, "build_fast_checks", builder("g++ failed"))
+    assert main(["build", "--checks"]) == 1 and main(["build"]) == 1  # the checks failed: the kernels do not save it
+    assert "compiled checks: not built: fusedrope: g++ failed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name,arch,hip,l2,cache", [

@@ -23,6 +23,7 @@ def wheel(tmp_path_factory):
 def test_wheel_holds_python_and_kernel_sources(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     want = {f"fusedrope/{p.relative_to(ROOT / 'fusedrope')}" for p in (ROOT / "fusedrope").rglob("*.py")}
+    want |= {f"fusedrope/csrc/{p.name}" for p in (ROOT / "fusedrope" / "csrc").glob("*.cpp")}  # the compiled checks
     for folder in ("kernels_cuda", "kernels_hip"):
         for p in (ROOT / folder).iterdir():
             if p.suffix in (".cu", ".cuh", ".cpp", ".h", ".hip", ".md"):

@@ -233,9 +233,13 @@ def test_availability_is_answered_per_device():
 
 
 def test_a_backend_that_allocates_its_outputs_gets_no_python_allocated_ones(monkeypatch):
-    """``Backend.run_alloc`` (the cuda backend's C++-allocating op): used for new outputs, never for in place, for
-    empty inputs or for inputs that require grad; the writing variant serves those."""
+    """``Backend.run_alloc`` (the cuda backend's C++-allocating op): used for new outputs on the Python path (the
+    compiled checks allocate them themselves), never for in place, for empty inputs or for inputs that require
+    grad; the writing variant serves those."""
+    from fusedrope import fast_checks
     from fusedrope.qwen3_tts_rope import REGISTRY
+
+    monkeypatch.setattr(fast_checks, "checks", fast_checks.Python)
 
     calls = []
 

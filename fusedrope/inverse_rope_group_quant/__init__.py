@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch.autograd.graph import increment_version
 
-from .. import _validation as C
+from .. import _validation as C, fast_checks
 from .._device import cuda_toolkit_reason, hip_toolkit_reason, triton_available
 from ..registry import Backend, getenv, new_registry
 from . import reference
@@ -243,11 +243,15 @@ def _check_buffer_dtype(name: str, buffer: torch.Tensor, dtype: torch.dtype, why
         C.fail(OP, name, f"dtype {C.dtype_name(dtype)} ({why})", C.dtype_name(buffer.dtype), TypeError)
 
 
+def _check_positions(o, positions, cos_cache) -> None:
+    if getenv(C.ENV_CHECK_POSITIONS).lower() not in C.SWITCH_OFF:  # the debug switch
+        C.check_positions_on_host(OP, positions[:o.shape[0]], cos_cache.shape[0])
+
+
 def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
     """What the call checks beyond :func:`validate` (explain does too): the positions debug switch, and that the
     caller's buffers (None when not given) are writable here and apart from the inputs; returns those buffers."""
-    if getenv(C.ENV_CHECK_POSITIONS).lower() not in C.SWITCH_OFF:
-        C.check_positions_on_host(OP, positions[:o.shape[0]], cos_cache.shape[0])
+    _check_positions(o, positions, cos_cache)
     _refuse_one_cache(cos_cache, sin_cache)
     mine = {n: t for n, t in (("x_fp8", x_fp8), ("x_scale", x_scale)) if t is not None}
     if mine and o.numel():
@@ -367,6 +371,17 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     (torch.Size([4, 2, 4096]), torch.Size([4, 2, 32]), torch.float8_e8m0fnu)
     """
     compiling = torch.compiler.is_compiling()
+    if x_fp8 is None and x_scale is None and fp8_dtype is None and scale_dtype is None and scale_layout is None \
+            and quantize is True and enable_pdl is None and not compiling:  # a plain call: compiled checks, if built
+        fast = fast_checks.checks.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
+                                                           quant_group_size, transpose_scale)
+        if fast is not None:  # valid, work to do, no grad to keep; the caches apart; the outputs new
+            key, x_fp8, x_scale = fast
+            impl = REGISTRY.select(key, backend)
+            _check_positions(o, positions, cos_cache)
+            impl.run(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, scale_layout=key[9],
+                     pdl=False)
+            return x_fp8, x_scale
     grad = not compiling and C.needs_grad(o, cos_cache, sin_cache)
     spec = (scale_layout, quantize, enable_pdl)
     if compiling or grad:

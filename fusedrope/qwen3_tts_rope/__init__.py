@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch.autograd.graph import increment_version
 
-from .. import _validation as V
+from .. import _validation as V, fast_checks
 from .._device import cuda_toolkit_reason, triton_available
 from ..registry import Backend, new_registry
 from . import reference
@@ -277,6 +277,11 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
     """
     if inplace is False and q_out is None and k_out is None and positions is None and numerics == "fp32" \
             and enable_pdl is None and not _is_compiling():
+        fast = fast_checks.checks.qwen3_tts_rope(q, k, cos, sin)  # valid, work to do, no grad to keep
+        if fast is not None:
+            key, q_out, k_out = fast
+            REGISTRY.select(key, backend).run(q, k, cos, sin, q_out, k_out)
+            return q_out, k_out
         key = validate(q, k, cos, sin)
         if not (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad) or not _grad_enabled():
             return _into_new_outputs(REGISTRY.select(key, backend), q, k, cos, sin)

@@ -1,0 +1,164 @@
+// Both ops' plain calls checked and their outputs allocated, compiled: the host cost of a call is mostly reading
+// four tensors' shapes, strides, dtypes and devices, which from Python alone costs more than two bare aten calls.
+// Each function returns (selection key, new outputs) when the arguments pass every check the Python validation
+// makes (the `validate` functions of fusedrope/qwen3_tts_rope and fusedrope/inverse_rope_group_quant) and there is
+// work to do, and None for anything else, valid or not: the Python path then runs and names what is wrong. So
+// None is always safe; accepting is the claim tests/test_fast_checks.py holds against the Python validation.
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace {
+
+// A dense tensor of torch.Tensor's own type (not a subclass, not a functorch or Python-key wrapper) on a device
+// with data (not meta), outside a TorchFunctionMode (which would see the Python path's allocations).
+const at::Tensor* plain(PyObject* obj) {
+  if (!THPVariable_CheckExact(obj) || at::impl::torch_function_mode_enabled()) return nullptr;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (t.layout() != at::kStrided || t.is_nested() || t.is_meta() ||
+      t.key_set().has_any(c10::python_ks | c10::functorch_transforms_ks))
+    return nullptr;
+  return &t;
+}
+
+bool one_of(at::ScalarType t, std::initializer_list<at::ScalarType> types) {
+  for (auto u : types)
+    if (t == u) return true;
+  return false;
+}
+
+PyObject* item(PyObject* obj) {  // a new reference to obj
+  Py_INCREF(obj);
+  return obj;
+}
+
+PyObject* dtype_object(at::ScalarType t) { return item(reinterpret_cast<PyObject*>(torch::getTHPDtype(t))); }
+
+// A tuple of new references, which it takes over (or releases, and returns null, when one is null).
+PyObject* tuple(std::initializer_list<PyObject*> items) {
+  PyObject* t = nullptr;
+  for (PyObject* i : items)
+    if (!i) goto fail;
+  if ((t = PyTuple_New(static_cast<Py_ssize_t>(items.size())))) {
+    Py_ssize_t n = 0;
+    for (PyObject* i : items) PyTuple_SET_ITEM(t, n++, i);
+    return t;
+  }
+fail:
+  for (PyObject* i : items) Py_XDECREF(i);
+  return nullptr;
+}
+
+// qwen3_tts_rope(q, k, cos, sin): ((device, dtype, D, False), q_out, k_out) or None.
+PyObject* qwen3_tts_rope(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 4) Py_RETURN_NONE;
+  const at::Tensor *q = plain(args[0]), *k = plain(args[1]), *cos = plain(args[2]), *sin = plain(args[3]);
+  if (!q || !k || !cos || !sin || q->dim() != 4 || k->dim() != 4 || cos->dim() != 3 || sin->dim() != 3)
+    Py_RETURN_NONE;
+  const int64_t B = q->size(0), S = q->size(2), D = q->size(3);
+  const auto dt = q->scalar_type();
+  const auto dev = q->device();
+  const bool ok =
+      k->size(0) == B && k->size(2) == S && k->size(3) == D && (cos->size(0) == B || cos->size(0) == 1) &&
+      cos->size(1) == S && cos->size(2) == D && sin->sizes() == cos->sizes() && D % 2 == 0 && D > 0 &&
+      one_of(dt, {at::kBFloat16, at::kHalf, at::kFloat}) && k->scalar_type() == dt && cos->scalar_type() == dt &&
+      sin->scalar_type() == dt && k->device() == dev && cos->device() == dev && sin->device() == dev &&
+      q->stride(3) == 1 && k->stride(3) == 1 && cos->stride(2) == 1 && sin->stride(2) == 1 &&
+      !(c10::GradMode::is_enabled() &&
+        (q->requires_grad() || k->requires_grad() || cos->requires_grad() || sin->requires_grad()));
+  if (!ok || (q->numel() == 0 && k->numel() == 0)) Py_RETURN_NONE;
+  auto q_out = at::empty_like(*q, at::TensorOptions(), at::MemoryFormat::Contiguous);
+  auto k_out = at::empty_like(*k, at::TensorOptions(), at::MemoryFormat::Contiguous);
+  return tuple({tuple({THPDevice_New(dev), dtype_object(dt), PyLong_FromLongLong(D), item(Py_False)}),
+                THPVariable_Wrap(std::move(q_out)), THPVariable_Wrap(std::move(k_out))});
+  END_HANDLE_TH_ERRORS
+}
+
+// A Python int's value in out; false for anything else (bool included, as `type(x) is int`) or one too large.
+bool int_arg(PyObject* obj, int64_t& out) {
+  if (!PyLong_CheckExact(obj)) return false;
+  int overflow = 0;
+  out = PyLong_AsLongLongAndOverflow(obj, &overflow);
+  return !overflow && !(out == -1 && PyErr_Occurred());
+}
+
+// The cos||sin mistake check (_refuse_one_cache) for rows of one stride: true when no row of sin meets a row of
+// cos. Other layouts return false and take the Python check.
+bool caches_apart(const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t max_pos = cos.size(0), size = cos.element_size();
+  const int64_t st = cos.stride(0) * size, row = cos.size(1) * size;
+  const int64_t gap = reinterpret_cast<int64_t>(sin.data_ptr()) - reinterpret_cast<int64_t>(cos.data_ptr());
+  if (max_pos == 1) return std::llabs(gap) >= row;
+  if (st != sin.stride(0) * size || st < row) return false;
+  const int64_t k = gap >= 0 ? gap / st : -((-gap + st - 1) / st);  // floor division, as Python's //
+  for (int64_t i = k; i <= k + 1; ++i)
+    if (-max_pos < i && i < max_pos && std::llabs(gap - i * st) < row) return false;
+  return true;
+}
+
+// inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale)
+// with no buffers and the other arguments at their defaults: (key, x_fp8, x_scale) or None.
+PyObject* inverse_rope_group_quant(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 7) Py_RETURN_NONE;
+  const at::Tensor *o = plain(args[0]), *pos = plain(args[1]), *cos = plain(args[2]), *sin = plain(args[3]);
+  int64_t groups = 0, group_size = 0;
+  PyObject* transpose = args[6];
+  if (!o || !pos || !cos || !sin || !int_arg(args[4], groups) || !int_arg(args[5], group_size) ||
+      (transpose != Py_True && transpose != Py_False) || o->dim() != 3 || pos->dim() != 1 || cos->dim() != 2 ||
+      sin->dim() != 2 || args[2] == args[3])
+    Py_RETURN_NONE;
+  const int64_t S = o->size(0), D = o->size(2), max_pos = cos->size(0), half = cos->size(1);
+  int64_t row = 0;
+  if (__builtin_mul_overflow(o->size(1), D, &row)) Py_RETURN_NONE;
+  const auto dev = o->device();
+  const bool ok =
+      groups > 0 && row % groups == 0 && (group_size == 32 || group_size == 64 || group_size == 128 || group_size == 256) && (row / groups) % group_size == 0 &&
+      one_of(o->scalar_type(), {at::kBFloat16, at::kHalf}) && D % 2 == 0 && o->is_contiguous() &&
+      one_of(pos->scalar_type(), {at::kLong, at::kInt}) && pos->size(0) >= S &&
+      one_of(cos->scalar_type(), {at::kBFloat16, at::kHalf, at::kFloat}) &&
+      sin->scalar_type() == cos->scalar_type() && sin->sizes() == cos->sizes() && cos->stride(1) == 1 &&
+      sin->stride(1) == 1 && max_pos >= 1 && half >= 1 && 2 * half <= D && pos->device() == dev &&
+      cos->device() == dev && sin->device() == dev &&
+      !(c10::GradMode::is_enabled() && (o->requires_grad() || cos->requires_grad() || sin->requires_grad())) &&
+      caches_apart(*cos, *sin);
+  if (!ok || o->numel() == 0) Py_RETURN_NONE;
+  const int64_t G = groups, dg = row / groups, ks = dg / group_size;
+  const bool col = transpose == Py_True;
+  auto x = at::empty({S, G, dg}, o->options().dtype(at::kFloat8_e4m3fn));
+  auto scale_options = o->options().dtype(at::kFloat8_e8m0fnu);  // "col": storage [G, Ks, S] seen as [S, G, Ks]
+  auto scale = col ? at::empty_strided({S, G, ks}, {1, ks * S, S}, scale_options) : at::empty({S, G, ks}, scale_options);
+  static PyObject* row_name = PyUnicode_InternFromString("row");
+  static PyObject* col_name = PyUnicode_InternFromString("col");
+  PyObject* key = tuple(
+      {THPDevice_New(dev), dtype_object(o->scalar_type()), PyLong_FromLongLong(D), PyLong_FromLongLong(2 * half),
+      PyLong_FromLongLong(group_size), dtype_object(cos->scalar_type()), dtype_object(pos->scalar_type()),
+      dtype_object(at::kFloat8_e4m3fn), dtype_object(at::kFloat8_e8m0fnu), item(col ? col_name : row_name),
+      item(Py_True), item(Py_True), item(Py_False), item(Py_False)});
+  return tuple({key, THPVariable_Wrap(std::move(x)), THPVariable_Wrap(std::move(scale))});
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef methods[] = {
+    {"qwen3_tts_rope", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(qwen3_tts_rope)), METH_FASTCALL,
+     "(q, k, cos, sin) -> (selection key, q_out, k_out) of a plain call, or None"},
+    {"inverse_rope_group_quant",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(inverse_rope_group_quant)), METH_FASTCALL,
+     "(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale) -> (selection key, "
+     "x_fp8, x_scale) of a plain call, or None"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "fast_checks", nullptr, -1, methods};
+
+}  // namespace
+
+#define FUSEDROPE_CONCAT(a, b) a##b
+#define FUSEDROPE_INIT(name) FUSEDROPE_CONCAT(PyInit_, name)
+PyMODINIT_FUNC FUSEDROPE_INIT(TORCH_EXTENSION_NAME)() { return PyModule_Create(&module); }

@@ -1,0 +1,53 @@
+"""Both ops' plain-call checks and output allocation compiled (csrc/fast_checks.cpp), from the build
+``python -m fusedrope build`` makes: loaded on the first call, never compiled then. ``checks.<op>(args)``
+returns ``(selection key, new outputs)``, or None and the Python path runs, as every call does without a build."""
+
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+import types
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "fast_checks.cpp"
+Python = types.SimpleNamespace(qwen3_tts_rope=lambda *args: None, inverse_rope_group_quant=lambda *args: None)
+_lock = threading.Lock()
+
+
+def extensions_folder(tag: str) -> Path:
+    """torch's JIT extension folder for this Python and toolkit ``tag`` (``cpu``, ``cu130``), as its load() uses."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(cache, "torch_extensions")
+    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{tag}"
+
+
+def library_path() -> Path:
+    """Named by a hash of the source, torch and Python: a stale build never loads."""
+    name = "fusedrope_fast_checks_" + hashlib.sha256(
+        SOURCE.read_bytes() + f"|{torch.__version__}|{sys.version}".encode()).hexdigest()[:12]
+    return extensions_folder("cpu") / name / f"{name}.so"
+
+
+def load(again: bool = False):
+    """The build's module, or ``Python`` (``again``: look for a build once more, e.g. one just made)."""
+    global checks
+    with _lock:
+        if again or checks is _first_call:
+            checks = Python
+            try:
+                path = library_path()
+                if path.exists():
+                    spec = importlib.util.spec_from_file_location(path.stem, path)
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                    checks = module
+            except (ImportError, OSError):  # a build that no longer loads (a changed libtorch): the Python path
+                pass
+    return checks
+
+
+_first_call = checks = types.SimpleNamespace(**{op: lambda *args, op=op: getattr(load(), op)(*args)
+                                               for op in ("qwen3_tts_rope", "inverse_rope_group_quant")})
