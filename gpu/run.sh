@@ -12,8 +12,8 @@
 # Steps (none is started with less than MIN_S seconds left of TOTAL_S; each gets at most its cap, less what the
 # steps after it keep):
 #   env        provenance: commit, GPU and driver, python / torch / CUDA / triton / nvcc / liger versions
-#   build      python -m fusedrope build (the CUDA extension, ahead of time); the later steps never compile
-#              (FUSEDROPE_NO_BUILD=1): after a failed build the cuda tests skip with its error
+#   build      python -m fusedrope build (the compiled checks and the CUDA extension, ahead of time); the later
+#              steps never compile (FUSEDROPE_NO_BUILD=1): after a failed build the cuda tests skip with its error
 #   gpu-tests  pytest -m gpu tests/: the tests that need a GPU (tests/*/test_*_gpu.py, op 1's modes' GPU test)
 #   memcheck   compute-sanitizer memcheck (PYTORCH_NO_CUDA_MEMORY_CACHING=1, so each tensor is its own
 #              allocation) over the gpu tests of both ops but those MEMCHECK_K leaves out (the child processes,
@@ -29,6 +29,8 @@
 #              until this run decides them) against the
 #              row-major cuda and triton rows, the unfused baseline, the launch floor; the copy roofline is
 #              measured in the same run), --budget-s a little under its limit
+#   overhead   bench/test_overhead.py: the host cost of both public calls, with and without the compiled checks, on
+#              this machine's CPU (its ratios in log.txt)
 #   tests      pytest -m "not gpu" over TESTS: by default the suites that run kernels on the device (TESTS=tests:
 #              the whole suite, whose CPU-only parts, emulation, SASS, AOT, lint, give on the GPU machine what
 #              they give in CI, at the cost of minutes)
@@ -39,7 +41,7 @@
 # plot bench/results.json` here). Exit status 0 when no step failed (skipped or cut steps are not failures).
 # Knobs (environment): TOTAL_S (520), OUT (./gpu_out), PYTHON (python3), MIN_S (20), STEPS (the steps to run,
 # e.g. STEPS="build tests" for a rerun), the caps BUILD_S (240), GPU_TESTS_S (150), MEMCHECK_S (100), BENCH_S (210),
-# TESTS_S (200), NCU_S (45), MEMCHECK_K, BENCH_ARGS, TESTS, SANITIZER, NCU.
+# OVERHEAD_S (50), TESTS_S (200), NCU_S (45), MEMCHECK_K, BENCH_ARGS, TESTS, SANITIZER, NCU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -56,7 +58,7 @@ fi
 OUT="${OUT:-$PWD/gpu_out}"
 TOTAL_S="${TOTAL_S:-520}"
 MIN_S="${MIN_S:-20}"
-STEPS="${STEPS:-build gpu-tests memcheck bench tests ncu}"
+STEPS="${STEPS:-build gpu-tests memcheck bench overhead tests ncu}"
 MEMCHECK_K="${MEMCHECK_K:-not rejects and not seed and not graph}"
 BENCH_ARGS="${BENCH_ARGS:---op all --contenders cuda,triton,cuda:default,\
 cuda:fast_layout,cuda:tail_warps,cuda:block_threads=128,cuda:block_threads=64,cuda:pdl,cuda:default:bf16_cache,\
@@ -174,10 +176,12 @@ main() {
         record memcheck skipped 0 "compute-sanitizer not found"
     fi
     local lim
-    lim=$(limit "${BENCH_S:-210}" 50)
+    lim=$(limit "${BENCH_S:-210}" 100)
     # shellcheck disable=SC2086  # BENCH_ARGS, TESTS: several arguments
     step bench "$lim" "$PY" -m fusedrope bench --out "$OUT/bench" --no-plots \
         --budget-s $((lim > 80 ? lim - 40 : (lim + 1) / 2)) $BENCH_ARGS
+    step overhead "$(limit "${OVERHEAD_S:-50}" 50)" "$PY" -m pytest -q -s -p no:cacheprovider bench/test_overhead.py \
+        --benchmark-only --benchmark-columns=median,rounds
     # shellcheck disable=SC2086
     step tests "$(limit "${TESTS_S:-200}" 25)" "$PY" -m pytest -q -rfE -p no:cacheprovider -m "not gpu" \
         --junitxml "$OUT/pytest.xml" $TESTS

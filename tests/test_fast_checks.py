@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 import fusedrope
 from fusedrope import fast_checks
 from fusedrope.qwen3_tts_rope import validate as tts_validate
-from fusedrope.testing import QuantCase, deepseek_rope_cache, make_quant_inputs
+from fusedrope.testing import QuantCase, deepseek_rope_cache, make_quant_inputs, to_device_keeping_layout
+from conftest import gpu
 from test_errors import QUANT_CASES, TTS_CASES
 
 QUANT = sys.modules["fusedrope.inverse_rope_group_quant"]
@@ -134,6 +135,27 @@ def test_valid_quant_call_gets_the_python_key_outputs_and_results(compiled, name
     slow = fusedrope.inverse_rope_group_quant(*args, backend="reference")
     for a, b in zip(fast, slow):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) and a.stride() == b.stride()
+
+
+@gpu
+@pytest.mark.parametrize("op", ["tts", "quant"])
+def test_on_the_gpu_both_paths_give_the_same_bytes(compiled, op, monkeypatch):
+    """CUDA tensors: the compiled checks' key and CUDA allocations, and the results of the backend auto picks, as
+    on the Python path (the gpu step of gpu/run.sh runs this after building the checks)."""
+    dev = torch.device("cuda")
+    cases = TTS_VALID if op == "tts" else QUANT_VALID
+    fn = fusedrope.qwen3_tts_rope if op == "tts" else fusedrope.inverse_rope_group_quant
+    check = compiled.qwen3_tts_rope if op == "tts" else compiled.inverse_rope_group_quant
+    for name, args in cases.items():
+        args = tuple(to_device_keeping_layout(a, dev) if isinstance(a, torch.Tensor) else a for a in args)
+        key, *outputs = check(*args)
+        assert key[0] == dev and all(o.device == dev for o in outputs), name
+        monkeypatch.setattr(fast_checks, "checks", compiled)
+        fast = fn(*args)
+        monkeypatch.setattr(fast_checks, "checks", fast_checks.Python)
+        slow = fn(*args)
+        for a, b in zip(fast, slow):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) and a.stride() == b.stride(), name
 
 
 # -- valid calls that are not plain: left to the Python path, which serves them -----------------------------------

@@ -71,14 +71,15 @@ def test_driver_runs_every_step_and_records_failures(tmp_path):
     table = log[log.index("| step | status | seconds | notes |"):]
     rows = dict(re.findall(r"^\| ([\w-]+) \| ([^|]+) \|", table, re.M)[1:])  # not the header
     assert rows == {"env": "ok", "build": "FAILED (rc 1)", "gpu-tests": "ok", "memcheck": "ok",
-                    "bench": "cut at 3 s", "ncu": "skipped", "tests": "ok"}, table
+                    "bench": "cut at 3 s", "overhead": "ok", "ncu": "skipped", "tests": "ok"}, table
     assert "| gpu-tests | ok |" in table and "2 passed, 0 failed, 0 errors, 1 skipped" in table
     assert "ERROR SUMMARY: 0 errors; 2 passed, 1 skipped" in table and "ncu not found" in table
     assert "commit 0123abc" in log and "python 3." in log and "stand-in build: nvcc failed" in log
     steps = [line for line in calls.read_text().splitlines() if " -m pip " not in line and " -m " in line]
     want = [("-", "-m fusedrope build"), ("1", "-m pytest -q -rfEs -p no:cacheprovider -m gpu"),
             ("1", "-m pytest -q -rfE -p no:cacheprovider -m gpu -k not rejects and not seed and not graph"),
-            ("1", "-m fusedrope bench --out"), ("1", "-m pytest -q -rfE -p no:cacheprovider -m not gpu")]
+            ("1", "-m fusedrope bench --out"), ("1", "-m pytest -q -s -p no:cacheprovider bench/test_overhead.py"),
+            ("1", "-m pytest -q -rfE -p no:cacheprovider -m not gpu")]
     assert len(steps) == len(want), steps
     for line, (no_build, start) in zip(steps, want):
         assert line.startswith(f"{no_build} {start}"), line
@@ -95,7 +96,7 @@ def test_driver_runs_only_the_steps_named(tmp_path):
                SANITIZER="", NCU="")
     proc = subprocess.run(["bash", str(DRIVER)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name in ("build", "gpu-tests", "bench"):
+    for name in ("build", "gpu-tests", "bench", "overhead"):
         assert f"| {name} | skipped | 0 | not in STEPS |" in proc.stdout
     assert "| tests | ok |" in proc.stdout
     steps = [line for line in calls.read_text().splitlines() if " -m pip " not in line and " -m " in line]
