@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import inspect
-from importlib import import_module
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Callable, Optional
 
 from ._validation import BackendUnavailableError

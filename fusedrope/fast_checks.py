@@ -49,5 +49,6 @@ def load(again: bool = False):
     return checks
 
 
+# Until the first call: load the build (or settle on Python), then ask it.
 _first_call = checks = types.SimpleNamespace(**{op: lambda *args, op=op: getattr(load(), op)(*args)
                                                for op in ("qwen3_tts_rope", "inverse_rope_group_quant")})

@@ -7,11 +7,11 @@
 #include <Python.h>
 
 #include <ATen/ATen.h>
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
-#include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 namespace {
@@ -120,7 +120,9 @@ PyObject* inverse_rope_group_quant(PyObject*, PyObject* const* args, Py_ssize_t 
   if (__builtin_mul_overflow(o->size(1), D, &row)) Py_RETURN_NONE;
   const auto dev = o->device();
   const bool ok =
-      groups > 0 && row % groups == 0 && (group_size == 32 || group_size == 64 || group_size == 128 || group_size == 256) && (row / groups) % group_size == 0 &&
+      groups > 0 && row % groups == 0 &&
+      (group_size == 32 || group_size == 64 || group_size == 128 || group_size == 256) &&
+      (row / groups) % group_size == 0 &&
       one_of(o->scalar_type(), {at::kBFloat16, at::kHalf}) && D % 2 == 0 && o->is_contiguous() &&
       one_of(pos->scalar_type(), {at::kLong, at::kInt}) && pos->size(0) >= S &&
       one_of(cos->scalar_type(), {at::kBFloat16, at::kHalf, at::kFloat}) &&
@@ -134,7 +136,8 @@ PyObject* inverse_rope_group_quant(PyObject*, PyObject* const* args, Py_ssize_t 
   const bool col = transpose == Py_True;
   auto x = at::empty({S, G, dg}, o->options().dtype(at::kFloat8_e4m3fn));
   auto scale_options = o->options().dtype(at::kFloat8_e8m0fnu);  // "col": storage [G, Ks, S] seen as [S, G, Ks]
-  auto scale = col ? at::empty_strided({S, G, ks}, {1, ks * S, S}, scale_options) : at::empty({S, G, ks}, scale_options);
+  auto scale =
+      col ? at::empty_strided({S, G, ks}, {1, ks * S, S}, scale_options) : at::empty({S, G, ks}, scale_options);
   static PyObject* row_name = PyUnicode_InternFromString("row");
   static PyObject* col_name = PyUnicode_InternFromString("col");
   PyObject* key = tuple(
