@@ -3,6 +3,8 @@ serves them: against the model's formulas written out here in plain PyTorch (not
 fresh random data, into poisoned buffers, in place, with tables and clamped positions; their errors; selection;
 torch.compile."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -288,10 +290,11 @@ def test_enable_pdl_selection():
     """The cuda kernel launches with pdl on sm_90+ and says why not before; registered backends decline it."""
     facts = Facts(torch.device("cuda"), torch.bfloat16, 128, False, pdl=True)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+        mp.setattr(torch.cuda, "is_available", lambda: True)
+        mp.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(major=8, minor=0))
         assert cuda_glue.supports(facts) == "cuda kernel launches with enable_pdl=True on sm_90 or newer, this " \
                                             "device is sm_80"
-        mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        mp.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(major=10, minor=0))
         assert cuda_glue.supports(facts) is None and cuda_glue.opt_in(facts) is None  # the caller's own opt-in
     fusedrope.register_backend("qwen3_tts_rope", "mine", lambda *a: None)
     try:
