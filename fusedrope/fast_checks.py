@@ -1,6 +1,7 @@
-"""Both ops' plain-call checks and output allocation compiled (csrc/fast_checks.cpp), from the build
-``python -m fusedrope build`` makes: loaded on the first call, never compiled then. ``checks.<op>(args)``
-returns ``(selection key, new outputs)``, or None and the Python path runs, as every call does without a build."""
+"""Both ops' plain-call checks and output allocation compiled (csrc/fast_checks.cpp), from the build that
+``python -m fusedrope build`` or the kernels' first-use build makes: loaded on the first call, which never compiles
+them. ``checks.<op>(args)`` returns ``(selection key, new outputs)``, or None and the Python path runs, as every
+call does without a build."""
 
 import hashlib
 import importlib.util

@@ -170,6 +170,10 @@ class Extension:
                 with_cuda=True,
                 verbose=verbose,
             )
+        try:  # the compiled checks come along: seconds more of a build that takes minutes, for every later call
+            build_fast_checks(verbose)
+        except RuntimeError:
+            pass  # every call takes the Python checks; `python -m fusedrope build --checks` says why
         return self.library_path(name)
 
     def load(self, verbose: bool = False, allow_build: Optional[bool] = None) -> str:

@@ -1,8 +1,8 @@
 """The CUDA extension, both kernels and both torch bindings, built, linked and loaded for real on a CPU machine
 against a CUDA build of torch (2.11.0+cu130 on Python 3.12, the stack of the GPU machines we test on) with nvcc,
-through ``fusedrope.cuda_ext.build()`` as ``python -m fusedrope build`` does. This catches what the syntax-only
-binding checks cannot: link errors, nvcc / torch header mismatches, the op schemas. Running a kernel still needs
-a GPU (gpu/).
+through ``fusedrope.cuda_ext.build()`` as ``python -m fusedrope build`` does, and the compiled checks that come
+with it. This catches what the syntax-only binding checks cannot: link errors, nvcc / torch header mismatches,
+the op schemas. Running a kernel still needs a GPU (gpu/).
 
 ``FUSEDROPE_CUDA_TORCH_PYTHON`` names that environment's python (`bash .ci/run` makes it, about 5 GB, where the
 disk has room); without it this test skips and says so.
@@ -20,12 +20,15 @@ ENV = "FUSEDROPE_CUDA_TORCH_PYTHON"
 
 SCRIPT = r"""
 import json, torch
-from fusedrope import cuda_ext
+from fusedrope import cuda_ext, fast_checks
 path = cuda_ext.build(verbose=False)
+q = torch.randn(1, 2, 3, 8, dtype=torch.bfloat16); c = torch.randn(1, 3, 8, dtype=torch.bfloat16)
+key, q_out, k_out = fast_checks.checks.qwen3_tts_rope(q, q[:, :1], c, c)  # the checks came with the build
 names = ("qwen3_tts_rope", "qwen3_tts_rope_out", "qwen3_tts_rope_out_config", "inverse_rope_group_quant_out",
          "inverse_rope_group_quant_out_config")
 ops = {n: str(getattr(torch.ops.fusedrope_cuda, n).default._schema) for n in names}
-print(json.dumps({"path": path, "torch": torch.__version__, "cuda": torch.version.cuda, "ops": ops}))
+print(json.dumps({"path": path, "torch": torch.__version__, "cuda": torch.version.cuda, "ops": ops,
+                  "checks": [str(fast_checks.library_path()), str(key), list(k_out.shape)]}))
 """
 
 
@@ -42,6 +45,9 @@ def test_cuda_extension_builds_links_and_registers_its_ops(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["torch"].startswith("2.11.0") and out["cuda"] == "13.0", out
     assert Path(out["path"]).is_file() and str(tmp_path) in out["path"], out  # really built here, not a cache hit
+    checks, key, k_shape = out["checks"]  # the compiled checks, built with the kernels against torch 2.11
+    assert Path(checks).is_file() and str(tmp_path) in checks, out
+    assert key == "(device(type='cpu'), torch.bfloat16, 8, False)" and k_shape == [1, 1, 3, 8], out
     ops = out["ops"]
     assert ops["qwen3_tts_rope"].endswith("(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)")
     modes = "Tensor? positions=None, bool eager=False, Tensor? q_weight=None, Tensor? k_weight=None, float eps=0."
