@@ -100,13 +100,15 @@ def test_valid_tts_call_gets_the_python_key_outputs_and_results(compiled, name, 
 
 
 def _quant(S=3, H=4, D=128, groups=2, group_size=128, dtype=bf16, cache_dtype=f32, positions=torch.int64,
-           extra_positions=0, max_pos=64, halves=False, transpose=False):
+           extra_positions=0, max_pos=64, halves=False, transpose=False, row_stride=None):
     o, pos, cos, sin = make_quant_inputs(QuantCase(S, H, groups, head_dim=D, quant_group_size=group_size), dtype,
                                          cache_dtype, max_pos=max_pos, positions_dtype=positions)
     pos = torch.cat([pos, pos[:extra_positions]]) if extra_positions else pos
     if halves:  # both from one [max_pos, rope_dim] cos||sin cache: apart
         cache = torch.cat([cos, sin], dim=1)
         cos, sin = cache[:, :cos.shape[1]], cache[:, cos.shape[1]:]
+    if row_stride:  # one cache row: its stride addresses nothing and may be anything
+        cos, sin = (t.as_strided((1, t.shape[1]), (row_stride, 1)) for t in (cos, sin))
     return quant_args(o, pos, cos, sin, groups, group_size, transpose)
 
 
@@ -114,7 +116,8 @@ QUANT_VALID = {
     "row": _quant(), "col": _quant(transpose=True), "fp16, bf16 cache": _quant(dtype=f16, cache_dtype=bf16),
     "fp16 cache, int32 positions": _quant(cache_dtype=f16, positions=torch.int32),
     "more positions than tokens": _quant(extra_positions=2), "halves of one cache": _quant(halves=True),
-    "one cache row": _quant(max_pos=1, halves=True), "group 32, 4 groups": _quant(group_size=32, groups=4),
+    "one cache row": _quant(max_pos=1, halves=True), "one row, any stride": _quant(max_pos=1, row_stride=2 ** 62),
+    "group 32, 4 groups": _quant(group_size=32, groups=4),
     "group 256, one group": _quant(group_size=256, groups=1, transpose=True), "one token": _quant(S=1),
     "group 64, col": _quant(S=5, group_size=64, transpose=True),
 }

@@ -16,8 +16,10 @@
 
 namespace {
 
-// A dense tensor of torch.Tensor's own type (not a subclass, not a functorch or Python-key wrapper) on a device
-// with data (not meta), outside a TorchFunctionMode (which would see the Python path's allocations).
+// A dense torch.Tensor or nn.Parameter (THPVariable_CheckExact; no other subclass, no functorch or Python-key
+// wrapper) on a device with data (not meta), outside a TorchFunctionMode (which would see the Python path's
+// allocations). A Parameter gets the Python path's key too: its exact-type expression refuses it, but
+// _diagnose / _validate_all accept it.
 const at::Tensor* plain(PyObject* obj) {
   if (!THPVariable_CheckExact(obj) || at::impl::torch_function_mode_enabled()) return nullptr;
   const at::Tensor& t = THPVariable_Unpack(obj);
@@ -92,11 +94,11 @@ bool int_arg(PyObject* obj, int64_t& out) {
 // The cos||sin mistake check (_refuse_one_cache) for rows of one stride: true when no row of sin meets a row of
 // cos. Other layouts return false and take the Python check.
 bool caches_apart(const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t max_pos = cos.size(0), size = cos.element_size();
-  const int64_t st = cos.stride(0) * size, row = cos.size(1) * size;
+  const int64_t max_pos = cos.size(0), size = cos.element_size(), row = cos.size(1) * size;
   const int64_t gap = reinterpret_cast<int64_t>(sin.data_ptr()) - reinterpret_cast<int64_t>(cos.data_ptr());
   if (max_pos == 1) return std::llabs(gap) >= row;
-  if (st != sin.stride(0) * size || st < row) return false;
+  int64_t st = 0;  // a size-1 dim may carry any stride: only past max_pos == 1 is it a real row stride
+  if (cos.stride(0) != sin.stride(0) || __builtin_mul_overflow(cos.stride(0), size, &st) || st < row) return false;
   const int64_t k = gap >= 0 ? gap / st : -((-gap + st - 1) / st);  // floor division, as Python's //
   for (int64_t i = k; i <= k + 1; ++i)
     if (-max_pos < i && i < max_pos && std::llabs(gap - i * st) < row) return false;
@@ -138,8 +140,10 @@ PyObject* inverse_rope_group_quant(PyObject*, PyObject* const* args, Py_ssize_t 
   auto scale_options = o->options().dtype(at::kFloat8_e8m0fnu);  // "col": storage [G, Ks, S] seen as [S, G, Ks]
   auto scale =
       col ? at::empty_strided({S, G, ks}, {1, ks * S, S}, scale_options) : at::empty({S, G, ks}, scale_options);
-  static PyObject* row_name = PyUnicode_InternFromString("row");
-  static PyObject* col_name = PyUnicode_InternFromString("col");
+  static PyObject *row_name = nullptr, *col_name = nullptr;  // made once; a failure (its MemoryError) retries
+  if ((!row_name && !(row_name = PyUnicode_InternFromString("row"))) ||
+      (!col_name && !(col_name = PyUnicode_InternFromString("col"))))
+    return nullptr;
   PyObject* key = tuple(
       {THPDevice_New(dev), dtype_object(o->scalar_type()), PyLong_FromLongLong(D), PyLong_FromLongLong(2 * half),
       PyLong_FromLongLong(group_size), dtype_object(cos->scalar_type()), dtype_object(pos->scalar_type()),
