@@ -55,6 +55,11 @@ def machine() -> None:
         if os.environ.get("TRITON_INTERPRET") == "1":
             print("  Triton kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1): correct, but slow,")
             print("  so their timings below say nothing about GPU speed.")
+    from . import fast_checks
+
+    built = fast_checks.load() is not fast_checks.Python
+    print("  Compiled checks of the plain calls: " + ("built" if built else "not built (each call takes the Python "
+                                                       "checks; `python -m fusedrope build --checks` builds them)"))
 
 
 def _tts_args(case: TtsCase):

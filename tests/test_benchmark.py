@@ -811,6 +811,18 @@ def test_cli_report_exit_status_follows_the_self_check(ok, code, monkeypatch, ca
     assert ("FAILURES above" in capsys.readouterr().out) == (not ok)
 
 
+def test_cli_report_says_whether_the_compiled_checks_are_built(monkeypatch, capsys):
+    import fusedrope.__main__ as cli
+    from fusedrope import fast_checks
+
+    monkeypatch.setattr(fast_checks, "load", lambda again=False: fast_checks.Python)
+    cli.machine()
+    assert "Compiled checks of the plain calls: not built (each call takes the Python" in capsys.readouterr().out
+    monkeypatch.setattr(fast_checks, "load", lambda again=False: object())
+    cli.machine()
+    assert "Compiled checks of the plain calls: built\n" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("op", ["qwen3_tts_rope", "inverse_rope_group_quant"])
 def test_cli_self_check_fails_when_a_backend_is_wrong(op, monkeypatch, capsys):
     import fusedrope.__main__ as cli
