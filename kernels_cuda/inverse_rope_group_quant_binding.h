@@ -146,9 +146,9 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
   }
   const int64_t rows = scale_layout == kScaleStrided ? x_scale.size(0) : S;
   // The kernel addresses scale (s, g, k) as s*stride(0) + (g*Ks + k)*stride_b. Only the two layouts the op
-  // writes (buffer_scale_strides in fusedrope/inverse_rope_group_quant/__init__.py): row-major (G*Ks, Ks, 1), or
-  // column-major (1, Ks*L, L) with L >= S; strides of size-1 dims address nothing. Anything else (stride(0) == 0,
-  // say) could make two blocks write one byte.
+  // writes (buffer_scale_strides in fusedrope/inverse_rope_group_quant/outputs.py): row-major (G*Ks, Ks, 1), or
+  // column-major (1, Ks*L, L) with L >= x_scale.size(0); strides of size-1 dims address nothing. Anything else
+  // (stride(0) == 0, say) could make two blocks write one byte.
   const auto same_layout = [&](int64_t a, int64_t b, int64_t c) {
     const int64_t want[3] = {a, b, c};
     for (int d = 0; d < 3; ++d)

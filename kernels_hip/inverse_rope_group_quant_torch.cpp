@@ -10,8 +10,9 @@
 // (float8_e8m0fnu or uint8: the e8m0 byte; float32: 2^(byte-127)). x_fp8 is float8_e4m3fnuz (gfx942 hardware) or
 // float8_e4m3fn (gfx950 hardware); the other one is correct too, through the kernel's software conversion.
 // Launches on the current stream of o's device, never synchronizes (HIP-graph capturable).
-// fusedrope/inverse_rope_group_quant/__init__.py validates the inputs first; the checks (../kernels_cuda/inverse_rope_group_quant_binding.h, shared with the
-// CUDA binding, plain torch C++) are the defensive second line.
+// fusedrope/inverse_rope_group_quant/__init__.py validates the inputs first; the checks
+// (../kernels_cuda/inverse_rope_group_quant_binding.h, shared with the CUDA binding, plain torch C++) are the
+// defensive second line.
 //
 // Built by fusedrope/hip_ext.py (torch.utils.cpp_extension.load with hipcc). NOT compiled in this repository's
 // CI (no ROCm there): see docs/kernels_hip.md.
