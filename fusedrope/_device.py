@@ -43,6 +43,11 @@ def gpu_arch(device: torch.device) -> str:
     return f"sm_{props.major}{props.minor}"
 
 
+def sm_number(arch: str) -> int:
+    """An NVIDIA arch's compute capability as one number ('sm_90' -> 90, 'sm_100' -> 100); 0 for any other."""
+    return int(arch[3:]) if arch.startswith("sm_") else 0
+
+
 # The fp8 format the ops should write on each GPU, the one its FP8 GEMMs read: float8_e4m3fnuz on gfx942 (MI300),
 # OCP float8_e4m3fn on gfx950 (MI350/MI355) and NVIDIA (converted in hardware from sm_89 on); every other device
 # gets e4m3fn, the ops' default.

@@ -299,16 +299,15 @@ def test_contenders_say_why_they_cannot_run_here():
     assert B.contenders(B.TTS, CPU, interpreter=True)[3].reason is None
 
 
-@pytest.mark.parametrize("capability,pdl_reason", [((9, 0), None), ((8, 0), "needs sm_90 or newer")])
-def test_cuda_launch_experiments_run_the_config_op_where_the_cuda_backend_runs(monkeypatch, capability,
-                                                                               pdl_reason):
+@pytest.mark.parametrize("arch,pdl_reason", [("sm_90", None), ("sm_100", None), ("sm_80", "needs sm_90 or newer")])
+def test_cuda_launch_experiments_run_the_config_op_where_the_cuda_backend_runs(monkeypatch, arch, pdl_reason):
     """Op 2's experiments: one contender each, runnable wherever the cuda backend is (pdl=1 from sm_90 on), each
     calling inverse_rope_group_quant_config on the set's buffers with its own keywords (checked here through a
     stand-in for the raw op and a faked GPU)."""
     from fusedrope.inverse_rope_group_quant import cuda as quant_cuda
 
     monkeypatch.setattr(B, "_backend_reason", lambda op, b, device, interpreter: None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(B, "gpu_arch", lambda device: arch)
     quant = {c.name: c for c in B.contenders(B.QUANT, torch.device("cuda", 0), compile=False)}
     assert quant["cuda:pdl"].reason == (pdl_reason and
                                         "a programmatic dependent launch (pdl=1) needs sm_90 or newer")

@@ -218,6 +218,9 @@ def test_device_probes(monkeypatch):
     assert K.gpu_arch(gpu) == "sm_90" and K.native_fp8_dtype(gpu) == torch.float8_e4m3fn
     assert K.hip_toolkit_reason(gpu) == "this torch build has no ROCm (torch.version.hip is None)"
     assert K.triton_available(torch.device("meta")) == "Triton does not run on device type 'meta'"
+    # the arch rules of the cuda backends (sm_80+, pdl from sm_90) and of Triton's fp8 (sm_89+) read it as a number
+    assert [K.sm_number(a) for a in ("sm_80", "sm_89", "sm_90", "sm_100", "sm_120", "gfx942", "")] == [
+        80, 89, 90, 100, 120, 0, 0]
 
 
 def test_availability_is_answered_per_device():

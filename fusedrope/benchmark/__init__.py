@@ -48,7 +48,7 @@ import torch
 
 from .. import __version__
 from .. import reference as R
-from .._device import gpu_arch, native_fp8_dtype, triton_available
+from .._device import gpu_arch, native_fp8_dtype, sm_number, triton_available
 from ..inverse_rope_group_quant import OP as QUANT
 from ..inverse_rope_group_quant.buffers import quant_output_shapes
 from ..qwen3_tts_rope import OP as TTS
@@ -540,7 +540,7 @@ def _floor_maker(case, sets):
 
 def _pdl_reason(no_cuda: Optional[str], device: torch.device, switch: str) -> Optional[str]:
     """Why a programmatic dependent launch (``switch``) of the cuda kernel cannot run here, or None."""
-    if no_cuda or torch.cuda.get_device_capability(device) >= (9, 0):
+    if no_cuda or sm_number(gpu_arch(device)) >= 90:
         return no_cuda
     return f"a programmatic dependent launch ({switch}) needs sm_90 or newer"
 

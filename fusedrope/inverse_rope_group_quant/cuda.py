@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .._device import gpu_arch
+from .._device import gpu_arch, sm_number
 from .._validation import dtype_name
 
 O_DTYPES = (torch.bfloat16, torch.float16)
@@ -52,12 +52,12 @@ def tiled_layout(facts) -> Optional[str]:
 
 def supports(facts) -> Optional[str]:
     arch = gpu_arch(facts.device)
-    if not arch.startswith("sm_") or int(arch[3:]) < 80:
+    if sm_number(arch) < 80:
         return f"cuda kernel needs an NVIDIA GPU of sm_80 or newer, this device is {arch or facts.device}"
     reason = envelope_reason("cuda kernel", facts)
     if reason is None and facts.fp8_dtype != torch.float8_e4m3fn:
         return f"cuda kernel writes float8_e4m3fn, got fp8_dtype={dtype_name(facts.fp8_dtype)} (Triton serves it)"
-    if reason is None and facts.pdl and int(arch[3:]) < 90:
+    if reason is None and facts.pdl and sm_number(arch) < 90:
         return f"cuda kernel launches with enable_pdl=True on sm_90 or newer, this device is {arch}"
     return reason
 

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._device import arch_fp8_dtype, gpu_arch
+from .._device import arch_fp8_dtype, gpu_arch, sm_number
 from .._triton import INTERPRETED, WARP_SIZE, check_aligned, f32_to_fp8_bits, launch_lock, round_to, to_f32
 from .reference import FP8_MAX, mfma_tile_shape
 
@@ -286,7 +286,7 @@ def integer_fp8_rounding(fp8_dtype: torch.dtype, arch: str) -> bool:
         return True
     if fp8_dtype == fnuz:
         return arch_fp8_dtype(arch) != fnuz
-    return arch.startswith("sm_") and int(arch[3:]) < 89
+    return 0 < sm_number(arch) < 89
 
 
 @functools.lru_cache(maxsize=None)

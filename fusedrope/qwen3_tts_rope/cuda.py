@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .._device import gpu_arch
+from .._device import gpu_arch, sm_number
 from .._validation import dtype_name
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -25,7 +25,7 @@ def supports(facts) -> Optional[str]:
     if facts.dtype not in DTYPES or facts.head_dim not in HEAD_DIMS:
         return (f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {dtype_name(facts.dtype)} "
                 f"D={facts.head_dim}")
-    if facts.pdl and (not (arch := gpu_arch(facts.device)).startswith("sm_") or int(arch[3:]) < 90):
+    if facts.pdl and sm_number(arch := gpu_arch(facts.device)) < 90:
         return f"cuda kernel launches with enable_pdl=True on sm_90 or newer, this device is {arch or facts.device}"
     return None
 
