@@ -1,5 +1,5 @@
 // Both ops' plain calls checked and their outputs allocated, compiled: the host cost of a call is mostly reading
-// four tensors' shapes, strides, dtypes and devices, which from Python alone costs more than two bare aten calls.
+// four tensors' shapes, strides, dtypes and devices, which from Python costs more than allocating the outputs.
 // Each function returns (selection key, new outputs) when the arguments pass every check the Python validation
 // makes (the `validate` functions of fusedrope/qwen3_tts_rope and fusedrope/inverse_rope_group_quant) and there is
 // work to do, and None for anything else, valid or not: the Python path then runs and names what is wrong. So
