@@ -58,8 +58,9 @@ def machine() -> None:
     from . import fast_checks
 
     built = fast_checks.load() is not fast_checks.Python
-    print("  Compiled checks of the plain calls: " + ("built" if built else "not built (each call takes the Python "
-                                                       "checks; `python -m fusedrope build --checks` builds them)"))
+    print("  Compiled checks of the plain calls: " + (
+        "built" if built else f"{'not loaded: ' + fast_checks.failure if fast_checks.failure else 'not built'} "
+        "(each call takes the Python checks; `python -m fusedrope build --checks` builds them)"))
 
 
 def _tts_args(case: TtsCase):

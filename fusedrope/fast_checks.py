@@ -1,7 +1,8 @@
 """Both ops' plain-call checks and output allocation compiled (csrc/fast_checks.cpp), from the build that
 ``python -m fusedrope build`` or the kernels' first-use build makes: loaded on the first call, which never compiles
-them. ``checks.<op>(args)`` returns ``(selection key, new outputs)``, or None and the Python path runs, as every
-call does without a build."""
+them, and only once its bytes match the digest the build wrote beside it (a truncated or corrupted library would
+kill the process as it loads). ``checks.<op>(args)`` returns ``(selection key, new outputs)``, or None and the
+Python path runs, as every call does without a build."""
 
 import hashlib
 import importlib.util
@@ -16,6 +17,8 @@ import torch
 SOURCE = Path(__file__).parent / "csrc" / "fast_checks.cpp"
 Python = types.SimpleNamespace(qwen3_tts_rope=lambda *args: None, inverse_rope_group_quant=lambda *args: None)
 _lock = threading.Lock()
+failure = None  # why the build found was not loaded (None: loaded, or there is none)
+DIGEST = ".sha256"  # the library's name + DIGEST: its sha256 (sha256sum's format), written by the build beside it
 
 
 def extensions_folder(tag: str) -> Path:
@@ -34,19 +37,25 @@ def library_path() -> Path:
 
 def load(again: bool = False):
     """The build's module, or ``Python`` (``again``: look for a build once more, e.g. one just made)."""
-    global checks
+    global checks, failure
     with _lock:
         if again or checks is _first_call:
-            checks = Python
+            checks, failure = Python, None
             try:
                 path = library_path()
                 if path.exists():
-                    spec = importlib.util.spec_from_file_location(path.stem, path)
-                    module = importlib.util.module_from_spec(spec)
-                    spec.loader.exec_module(module)
-                    checks = module
-            except (ImportError, OSError):  # a build that no longer loads (a changed libtorch): the Python path
-                pass
+                    digest = path.with_name(path.name + DIGEST)
+                    digest = digest.read_text().split()[:1] if digest.exists() else []
+                    if digest != [hashlib.sha256(path.read_bytes()).hexdigest()]:
+                        failure = f"{path} does not match the digest written at build time " + (
+                            "(a truncated or corrupted file?)" if digest else "(there is none: an interrupted build?)")
+                    else:
+                        spec = importlib.util.spec_from_file_location(path.stem, path)
+                        module = importlib.util.module_from_spec(spec)
+                        spec.loader.exec_module(module)
+                        checks = module
+            except (ImportError, OSError) as e:  # a build that no longer loads (a changed libtorch): the Python path
+                failure = f"the build does not load: {e}"
     return checks
 
 

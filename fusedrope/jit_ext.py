@@ -258,21 +258,43 @@ class Extension:
 
 def build_fast_checks(verbose: bool = False) -> str:
     """Compile fusedrope/csrc/fast_checks.cpp with the host compiler (``python -m fusedrope build``) and load
-    it for this process; return the library's path. Raises RuntimeError saying why it cannot."""
+    it for this process; return the library's path. Raises RuntimeError saying why it cannot.
+
+    The compiler links in ``build/`` beside the library; the library and its digest then come into place each as a
+    whole (written under a temporary name, then renamed), so an interrupted build leaves no library that
+    :func:`fast_checks.load` would load, only one it refuses."""
     from torch.utils import cpp_extension
 
     from . import fast_checks
 
     path = fast_checks.library_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / "build").mkdir(parents=True, exist_ok=True)
     try:
-        cpp_extension.load(name=path.stem, sources=[str(fast_checks.SOURCE)], build_directory=str(path.parent),
-                           extra_cflags=["-O2"], verbose=verbose)
+        module = cpp_extension.load(name=path.stem, sources=[str(fast_checks.SOURCE)],
+                                    build_directory=str(path.parent / "build"), extra_cflags=["-O2"], verbose=verbose)
     except Exception as e:  # noqa: BLE001
         raise RuntimeError(f"fusedrope: cannot build the compiled checks: {short_error(e)}") from e
+    data = Path(module.__file__).read_bytes()
+    digest = f"{hashlib.sha256(data).hexdigest()}  {path.name}\n"
+    _write_whole(path.with_name(path.name + fast_checks.DIGEST), digest.encode())
+    _write_whole(path, data)
     if fast_checks.load(again=True) is fast_checks.Python:
-        raise RuntimeError(f"fusedrope: the compiled checks built at {path} do not load")
+        raise RuntimeError(f"fusedrope: the compiled checks built at {path} do not load: {fast_checks.failure}")
     return str(path)
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` or what it held before, never part of it: written and synced under a temporary name
+    in the same folder, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @functools.lru_cache(maxsize=None)

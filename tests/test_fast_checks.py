@@ -2,6 +2,8 @@
 valid plain calls the Python path would run, with its selection key and outputs laid out as it allocates them,
 and return None for everything else, bad input included (the Python path then names what is wrong)."""
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -295,3 +297,68 @@ def test_the_build_is_named_by_its_source_and_torch(monkeypatch, tmp_path):
     monkeypatch.setattr(torch, "__version__", "0.0.0")
     names.append(fast_checks.library_path().stem)
     assert len(set(names)) == 3
+
+
+FIRST_CALL = r"""
+import torch, fusedrope
+from fusedrope import fast_checks
+from fusedrope.__main__ import machine
+q, c = torch.randn(1, 2, 3, 8), torch.randn(1, 3, 8)
+out = fusedrope.qwen3_tts_rope(q, q[:, :1], c, c, backend="reference")  # the first call loads the build, or not
+assert torch.equal(out[0], fusedrope.qwen3_tts_rope(q, q[:, :1], c, c, backend="reference")[0])
+print("path:", "python" if fast_checks.checks is fast_checks.Python else "compiled")
+machine()
+"""
+
+
+def _damage(data: bytes, how: str) -> bytes:
+    if how == "truncated":  # as an interrupted link leaves it: the loader maps pages past the end (SIGBUS)
+        return data[:len(data) // 2]
+    if how == "corrupted":  # bytes overwritten: code and relocations the loader would run (SIGSEGV)
+        n = len(data)
+        return data[:n // 8] + b"\xff" * (n // 2 - n // 8) + data[n // 2:]
+    return data
+
+
+@pytest.mark.parametrize("how", ["intact", "truncated", "corrupted", "no digest"])
+def test_a_damaged_build_takes_the_python_path_and_the_report_says_so(compiled, how, tmp_path, monkeypatch):
+    """A damaged library in the build folder is never loaded (that would kill the process): the first call, in a
+    process of its own, takes the Python path, and ``python -m fusedrope``'s report says why."""
+    built = fast_checks.library_path()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    path = fast_checks.library_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(_damage(built.read_bytes(), how))
+    if how != "no digest":
+        digest = built.with_name(built.name + fast_checks.DIGEST)
+        path.with_name(path.name + fast_checks.DIGEST).write_bytes(digest.read_bytes())
+    run = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, env=dict(os.environ),
+                         timeout=300)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-2000:]}"
+    if how == "intact":
+        assert "path: compiled" in run.stdout and "Compiled checks of the plain calls: built" in run.stdout
+        return
+    why = "there is none" if how == "no digest" else "a truncated or corrupted file"
+    assert "path: python" in run.stdout
+    assert f"Compiled checks of the plain calls: not loaded: {path} does not match the digest written at build time" \
+           in run.stdout and why in run.stdout
+
+
+def test_the_build_replaces_a_file_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The library and its digest are written under a temporary name, then renamed: a write that fails midway
+    leaves what was there, and no temporary file."""
+    from fusedrope import jit_ext
+
+    target = tmp_path / "lib.so"
+    target.write_bytes(b"old")
+
+    def fail(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(OSError, match="disk full"):
+        jit_ext._write_whole(target, b"new bytes")
+    assert target.read_bytes() == b"old" and sorted(tmp_path.iterdir()) == [target]
+    monkeypatch.undo()
+    jit_ext._write_whole(target, b"new bytes")
+    assert target.read_bytes() == b"new bytes" and sorted(tmp_path.iterdir()) == [target]
