@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch._C._functorch import is_functorch_wrapped_tensor, maybe_current_level
+from torch.autograd import forward_ad as _fad
 
 
 class BackendUnavailableError(RuntimeError):
@@ -39,6 +41,43 @@ def check_bool(op: str, name: str, v) -> None:
     """A flag must be a bool: a truthy string such as "False" must not flip a layout or write in place."""
     if v is not True and v is not False:
         fail(op, name, "a bool", f"{type(v).__name__} {v!r}", TypeError)
+
+
+def unreadable(t) -> tuple:
+    """``(expected, got, exception)`` for :func:`fail` when a kernel reading ``t`` through its data pointer would get
+    wrong values or drop a derivative, else (): the rule of both check paths (``readable`` in csrc/fast_checks.cpp)."""
+    memory = "a tensor whose memory holds its values (the kernels read it through its data pointer)"
+    if t.is_neg():
+        return memory, "a negative view (torch._neg_view, .imag of a conjugate); pass .resolve_neg()", TypeError
+    if t.is_conj():
+        return memory, "a conjugate view (.conj()); pass .resolve_conj()", TypeError
+    if (t._is_zerotensor() or is_functorch_wrapped_tensor(t) or torch._is_functional_tensor(t)
+            or isinstance(t, torch._subclasses.functional_tensor.FunctionalTensor)):
+        return memory, ("a tensor without storage (a ZeroTensor, a torch.func vmap / grad / jvp wrapper, a "
+                        "functional tensor); call the op on plain tensors, outside the transform"), TypeError
+    if _fad._current_level >= 0 and _fad.unpack_dual(t).tangent is not None:
+        return ("a tensor without a forward-mode AD tangent (the op has no derivative formula)",
+                "a dual tensor, whose tangent the op would drop", RuntimeError)
+    return ()
+
+
+def readable(*tensors) -> bool:
+    """No tensor of ``tensors`` (None passes) is :func:`unreadable` (the compiled checks': one C call). Outside the
+    forward-AD levels and torch.func transforms where dual and wrapped tensors live, only the negative and
+    ZeroTensor bits are read (callers check for a real dtype first, which has no conjugate bit)."""
+    if _fad._current_level >= 0 or maybe_current_level() is not None:
+        return not any(t is not None and unreadable(t) for t in tensors)
+    for t in tensors:
+        if t is not None and (t.is_neg() or t._is_zerotensor()):
+            return False
+    return True
+
+
+def check_readable(op: str, named: dict) -> None:
+    """:func:`unreadable`'s error for the first tensor of ``named`` (name -> tensor or None) it refuses."""
+    for name, t in named.items():
+        if t is not None and (why := unreadable(t)):
+            fail(op, name, *why)
 
 
 def check_dtype(op: str, name: str, t: torch.Tensor, allowed) -> None:

@@ -2,7 +2,7 @@
 ``python -m fusedrope build`` or the kernels' first-use build makes: loaded on the first call, which never compiles
 them, and only once its bytes match the digest the build wrote beside it (a truncated or corrupted library would
 kill the process as it loads). ``checks.<op>(args)`` returns ``(selection key, new outputs)``, or None and the
-Python path runs, as every call does without a build."""
+Python path runs, as every call does without a build; ``checks.readable`` is :func:`_validation.readable`."""
 
 import hashlib
 import importlib.util
@@ -14,8 +14,11 @@ from pathlib import Path
 
 import torch
 
+from ._validation import readable
+
 SOURCE = Path(__file__).parent / "csrc" / "fast_checks.cpp"
-Python = types.SimpleNamespace(qwen3_tts_rope=lambda *args: None, inverse_rope_group_quant=lambda *args: None)
+Python = types.SimpleNamespace(qwen3_tts_rope=lambda *args: None, inverse_rope_group_quant=lambda *args: None,
+                               readable=readable)
 _lock = threading.Lock()
 failure = None  # why the build found was not loaded (None: loaded, or there is none)
 DIGEST = ".sha256"  # the library's name + DIGEST: its sha256 (sha256sum's format), written by the build beside it
@@ -61,4 +64,4 @@ def load(again: bool = False):
 
 # Until the first call: load the build (or settle on Python), then ask it.
 _first_call = checks = types.SimpleNamespace(**{op: lambda *args, op=op: getattr(load(), op)(*args)
-                                               for op in ("qwen3_tts_rope", "inverse_rope_group_quant")})
+                                               for op in ("qwen3_tts_rope", "inverse_rope_group_quant", "readable")})

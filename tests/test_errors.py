@@ -1,11 +1,13 @@
 """Bad input raises a clear exception naming the argument, what was expected and what was given."""
 
+import contextlib
 import functools
 import re
 
 import numpy as np
 import pytest
 import torch
+from torch.autograd import forward_ad as fwAD
 
 import fusedrope
 from fusedrope.testing import QuantCase, make_quant_inputs
@@ -499,6 +501,97 @@ def test_sparse_csr_and_nested_tensors_get_the_usual_type_error(kind):
     args["positions"] = make_positions(args["positions"])
     with pytest.raises(TypeError, match="^inverse_rope_group_quant: argument 'positions' expected a dense"):
         fusedrope.inverse_rope_group_quant(**args, backend="reference")
+
+
+# -- tensors whose memory does not hold their values: every backend but the reference reads data pointers ----------
+_MEMORY = "expected a tensor whose memory holds its values (the kernels read it through its data pointer), got "
+UNREADABLE = {  # kind: (the tensor made of a plain one, the context it lives in, exception, what the message says)
+    "negative view": (torch._neg_view, contextlib.nullcontext, TypeError,
+                      _MEMORY + "a negative view (torch._neg_view, .imag of a conjugate); pass .resolve_neg()"),
+    "ZeroTensor": (lambda t: torch._efficientzerotensor(t.shape, dtype=t.dtype), contextlib.nullcontext, TypeError,
+                   _MEMORY + "a tensor without storage (a ZeroTensor, a torch.func vmap / grad / jvp wrapper, a functional tensor); call the op on plain tensors, outside the transform"),
+    "dual": (lambda t: fwAD.make_dual(t, torch.ones_like(t)), fwAD.dual_level, RuntimeError,
+             "expected a tensor without a forward-mode AD tangent (the op has no derivative formula), got a dual tensor, whose tangent the op would drop"),
+}
+# (kind, argument) of each op; a dual tensor needs a floating dtype, so int positions cannot be one
+TTS_UNREADABLE = [(kind, arg) for kind in UNREADABLE for arg in ("q", "k", "cos", "sin", "q_out", "k_norm_weight")]
+QUANT_UNREADABLE = [(kind, arg) for kind in UNREADABLE for arg in ("o", "positions", "cos_cache", "sin_cache", "x_fp8")
+                    if (kind, arg) != ("dual", "positions")]
+
+
+@pytest.mark.parametrize("kind, arg", TTS_UNREADABLE)
+def test_qwen3_tts_rope_refuses_tensors_whose_memory_is_not_their_values(kind, arg):
+    """A negative view read through its data pointer gives minus the answer, a dual tensor loses its tangent, a
+    ZeroTensor has no memory: every entry point refuses them, naming the argument (explain too)."""
+    make, context, exc, msg = UNREADABLE[kind]
+    with context():
+        args = tts_bad()
+        q, k, cos, sin = args.values()
+        w = torch.ones(8, dtype=bf16)
+        if arg == "q_out":
+            calls = [lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin, q_out=make(torch.empty_like(q)))]
+        elif arg == "k_norm_weight":
+            calls = [lambda: fusedrope.qwen3_tts_qk_norm_rope(q, k, w, make(w), cos, sin)]
+        else:
+            args[arg] = make(args[arg])
+            calls = [functools.partial(f, **args, **kw) for f in (fusedrope.qwen3_tts_rope,
+                                                                  functools.partial(fusedrope.explain, "qwen3_tts_rope"))
+                     for kw in ({}, {"backend": "reference"}, {"numerics": "eager"}, {"inplace": True})]
+        for call in calls:
+            with pytest.raises(exc, match="^qwen3_tts_rope: argument '" + arg + "' " + re.escape(msg) + "$"):
+                call()
+
+
+@pytest.mark.parametrize("kind, arg", QUANT_UNREADABLE)
+def test_inverse_rope_group_quant_refuses_tensors_whose_memory_is_not_their_values(kind, arg):
+    make, context, exc, msg = UNREADABLE[kind]
+    with context():
+        if arg == "x_fp8":
+            (args, _), = [quant_bad(x_fp8=lambda a: make(_bufs()(a)[0]), x_scale=lambda a: _bufs()(a)[1])]
+        else:
+            (args, _), = [quant_bad(**{arg: lambda a: make(a[arg])})]
+        for kw in ({}, {"backend": "reference"}, {"scale_layout": "mfma_tile"}):
+            if "x_fp8" in args and args["x_fp8"] is not None and kw:
+                continue
+            with pytest.raises(exc, match="^inverse_rope_group_quant: argument '" + arg + "' " + re.escape(msg) + "$"):
+                fusedrope.inverse_rope_group_quant(**args, **kw)
+        with pytest.raises(exc, match=re.escape(msg)):
+            fusedrope.explain("inverse_rope_group_quant", **args)
+
+
+def test_dual_tensors_are_refused_by_the_vllm_adapter_without_quantization():
+    """vLLM's quantize=False call returns o's dtype, where a lost tangent would go unnoticed."""
+    from fusedrope.integrations.vllm import fused_inv_rope_fp8_quant
+
+    (args, _), = [quant_bad()]
+    cache = torch.cat([args["cos_cache"], args["sin_cache"]], 1)
+    with fwAD.dual_level():
+        o = fwAD.make_dual(args["o"], torch.ones_like(args["o"]))
+        with pytest.raises(RuntimeError, match="^inverse_rope_group_quant: argument 'o' expected a tensor without a "
+                                               "forward-mode AD tangent"):
+            fused_inv_rope_fp8_quant(o, args["positions"], cache, 2, 2, quantize=False)
+
+
+TRANSFORMS = {  # torch.func transforms whose wrappers have no storage: name -> call f under it with x
+    "vmap": lambda f, x: torch.func.vmap(f)(x[None]),
+    "jvp": lambda f, x: torch.func.jvp(f, (x,), (x,)),
+    "grad": lambda f, x: torch.func.grad(lambda x: f(x).float().sum())(x),
+    "functionalize": lambda f, x: torch.func.functionalize(f)(x),
+}
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_torch_func_transforms_get_a_clear_error(transform, backend):
+    """Not torch's "Cannot access data pointer of Tensor that doesn't have storage" from inside a backend: the
+    validation names the argument and the cause, for every backend alike (docs/design.md says why)."""
+    q, k, cos, sin = tts_inputs()
+    (args, _), = [quant_bad()]
+    quant = {n: args[n] for n in ("positions", "cos_cache", "sin_cache", "num_groups")}
+    for name, f, x in (("qwen3_tts_rope: argument 'q' ", lambda x: fusedrope.qwen3_tts_rope(x, k, cos, sin, backend=backend)[0], q),
+                       ("inverse_rope_group_quant: argument 'o' ", lambda x: fusedrope.inverse_rope_group_quant(x, **quant, quantize=False, backend=backend)[0], args["o"])):
+        with pytest.raises(TypeError, match="^" + re.escape(name + UNREADABLE["ZeroTensor"][3]) + "$"):
+            TRANSFORMS[transform](f, x)
 
 
 def test_a_backend_name_that_is_not_utf8_is_a_value_error(monkeypatch):

@@ -16,7 +16,7 @@ from fusedrope import fast_checks
 from fusedrope.qwen3_tts_rope import validate as tts_validate
 from fusedrope.testing import QuantCase, deepseek_rope_cache, make_quant_inputs, to_device_keeping_layout
 from conftest import gpu
-from test_errors import QUANT_CASES, TTS_CASES
+from test_errors import QUANT_CASES, QUANT_UNREADABLE, TTS_CASES, TTS_UNREADABLE, UNREADABLE
 
 QUANT = sys.modules["fusedrope.inverse_rope_group_quant"]
 bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
@@ -65,6 +65,26 @@ def test_bad_tts_input_is_left_to_python(compiled, name):
 def test_bad_quant_input_is_left_to_python(compiled, name):
     (args, _), _, _ = QUANT_CASES[name]
     assert compiled.inverse_rope_group_quant(*quant_args(**{n: v for n, v in args.items() if n[:2] != "x_"})) is None
+
+
+@pytest.mark.parametrize("kind, arg", [*TTS_UNREADABLE, *QUANT_UNREADABLE])
+def test_tensors_whose_memory_is_not_their_values_are_left_to_python(compiled, kind, arg):
+    """Negative views, ZeroTensors and dual tensors (test_errors.UNREADABLE): the compiled checks of plain calls
+    refuse them, and their ``readable`` answers as the Python path's :func:`_validation.readable` does."""
+    make, context, _, _ = UNREADABLE[kind]
+    tts, quant = _tts(), _quant()
+    with context():
+        for names, args, check in ((("q", "k", "cos", "sin"), tts, compiled.qwen3_tts_rope),
+                                   (("o", "positions", "cos_cache", "sin_cache"), quant,
+                                    compiled.inverse_rope_group_quant)):
+            if arg in names:
+                assert check(*args) is not None
+                i = names.index(arg)
+                assert check(*args[:i], make(args[i]), *args[i + 1:]) is None
+        t = make(tts[0])
+        assert compiled.readable(t) is False and fusedrope._validation.readable(t) is False
+        assert compiled.readable(tts[0], None, t) is False and fusedrope._validation.readable(tts[0], None, t) is False
+        assert compiled.readable(*tts, None) is True and fusedrope._validation.readable(*tts, None) is True
 
 
 # -- valid plain calls: the Python path's key, outputs and results -----------------------------------------------

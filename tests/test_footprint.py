@@ -1,5 +1,7 @@
-"""What a user's process carries: calling both ops on the reference backend loads at most 2,000 lines of the
-package, and neither the benchmark engine, Triton, the extension builder nor the test helpers."""
+"""What a user's process carries: calling both ops on the reference backend loads at most 2,100 lines of the
+package, and neither the benchmark engine, Triton, the extension builder nor the test helpers. (2,000 until every
+call refused tensors whose memory does not hold their values, checked the build's digest before loading it and
+checked the backends' answers: about 80 lines.)"""
 
 import json
 import subprocess
@@ -28,4 +30,4 @@ def test_reference_calls_of_both_ops_load_a_small_package():
         assert heavy not in modules, f"{heavy} loaded by a reference call"
     assert not got["triton"]
     total = sum(modules.values())
-    assert total <= 2000, f"{total} lines loaded: {sorted(modules.items(), key=lambda kv: -kv[1])}"
+    assert total <= 2100, f"{total} lines loaded: {sorted(modules.items(), key=lambda kv: -kv[1])}"

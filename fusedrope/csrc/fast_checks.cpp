@@ -4,6 +4,7 @@
 // makes (the `validate` functions of fusedrope/qwen3_tts_rope and fusedrope/inverse_rope_group_quant) and there is
 // work to do, and None for anything else, valid or not: the Python path then runs and names what is wrong. So
 // None is always safe; accepting is the claim tests/test_fast_checks.py holds against the Python validation.
+// `readable` is _validation.readable, which the Python path's one-expression checks call, at the cost of a call.
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -16,17 +17,37 @@
 
 namespace {
 
-// A dense torch.Tensor or nn.Parameter (THPVariable_CheckExact; no other subclass, no functorch or Python-key
+// Tensors whose memory does not hold their values, which a kernel reading the data pointer would get wrong
+// (_validation.unreadable says why): negative and conjugate views, ZeroTensors, functional and torch.func
+// wrappers (no storage); and dual tensors (forward-mode AD), whose tangent it would drop.
+constexpr c10::DispatchKeySet unreadable_ks =
+    c10::DispatchKeySet({c10::DispatchKey::Negative, c10::DispatchKey::Conjugate, c10::DispatchKey::ZeroTensor,
+                         c10::DispatchKey::Functionalize}) |
+    c10::functorch_transforms_ks;
+
+bool readable(const at::Tensor& t) { return !t.key_set().has_any(unreadable_ks) && !t._fw_grad(0).defined(); }
+
+// A dense, readable torch.Tensor or nn.Parameter (THPVariable_CheckExact; no other subclass, no Python-key
 // wrapper) on a device with data (not meta), outside a TorchFunctionMode (which would see the Python path's
 // allocations). A Parameter gets the Python path's key too: its exact-type expression refuses it, but
 // _diagnose / _validate_all accept it.
 const at::Tensor* plain(PyObject* obj) {
   if (!THPVariable_CheckExact(obj) || at::impl::torch_function_mode_enabled()) return nullptr;
   const at::Tensor& t = THPVariable_Unpack(obj);
-  if (t.layout() != at::kStrided || t.is_nested() || t.is_meta() ||
-      t.key_set().has_any(c10::python_ks | c10::functorch_transforms_ks))
+  if (t.layout() != at::kStrided || t.is_nested() || t.is_meta() || t.key_set().has_any(c10::python_ks) ||
+      !readable(t))
     return nullptr;
   return &t;
+}
+
+// readable(*tensors): True when each is None or a readable tensor (_validation.readable, the Python path's).
+PyObject* readable_all(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  for (Py_ssize_t i = 0; i < nargs; ++i)
+    if (args[i] != Py_None && !(THPVariable_Check(args[i]) && readable(THPVariable_Unpack(args[i]))))
+      Py_RETURN_FALSE;
+  Py_RETURN_TRUE;
+  END_HANDLE_TH_ERRORS
 }
 
 bool one_of(at::ScalarType t, std::initializer_list<at::ScalarType> types) {
@@ -160,6 +181,8 @@ PyMethodDef methods[] = {
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(inverse_rope_group_quant)), METH_FASTCALL,
      "(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale) -> (selection key, "
      "x_fp8, x_scale) of a plain call, or None"},
+    {"readable", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(readable_all)), METH_FASTCALL,
+     "(*tensors) -> True when each is None or a tensor whose memory holds its values, without a tangent"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "fast_checks", nullptr, -1, methods};

@@ -5,7 +5,8 @@
   RoPE as :func:`fusedrope.qwen3_tts_qk_norm_rope` (one launch); ``.remove()`` undoes it.
 
 Both keep the model's numerics (``numerics="eager"``). Where fusedrope cannot serve a call (other shapes or mixed
-dtypes, or autograd: the fused ops have no backward), the model's own code runs instead.
+dtypes; autograd, forward-mode AD's dual tensors included: the fused ops have no derivative; negative views,
+torch.func transforms), the model's own code runs instead.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import qwen3_tts_rope
+from .. import fast_checks, qwen3_tts_rope
 from ..qwen3_tts_rope import DTYPES as _DTYPES
 from ..qwen3_tts_rope.modes import qwen3_tts_qk_norm_rope
 
@@ -39,7 +40,8 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
 
 def _servable(q, k, cos, sin, heads: int) -> bool:
     """Whether fusedrope gives the formula's result for these arguments (heads at dim ``heads``, 1 or 2):
-    q/k 4-D, cos/sin ``[B or 1, S, D]``, one dtype it serves, one device, last dims contiguous, no autograd."""
+    q/k 4-D, cos/sin ``[B or 1, S, D]``, one dtype it serves, one device, last dims contiguous, no autograd,
+    memory that holds the values (:func:`fusedrope._validation.readable`: no negative view, dual or wrapper)."""
     ts = (q, k, cos, sin)
     if not all(isinstance(t, torch.Tensor) for t in ts):
         return False
@@ -50,7 +52,7 @@ def _servable(q, k, cos, sin, heads: int) -> bool:
     return (k.shape[0] == B and k.shape[3 - heads] == S and k.shape[3] == D and D % 2 == 0 and D > 0
             and cos.shape[0] in (1, B) and tuple(cos.shape[1:]) == (S, D) and dtype in _DTYPES
             and all(t.dtype is dtype and t.device == device and t.stride(-1) == 1 for t in ts)
-            and not _autograd(*ts))
+            and not _autograd(*ts) and (torch.compiler.is_compiling() or fast_checks.checks.readable(*ts)))
 
 
 def _unsqueeze_dim(args: tuple, kwargs: dict) -> int:
@@ -92,8 +94,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, *, 
     -------
     (q_embed, k_embed) : tuple of torch.Tensor
         Contiguous, shaped like ``q`` and ``k``. Calls fusedrope cannot serve (other dtypes, mixed dtypes or
-        devices, cos/sin not ``[B or 1, S, D]`` or without a contiguous last dim, autograd) get the formula in
-        PyTorch, i.e. Hugging Face's result.
+        devices, cos/sin not ``[B or 1, S, D]`` or without a contiguous last dim, autograd or forward-mode AD's
+        dual tensors, negative views, torch.func transforms) get the formula in PyTorch, i.e. Hugging Face's
+        result.
 
     Examples
     --------
@@ -299,7 +302,7 @@ def _fused_rope(original):
         qw, kw, eps = attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm)
         if (_unsqueeze_dim(args, kwargs) == 1 and _servable(q, k, cos, sin, 1) and eps == _eps(attn.k_norm)
                 and all(w.dtype is q.dtype and w.device == q.device and w.shape == q.shape[3:] for w in (qw, kw))
-                and not _autograd(qw, kw)):
+                and not _autograd(qw, kw) and fast_checks.checks.readable(qw, kw)):
             return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=attn.__dict__[_BACKEND])
         # the block's own norms (over the last dim, which the transpose left in place), then its own RoPE
         return original(_own(attn.q_norm, q), _own(attn.k_norm, k), cos, sin, *args, **kwargs)

@@ -97,13 +97,14 @@ def _outputs(o, num_groups, quant_group_size, layout, fp8_dtype, scale_dtype, qu
 
 
 def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-             x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout=None, quantize=True, enable_pdl=None) -> tuple:
+             x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout=None, quantize=True, enable_pdl=None,
+             traced=False) -> tuple:
     """Check every argument; return ``(key, x dtype, scale dtype)``; ``key`` (the :class:`Facts` as a plain
     tuple) keys backend selection.
 
     The hot path is one boolean expression over the usual call (no output buffers, or buffers laid out as the op
     writes them); anything else, bad input included, takes :func:`_validate_all`, which accepts a superset and
-    raises the precise message."""
+    raises the precise message. ``traced``: Dynamo traces this call (whose tensors have no memory to read)."""
     try:
         S, H, D = o.shape
         max_pos, half = cos_cache.shape
@@ -126,6 +127,7 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
             and sin_cache.shape == cos_cache.shape and cos_cache.stride(1) == 1 and sin_cache.stride(1) == 1
             and max_pos >= 1 and half >= 1 and 2 * half <= D and cos_cache is not sin_cache
             and positions.device == dev and cos_cache.device == dev and sin_cache.device == dev
+            and (traced or fast_checks.checks.readable(o, positions, cos_cache, sin_cache, x_fp8, x_scale))
         )
         if ok and quantize:
             fp8_t = fp8_dtype or (torch.float8_e4m3fn if x_fp8 is None else x_fp8.dtype)
@@ -152,14 +154,15 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
         ok = False
     if not ok:
         return _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                             x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)
+                             x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl, traced)
     key = (dev, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_t, scale_t, layout,
            quantize, x_contiguous, enable_pdl is True, layout == "col" and x_scale is not None and 0 < S < len(x_scale))
     return key, fp8_t, scale_t
 
 
 def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                  x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout=None, quantize=True, enable_pdl=None) -> tuple:
+                  x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout=None, quantize=True, enable_pdl=None,
+                  traced=False) -> tuple:
     """Every check, one at a time, each with its message (:func:`validate`'s slow path)."""
     C.check_tensor(OP, "o", o, 3, "[S, H, head_dim]")
     layout = resolve_layout(transpose_scale, scale_layout, quantize)
@@ -211,6 +214,9 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
             what = f"transpose_scale={layout == 'col'}" if scale_layout is None else f"scale_layout={layout!r}"
             C.fail(OP, "x_scale", f"{about} for {what}", f"strides {tuple(x_scale.stride())}")
         C.check_same_device(OP, "o", o, {"x_scale": x_scale})
+    if not traced:
+        C.check_readable(OP, {"o": o, "positions": positions, "cos_cache": cos_cache, "sin_cache": sin_cache,
+                              "x_fp8": x_fp8, "x_scale": x_scale})
     key = (o.device, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_dtype,
            scale_dtype, layout, quantize, x_fp8 is None or x_fp8.is_contiguous(), enable_pdl is True,
            x_scale is not None and pad)
@@ -354,12 +360,14 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     Raises
     ------
     ValueError, TypeError
-        Bad shapes, strides, dtypes, devices or group arguments, a ``transpose_scale`` that is not a bool, and
-        with ``FUSEDROPE_CHECK_POSITIONS=1`` out-of-range positions; the message names the argument.
+        Bad shapes, strides, dtypes, devices or group arguments, a ``transpose_scale`` that is not a bool, a
+        tensor whose memory does not hold its values (a negative view, a ZeroTensor, a ``torch.func`` wrapper),
+        and with ``FUSEDROPE_CHECK_POSITIONS=1`` out-of-range positions; the message names the argument.
     fusedrope.BackendUnavailableError
         An explicitly requested backend cannot run these inputs.
     RuntimeError
-        Output buffers that are inference tensors, outside ``torch.inference_mode()``.
+        Output buffers that are inference tensors, outside ``torch.inference_mode()``; a forward-mode AD dual
+        tensor (its tangent would be lost).
 
     Examples
     --------
@@ -389,7 +397,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
         # non-int group argument with its own message).
         key, checked_fp8, checked_scale = validate(o, positions, cos_cache, sin_cache, num_groups,
                                                    quant_group_size, transpose_scale, x_fp8, x_scale, fp8_dtype,
-                                                   scale_dtype, *spec)
+                                                   scale_dtype, *spec, compiling)
         if grad and (x_fp8 is not None or x_scale is not None):
             with torch.no_grad():  # quantised bytes written into buffers: no autograd history, on any backend
                 return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,

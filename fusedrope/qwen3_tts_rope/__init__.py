@@ -71,14 +71,15 @@ REGISTRY.register(Backend("reference", reference.qwen3_tts_rope))
 
 
 # -- validation ----------------------------------------------------------------------------------------------
-def validate(q, k, cos, sin, inplace: bool = False, modes=None) -> tuple:
+def validate(q, k, cos, sin, inplace: bool = False, modes=None, traced: bool = False) -> tuple:
     """Check the inputs (and, for ``inplace``, that q and k can be written); return the selection key, the
     :class:`Facts` as a plain tuple. Valid inputs take one boolean expression (this is the hot path: every
-    attribute read counts); the others, :func:`_diagnose`'s precise error. ``modes``: :mod:`.modes`."""
+    attribute read counts); the others, :func:`_diagnose`'s precise error. ``modes``: :mod:`.modes`. ``traced``:
+    Dynamo traces this call, whose tensors have no memory to read (nor can it trace :func:`V.readable`)."""
     if modes is not None:  # numerics="eager", positions= or the norm: checked in .modes, loaded on first use
         from .modes import validate_modes
 
-        return validate_modes(q, k, cos, sin, inplace, *modes)
+        return validate_modes(q, k, cos, sin, inplace, *modes, traced=traced)
     try:
         cos_shape = cos.shape
         B, _, S, D = q.shape
@@ -92,18 +93,19 @@ def validate(q, k, cos, sin, inplace: bool = False, modes=None) -> tuple:
             and dt in DTYPES and k.dtype is dt and cos.dtype is dt and sin.dtype is dt
             and k.device == dev and cos.device == dev and sin.device == dev
             and q.stride()[3] == 1 and k.stride()[3] == 1 and cos.stride()[2] == 1 and sin.stride()[2] == 1
+            and (traced or fast_checks.checks.readable(q, k, cos, sin))
         )
     except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         ok = False
     if not ok:
-        _diagnose(q, k, cos, sin)
+        _diagnose(q, k, cos, sin, traced)
         dt, dev, D = q.dtype, q.device, q.shape[3]  # a tensor subclass (FakeTensor, Parameter) that is valid
     if inplace:
         _check_inplace(q, k, cos, sin)
     return dev, dt, D, inplace is True
 
 
-def _diagnose(q, k, cos, sin) -> None:
+def _diagnose(q, k, cos, sin, traced: bool = False) -> None:
     """The precise error for inputs :func:`validate`'s expression refused; valid tensor subclasses pass."""
     reference.check_shapes(q, k, cos, sin)
     named = {"k": k, "cos": cos, "sin": sin}
@@ -112,6 +114,8 @@ def _diagnose(q, k, cos, sin) -> None:
     V.check_same_device(OP, "q", q, named)
     for name, t in (("q", q), *named.items()):
         V.check_last_dim_contiguous(OP, name, t)
+    if not traced:
+        V.check_readable(OP, {"q": q, **named})
     if all(type(t) is _Tensor for t in (q, k, cos, sin)):  # plain tensors the expression refused: it is wrong
         raise AssertionError("validate() refused inputs that _diagnose() accepts")  # pragma: no cover
 
@@ -137,7 +141,8 @@ def _check_outputs(q, k, cos, sin, q_out, k_out, modes=None) -> dict:
             continue
         try:  # one expression for buffers that pass (as in validate); the checks one by one to name what fails
             ok = (type(out) is _Tensor and out.shape == src.shape and out.dtype is src.dtype
-                  and out.device == src.device and out.stride()[3] == 1 and 0 not in out.stride() and out is not src)
+                  and out.device == src.device and out.stride()[3] == 1 and 0 not in out.stride() and out is not src
+                  and fast_checks.checks.readable(out))
         except (AttributeError, TypeError, IndexError, RuntimeError):
             ok = False
         if not ok:
@@ -165,18 +170,19 @@ def _diagnose_output(name, out, src, src_name) -> None:
     V.check_same_device(OP, src_name, src, {name: out})
     V.check_last_dim_contiguous(OP, name, out)
     V.check_writable_no_overlap(OP, name, out)
+    V.check_readable(OP, {name: out})
     if out is src:
         V.fail(OP, name, f"a buffer apart from '{src_name}' (inplace=True writes into q and k)",
                f"'{src_name}' itself")
 
 
-def _check_call(q, k, cos, sin, inplace, q_out, k_out, modes=None) -> tuple:
+def _check_call(q, k, cos, sin, inplace, q_out, k_out, modes=None, traced: bool = False) -> tuple:
     """The checks of a call in place or with buffers that come before choosing a backend (the buffers' own come
-    after, :func:`_check_outputs`); returns the selection key."""
+    after, :func:`_check_outputs`); returns the selection key (``traced``: as for :func:`validate`)."""
     if inplace is not False and inplace is not True:
         V.check_bool(OP, "inplace", inplace)
     if q_out is None and k_out is None:
-        return validate(q, k, cos, sin, inplace, modes)
+        return validate(q, k, cos, sin, inplace, modes, traced)
     if inplace:
         V.fail(OP, "q_out" if q_out is not None else "k_out", "None with inplace=True (which writes into q and k)",
                "a tensor")
@@ -184,7 +190,7 @@ def _check_call(q, k, cos, sin, inplace, q_out, k_out, modes=None) -> tuple:
     if V.needs_grad(q, k, cos, sin, q_out, k_out, *mine.values()):  # torch's out= refuses autograd too
         V.refuse_grad(OP, "q_out= / k_out= have", dict(q=q, k=k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, **mine),
                       "without buffers")
-    return validate(q, k, cos, sin, False, modes)
+    return validate(q, k, cos, sin, False, modes, traced)
 
 
 # -- the public function ----------------------------------------------------------------------------------------
@@ -258,12 +264,13 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
     Raises
     ------
     ValueError, TypeError
-        Bad shapes, strides, dtypes or devices, or a flag that is not a bool; the message names the argument.
+        Bad shapes, strides, dtypes or devices, a flag that is not a bool, or a tensor whose memory does not hold
+        its values (a negative view, a ZeroTensor, a ``torch.func`` wrapper); the message names the argument.
     fusedrope.BackendUnavailableError
         An explicitly requested backend cannot run these inputs.
     RuntimeError
-        ``inplace=True`` or buffers with grad mode on and a tensor that requires grad, or writing into an
-        inference tensor outside ``torch.inference_mode()``.
+        ``inplace=True`` or buffers with grad mode on and a tensor that requires grad, a forward-mode AD dual
+        tensor, or writing into an inference tensor outside ``torch.inference_mode()``.
 
     Examples
     --------
@@ -315,7 +322,7 @@ def _call(q, k, cos, sin, modes, inplace, q_out, k_out, backend):
             V.refuse_grad(OP, "inplace=True has", mine, "use inplace=False")
         torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend, *m)
         return q, k
-    _check_call(q, k, cos, sin, inplace, q_out, k_out, modes)  # the buffers: the _out op's fake checks them
+    _check_call(q, k, cos, sin, inplace, q_out, k_out, modes, True)  # the buffers: the _out op's fake checks them
     q_out = _new_out(q) if q_out is None else q_out
     k_out = _new_out(k) if k_out is None else k_out
     torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, backend, *m)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _validation as V
+from .. import _validation as V, fast_checks
 from ..registry import getenv
 from . import DTYPES, OP, reference
 from . import _call as call
@@ -20,7 +20,7 @@ POSITION_DTYPES = (torch.int64, torch.int32)
 _Tensor, _F32 = torch.Tensor, torch.float32
 
 
-def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_weight, eps, pdl) -> tuple:
+def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_weight, eps, pdl, traced=False) -> tuple:
     """:func:`validate` for calls with ``numerics="eager"``, ``positions=``, the norm (``q_weight`` not None) or
     ``enable_pdl``: ``positions [B, S]`` or ``[S]`` int32/int64, with cos/sin tables ``[max_pos, D]`` in q's dtype
     or fp32; norm weights ``[D]`` in q's dtype; ``eps`` a number >= 0; ``pdl`` None or a bool. Valid inputs take one
@@ -47,11 +47,12 @@ def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_wei
                               and k_weight.dtype is dt and q_weight.device == dev and k_weight.device == dev
                               and q_weight.stride()[0] == 1 and k_weight.stride()[0] == 1
                               and (type(eps) is float or type(eps) is int) and eps >= 0))
+            and (traced or fast_checks.checks.readable(q, k, cos, sin, positions, q_weight, k_weight))
         )
     except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         ok = False
     if not ok:
-        _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl)
+        _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl, traced)
     if table and getenv(V.ENV_CHECK_POSITIONS).lower() not in V.SWITCH_OFF:
         V.check_positions_on_host(OP, positions, cos.shape[0])
     if inplace:
@@ -59,7 +60,7 @@ def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_wei
     return q.device, q.dtype, q.shape[3], inplace is True, numerics == "eager", table, norm, pdl is True
 
 
-def _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl) -> None:
+def _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl, traced=False) -> None:
     """The precise error for inputs :func:`validate_modes`' expression refused; valid tensor subclasses pass."""
     if numerics not in NUMERICS:
         V.fail(OP, "numerics", "'fp32' or 'eager'", repr(numerics))
@@ -86,6 +87,8 @@ def _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl)
     V.check_same_device(OP, "q", q, named)
     for name, t in (("q", q), *named.items()):
         V.check_last_dim_contiguous(OP, name, t)
+    if not traced:
+        V.check_readable(OP, {"q": q, **named})
 
 
 def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: float = 1e-6, *,

@@ -263,3 +263,24 @@ def test_patch_keeps_an_instance_forward_a_hook_installed():
         with hf.patch_qk_norm_rope(attn, backend="reference"):
             assert torch.equal(_forward(attn, rotary, hidden), want)
     assert attn.q_norm.__dict__["forward"] is hooked and len(calls) == 1  # the fused call skipped the norm itself
+
+
+def test_apply_rotary_pos_emb_gives_the_formula_for_tensors_fusedrope_refuses():
+    """Dual tensors (forward-mode AD), negative views and torch.func transforms: the op would refuse them, so the
+    Hugging Face function computes the model's formula, tangent and batching included."""
+    from torch.autograd import forward_ad as fwAD
+
+    q, k = _randn(1, 4, 3, 64, dtype=torch.float32, seed=27), _randn(1, 2, 3, 64, dtype=torch.float32, seed=28)
+    cos, sin = _randn(1, 3, 64, dtype=torch.float32, seed=29), _randn(1, 3, 64, dtype=torch.float32, seed=30)
+    tangent = torch.ones_like(q)
+    with fwAD.dual_level():
+        got = hf.apply_rotary_pos_emb(fwAD.make_dual(q, tangent), k, cos, sin)[0]
+        want = qwen3.apply_rotary_pos_emb(fwAD.make_dual(q, tangent), k, cos, sin)[0]
+        got, want = fwAD.unpack_dual(got), fwAD.unpack_dual(want)
+        assert want.tangent is not None and torch.equal(got.tangent, want.tangent)
+        assert torch.equal(got.primal, want.primal)
+    neg = torch._neg_view(q)
+    assert torch.equal(hf.apply_rotary_pos_emb(neg, k, cos, sin)[0], qwen3.apply_rotary_pos_emb(-q, k, cos, sin)[0])
+    qs = torch.stack([q, 2 * q])
+    got = torch.func.vmap(lambda x: hf.apply_rotary_pos_emb(x, k, cos, sin)[0])(qs)
+    assert torch.equal(got, torch.stack([qwen3.apply_rotary_pos_emb(x, k, cos, sin)[0] for x in qs]))
