@@ -37,10 +37,16 @@ def check_tensor(op: str, name: str, t, ndim: int | None = None, layout: str = "
         fail(op, name, f"a {ndim}-D tensor {layout}".rstrip(), f"{t.dim()}-D shape {shape_str(t.shape)}")
 
 
+def type_name(v) -> str:
+    """``v``'s type as its reader knows it: ``str``, ``numpy.bool`` (whose ``np.False_`` is no bool)."""
+    t = type(v)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
 def check_bool(op: str, name: str, v) -> None:
     """A flag must be a bool: a truthy string such as "False" must not flip a layout or write in place."""
     if v is not True and v is not False:
-        fail(op, name, "a bool", f"{type(v).__name__} {v!r}", TypeError)
+        fail(op, name, "a bool", f"{type_name(v)} {v!r}", TypeError)
 
 
 def unreadable(t) -> tuple:

@@ -112,12 +112,13 @@ def test_qwen3_tts_rope_inplace_into_broadcast_tensor(name, dim):
     assert torch.equal(args[name], before)  # refused before anything was written
 
 
-@pytest.mark.parametrize("flag", ["False", 0, np.bool_(False), None])
-def test_inplace_must_be_a_bool(flag):
+@pytest.mark.parametrize("flag, shown", [("False", "str 'False'"), (0, "int 0"), (None, "NoneType None"),
+                                         (np.bool_(False), "numpy.bool np.False_")])  # its type named: no bool
+def test_inplace_must_be_a_bool(flag, shown):
     """A truthy "False" must not write into q and k; eager, explain and the traced call agree."""
     args = tts_bad()
     before = args["q"].clone()
-    msg = f"^qwen3_tts_rope: argument 'inplace' expected a bool, got {type(flag).__name__} {re.escape(repr(flag))}$"
+    msg = f"^qwen3_tts_rope: argument 'inplace' expected a bool, got {re.escape(shown)}$"
     with pytest.raises(TypeError, match=msg):
         fusedrope.qwen3_tts_rope(**args, inplace=flag, backend="reference")
     with pytest.raises(TypeError, match=msg):
@@ -501,6 +502,45 @@ def test_sparse_csr_and_nested_tensors_get_the_usual_type_error(kind):
     args["positions"] = make_positions(args["positions"])
     with pytest.raises(TypeError, match="^inverse_rope_group_quant: argument 'positions' expected a dense"):
         fusedrope.inverse_rope_group_quant(**args, backend="reference")
+
+
+def _vllm(**kw):
+    from fusedrope.integrations.vllm import fused_inv_rope_fp8_quant
+
+    (args, _), = [quant_bad()]
+    cache = torch.cat([args["cos_cache"], args["sin_cache"]], 1)
+    return lambda: fused_inv_rope_fp8_quant(args["o"], args["positions"], cache, 2, 2, **kw)
+
+
+def _aiter(**kw):
+    from fusedrope.integrations import aiter
+
+    (args, _), = [quant_bad()]
+    return lambda: aiter.inverse_rope_group_quant(*[args[n] for n in ("o", "positions", "cos_cache", "sin_cache")], 2,
+                                                  **kw)
+
+
+ADAPTER_CASES = {  # the engines' call sites check their flags as the op does: name -> (call, exception, message)
+    "vllm tma_aligned_scales str": (_vllm(tma_aligned_scales="False"), TypeError,
+                                    "fused_inv_rope_fp8_quant: argument 'tma_aligned_scales' expected a bool, got str 'False'"),
+    "vllm tma_aligned_scales numpy": (_vllm(tma_aligned_scales=np.bool_(True)), TypeError,
+                                      "fused_inv_rope_fp8_quant: argument 'tma_aligned_scales' expected a bool, got numpy.bool np.True_"),
+    "vllm quantize None": (_vllm(quantize=None), TypeError,
+                           "fused_inv_rope_fp8_quant: argument 'quantize' expected a bool, got NoneType None"),
+    "vllm quantize 0": (_vllm(quantize=0), TypeError, "fused_inv_rope_fp8_quant: argument 'quantize' expected a bool, got int 0"),
+    "vllm quantize []": (_vllm(quantize=[]), TypeError, "fused_inv_rope_fp8_quant: argument 'quantize' expected a bool, got list []"),
+    "aiter scale_layout bool": (_aiter(scale_layout=True), ValueError,
+                                "inverse_rope_group_quant: argument 'scale_layout' expected one of ('row', 'mfma_tile') ('n32k4' is aiter's, not served here), got True"),
+    "aiter scale_layout list": (_aiter(scale_layout=["row"]), ValueError,
+                                "inverse_rope_group_quant: argument 'scale_layout' expected one of ('row', 'mfma_tile') ('n32k4' is aiter's, not served here), got ['row']"),
+}
+
+
+@pytest.mark.parametrize("name", ADAPTER_CASES)
+def test_adapters_check_their_flags(name):
+    call, exc, msg = ADAPTER_CASES[name]
+    with pytest.raises(exc, match="^" + re.escape(msg) + "$"):
+        call()
 
 
 # -- tensors whose memory does not hold their values: every backend but the reference reads data pointers ----------

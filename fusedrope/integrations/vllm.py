@@ -50,6 +50,13 @@ def fused_inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_c
         padded to a multiple of 4 in storage ``[G, K, align(T, 4)]``, padding rows zero; ``K = D /
         quant_group_size`` fp32 scales, or ``K/4`` int32 words of four UE8M0 bytes.
 
+    Raises
+    ------
+    TypeError, ValueError
+        A flag (``tma_aligned_scales``, ``quantize``) that is not a bool (the string "False" is truthy),
+        ``TypeError``; ``o`` or ``cos_sin_cache`` not shaped as the other arguments say; and
+        :func:`fusedrope.inverse_rope_group_quant`'s own errors.
+
     Examples
     --------
     >>> import torch
@@ -62,6 +69,8 @@ def fused_inv_rope_fp8_quant(o: torch.Tensor, positions: torch.Tensor, cos_sin_c
     (torch.Size([3, 2, 1024]), (1024, 3072, 1), torch.Size([3, 2, 8]), (1, 32, 4), torch.float32)
     """
     C.check_tensor(WHO, "o", o, 3, "[T, H, nope_dim + rope_dim]")
+    C.check_bool(WHO, "tma_aligned_scales", tma_aligned_scales)  # "False" would pack int32 scales, 0 skip quantizing
+    C.check_bool(WHO, "quantize", quantize)
     T, H, head_dim = o.shape
     if H != n_groups * heads_per_group:
         C.fail(WHO, "o", f"H = n_groups * heads_per_group = {n_groups * heads_per_group} heads", f"H={H}")
