@@ -129,7 +129,7 @@ _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("fusedrope_hf_call", de
 _LOCK = threading.Lock()
 _MODULE_PATCHES: dict = {}  # modeling module name -> [its own apply_rotary_pos_emb, how many blocks use it]
 _SAVED = "_fusedrope_saved_forward"  # on a patched module: its own instance forward (None: its class's)
-_BACKEND = "_fusedrope_backend"  # on a patched attention block
+_MARK = "_fusedrope_patch"  # on a patched attention block: its _Mark
 
 
 @dataclass(eq=False)
@@ -169,28 +169,54 @@ def _is_ours(m: torch.nn.Module) -> bool:
     return _SAVED in m.__dict__
 
 
-class Patch:
-    """What :func:`patch_qk_norm_rope` changed; ``remove()`` (or leaving a ``with`` block) restores it."""
+class _Mark:
+    """A patched block's backend and modeling module, whose ``apply_rotary_pos_emb`` stays patched while a block
+    holds a mark. A deep copy of the block (``copy.deepcopy(model)``) is patched as well, and holds a mark of its
+    own: it runs fused after the original's patch is removed, until ``Patch.of(copy).remove()``."""
 
-    def __init__(self, blocks: list, modules: list):
-        self.blocks, self._modules = blocks, modules
+    def __init__(self, module, backend: str):  # under _LOCK
+        self.module, self.backend = module.__name__, backend
+        entry = _MODULE_PATCHES.setdefault(self.module, [module.apply_rotary_pos_emb, 0])
+        entry[1] += 1
+        module.apply_rotary_pos_emb = _fused_rope(entry[0])
+
+    def __deepcopy__(self, memo) -> "_Mark":
+        with _LOCK:
+            return _Mark(sys.modules[self.module], self.backend)
+
+    def release(self) -> None:  # under _LOCK
+        entry = _MODULE_PATCHES[self.module]
+        entry[1] -= 1
+        if entry[1] == 0:
+            sys.modules[self.module].apply_rotary_pos_emb = entry[0]
+            del _MODULE_PATCHES[self.module]
+
+
+class Patch:
+    """What :func:`patch_qk_norm_rope` changed; ``remove()`` (or leaving a ``with`` block) restores it.
+    ``Patch.of(model)`` is the patch of a model's blocks, e.g. of a deep copy made while patched."""
+
+    def __init__(self, blocks: list):
+        self.blocks = blocks
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "Patch":
+        """The patched blocks of ``model`` (none: removing it does nothing)."""
+        return cls([m for m in model.modules() if _MARK in m.__dict__])
 
     def remove(self) -> None:
         with _LOCK:
             for attn in self.blocks:
-                attn.__dict__.pop(_BACKEND, None)
+                mark = attn.__dict__.pop(_MARK, None)
+                if mark is None:  # removed already (by another Patch of the same blocks)
+                    continue
                 for m in (attn, attn.q_norm, attn.k_norm):
                     saved = m.__dict__.pop(_SAVED, None)
                     m.__dict__.pop("forward", None)
                     if saved is not None:  # an instance forward of its own (a hook's): back in place
                         m.__dict__["forward"] = saved
-            for name in self._modules:
-                entry = _MODULE_PATCHES[name]
-                entry[1] -= 1
-                if entry[1] == 0:
-                    sys.modules[name].apply_rotary_pos_emb = entry[0]
-                    del _MODULE_PATCHES[name]
-            self.blocks, self._modules = [], []
+                mark.release()
+            self.blocks = []
 
     def __enter__(self) -> "Patch":
         return self
@@ -210,7 +236,8 @@ def patch_qk_norm_rope(model: torch.nn.Module, *, backend: str = "auto") -> Patc
     blocks are fused. Inside a patched block's forward, the norms pass their input
     through and that function applies them, fused with the RoPE; everywhere else both behave as before. Where
     fusedrope cannot serve a call (other shapes, mixed dtypes or devices, autograd) and under ``torch.compile``
-    the block's own modules run.
+    the block's own modules run. A deep copy of the model made while patched is patched too, until
+    ``Patch.of(copy).remove()``.
 
     Parameters
     ----------
@@ -248,17 +275,14 @@ def patch_qk_norm_rope(model: torch.nn.Module, *, backend: str = "auto") -> Patc
                              f"without any")
         if any(_is_ours(attn) for attn, _ in blocks):
             raise ValueError("patch_qk_norm_rope: argument 'model' expected blocks not patched yet, got one that "
-                             "is (remove the earlier Patch first)")
+                             "is (remove the earlier patch first: Patch.of(model).remove())")
         for attn, module in blocks:
-            attn.__dict__[_BACKEND] = backend
+            attn.__dict__[_MARK] = _Mark(module, backend)
             for m, forward in ((attn, _attention_forward), (attn.q_norm, _norm_forward),
                                (attn.k_norm, _norm_forward)):
                 m.__dict__[_SAVED] = m.__dict__.get("forward")
                 m.__dict__["forward"] = types.MethodType(forward, m)  # a deep copy rebinds it to the copy
-            entry = _MODULE_PATCHES.setdefault(module.__name__, [module.apply_rotary_pos_emb, 0])
-            entry[1] += 1
-            module.apply_rotary_pos_emb = _fused_rope(entry[0])
-    return Patch([attn for attn, _ in blocks], [module.__name__ for _, module in blocks])
+    return Patch([attn for attn, _ in blocks])
 
 
 def _own(m, *args, **kwargs):
@@ -278,7 +302,8 @@ def _attention_forward(self, *args, **kwargs):
         _ACTIVE.reset(token)
     if call.deferred:  # a norm passed its input through and no RoPE applied it: this forward's result is wrong
         raise RuntimeError(f"patch_qk_norm_rope: {type(self).__name__}.forward applied {sorted(call.deferred)} "
-                           f"norm(s) without calling apply_rotary_pos_emb; remove the patch for this model")
+                           f"norm(s) without calling apply_rotary_pos_emb; remove the patch for this model "
+                           f"(fusedrope.integrations.hf.Patch.of(model).remove())")
     return out
 
 
@@ -303,7 +328,7 @@ def _fused_rope(original):
         if (_unsqueeze_dim(args, kwargs) == 1 and _servable(q, k, cos, sin, 1) and eps == _eps(attn.k_norm)
                 and all(w.dtype is q.dtype and w.device == q.device and w.shape == q.shape[3:] for w in (qw, kw))
                 and not _autograd(qw, kw) and fast_checks.checks.readable(qw, kw)):
-            return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=attn.__dict__[_BACKEND])
+            return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=attn.__dict__[_MARK].backend)
         # the block's own norms (over the last dim, which the transpose left in place), then its own RoPE
         return original(_own(attn.q_norm, q), _own(attn.k_norm, k), cos, sin, *args, **kwargs)
     return fused_apply_rotary_pos_emb

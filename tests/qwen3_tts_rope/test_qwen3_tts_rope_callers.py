@@ -243,6 +243,7 @@ def test_patched_blocks_serve_several_threads_subclasses_copies_and_compile():
             for p in twin.parameters():
                 p.mul_(2)
             assert not torch.equal(_forward(twin, rotary, xs[0]), want[0])  # the copy runs its own weights
+            hf.Patch.of(twin).remove()  # patched too, until its own patch is removed
             compiled = torch.compile(attn, backend="eager", fullgraph=True)  # traced: the block's own code
             assert torch.equal(compiled(xs[0], rotary(xs[0], torch.arange(5)[None]), None)[0], want[0])
 
@@ -263,6 +264,36 @@ def test_patch_keeps_an_instance_forward_a_hook_installed():
         with hf.patch_qk_norm_rope(attn, backend="reference"):
             assert torch.equal(_forward(attn, rotary, hidden), want)
     assert attn.q_norm.__dict__["forward"] is hooked and len(calls) == 1  # the fused call skipped the norm itself
+
+
+def test_a_deep_copy_of_a_patched_model_is_patched_and_unpatches_on_its_own():
+    """copy.deepcopy of a model while it is patched (an engine cloning a loaded model): the copy runs fused, keeps
+    running after the original's patch is removed, and ``Patch.of(copy).remove()`` restores it and, the last
+    patched block gone, the modeling file's function."""
+    import copy
+
+    attn, rotary = _attention_block(torch.float32)
+    hidden = _randn(1, 5, 256, dtype=torch.float32, seed=26)
+    models_rope = qwen3.apply_rotary_pos_emb
+    calls = []
+    real = hf.qwen3_tts_qk_norm_rope
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hf, "qwen3_tts_qk_norm_rope", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+        want = _forward(attn, rotary, hidden)
+        patch = hf.patch_qk_norm_rope(attn, backend="reference")
+        twin = copy.deepcopy(attn)
+        assert torch.equal(_forward(twin, rotary, hidden), want) and calls == [1]  # fused
+        patch.remove()
+        assert torch.equal(_forward(attn, rotary, hidden), want) and calls == [1]  # the original: its own code
+        assert qwen3.apply_rotary_pos_emb is not models_rope  # still patched for the copy
+        assert torch.equal(_forward(twin, rotary, hidden), want) and calls == [1, 1]  # the copy: still fused
+        own = hf.Patch.of(twin)
+        assert own.blocks == [twin]
+        own.remove()
+        assert torch.equal(_forward(twin, rotary, hidden), want) and calls == [1, 1]
+        assert "forward" not in twin.__dict__ and "forward" not in twin.q_norm.__dict__
+        assert qwen3.apply_rotary_pos_emb is models_rope and hf.Patch.of(twin).blocks == []
+        hf.patch_qk_norm_rope(twin).remove()  # patchable again
 
 
 def test_apply_rotary_pos_emb_gives_the_formula_for_tensors_fusedrope_refuses():
