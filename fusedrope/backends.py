@@ -99,7 +99,8 @@ def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Ca
         ``"qwen3_tts_rope"`` or ``"inverse_rope_group_quant"``.
     name : str
         The backend's name, for ``backend=name`` and ``FUSEDROPE_BACKEND`` (which the other op, without such a
-        backend, ignores); not a built-in one. Registering a name again replaces that backend.
+        backend, ignores): a Python identifier, not ``"auto"`` or a built-in one. Registering a name again replaces
+        that backend; ``fusedrope.registry(op).unregister(name)`` removes it (built-in backends stay).
     run : callable
         Called with validated inputs and allocated outputs, which it writes in place; its return value is
         ignored. ``qwen3_tts_rope``: ``run(q, k, cos, sin, q_out, k_out)`` (``q_out``/``k_out`` may be ``q``/``k``
@@ -110,9 +111,11 @@ def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Ca
         ``quantize=False``, a group-major ``x_fp8``) go to the built-in backends.
     supports : callable, optional
         ``supports(facts) -> None or str``: None when it serves the inputs described by ``facts`` (the op's
-        named tuple: ``device``, ``dtype``, ``head_dim``, ...), else why not. Default: every input.
+        named tuple: ``device``, ``dtype``, ``head_dim``, ...), else why not. Default: every input. An exception
+        it raises becomes its reason (naming the backend and the exception), and ``auto`` passes over it.
     available : callable, optional
-        ``available(device) -> None or str``, asked once per device. Default: every device.
+        ``available(device) -> None or str``, asked once per device (an exception is the reason). Default: every
+        device. Either returning anything else (``False``, say) raises ``TypeError`` naming the backend.
 
     ``backend="auto"`` tries user backends first, in the order registered, then the built-in ones.
 
@@ -130,9 +133,9 @@ def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Ca
     >>> fusedrope.registry("qwen3_tts_rope").unregister("mine")
     """
     reg = registry(op)
-    if not isinstance(name, str) or not name or name == "auto" or name in BACKENDS:
-        raise ValueError(f"register_backend: argument 'name' expected a new backend name (not 'auto' or one of "
-                         f"{list(BACKENDS)}), got {name!r}")
+    if not isinstance(name, str) or not name.isidentifier() or name == "auto" or name in BACKENDS:
+        raise ValueError(f"register_backend: argument 'name' expected a new backend name, a Python identifier (not "
+                         f"'auto' or one of {list(BACKENDS)}), got {name!r}")
     for arg, fn in (("run", run), ("supports", supports or _yes), ("available", available or _yes)):
         if not callable(fn):
             raise TypeError(f"register_backend: argument '{arg}' expected a callable, got {type(fn).__name__}")

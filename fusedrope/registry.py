@@ -93,6 +93,9 @@ class OpRegistry:
             self.clear_cache()
 
     def unregister(self, name: str) -> None:
+        if name in BACKENDS:
+            raise ValueError(f"{self.op}: argument 'name' expected a backend of register_backend's (the built-in "
+                             f"ones stay), got {name!r}")
         with self._lock:
             self.backends = [b for b in self.backends if b.name != name]
             self.clear_cache()
@@ -119,15 +122,28 @@ class OpRegistry:
         with self._lock:  # one probe per (backend, device), even from several threads
             if key not in self._available:
                 try:
-                    self._available[key] = backend.available(device)
+                    reason = backend.available(device)
                 except Exception as e:  # a broken toolchain must not break the fallback
-                    self._available[key] = f"unavailable: {type(e).__name__}: {e}"
+                    reason = f"unavailable: {type(e).__name__}: {e}"
+                self._available[key] = self._reason(backend, "available(device)", reason)
             return self._available[key]
+
+    def _reason(self, backend: Backend, asked: str, reason) -> Reason:
+        if reason is None or isinstance(reason, str):  # False would read as available, or as the reason "False"
+            return reason
+        raise TypeError(f"{self.op}: backend {backend.name!r}: {asked} expected to return None or a str (why "
+                        f"not), got {type(reason).__name__} {reason!r}")
 
     def decide(self, backend: Backend, key: tuple, auto: bool = False) -> Reason:
         """None when ``backend`` would run a call with this key (or facts), else why not."""
         facts = self.facts(*key)
-        reason = self.availability(backend, facts[0]) or backend.supports(facts)
+        reason = self.availability(backend, facts[0])
+        if reason is None:
+            try:
+                reason = backend.supports(facts)
+            except Exception as e:  # a user's bug: that backend's reason, and auto passes over it
+                reason = f"backend {backend.name!r}: supports(facts) raised {type(e).__name__}: {e}"
+            reason = self._reason(backend, "supports(facts)", reason)
         if reason is None and auto and (opt_in := backend.opt_in(facts)):
             return f"opt-in ({opt_in}): name it to use it"
         return reason

@@ -3,6 +3,7 @@
 ``check_backend`` catches a kernel that breaks the contract."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,62 @@ def test_a_quant_backend_keeps_its_seven_argument_run_and_serves_row_major_x_and
             fusedrope.inverse_rope_group_quant(*args, 2, 64, quantize=False, backend="mine")
     finally:
         fusedrope.registry("inverse_rope_group_quant").unregister("mine")
+
+
+MISUSE = {  # backends whose supports() / available() misbehave: name -> register_backend keyword arguments
+    "supports raises": {"supports": lambda facts: 1 / 0},
+    "supports returns False": {"supports": lambda facts: False},
+    "available returns False": {"available": lambda device: False},
+    "available returns 0": {"available": lambda device: 0},
+}
+
+
+@pytest.mark.parametrize("case", MISUSE)
+def test_a_misbehaving_backend_is_named_and_never_taken_for_serving(case):
+    """A supports() that raises is that backend's reason, naming it and the exception, and auto passes over it;
+    answers that are neither None nor a str (False would read as "available", or as the reason "False") raise
+    TypeError naming the backend, and the backend never runs."""
+    ran = []
+    fusedrope.register_backend("qwen3_tts_rope", "mine", lambda *a: ran.append(a), **MISUSE[case])
+    try:
+        q, k, cos, sin = make_tts_inputs(TtsCase("c", 1, 4, 4, 2, 64))
+        if case == "supports raises":
+            reason = "backend 'mine': supports(facts) raised ZeroDivisionError: division by zero"
+            ex = fusedrope.explain("qwen3_tts_rope", q, k, cos, sin)
+            assert ex.chosen != "mine" and ex[0].backend == "mine" and ex[0].reason == reason
+            fusedrope.qwen3_tts_rope(q, k, cos, sin)  # auto: the next backend serves it
+            unavailable = re.escape(f"'mine' cannot run these inputs: {reason}")
+            with pytest.raises(fusedrope.BackendUnavailableError, match=unavailable):
+                fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="mine")
+        else:
+            asked, got = (("available(device)", "bool False") if case == "available returns False" else
+                          ("available(device)", "int 0") if case == "available returns 0" else
+                          ("supports(facts)", "bool False"))
+            msg = (f"^qwen3_tts_rope: backend 'mine': {re.escape(asked)} expected to return None or a str "
+                   f"\\(why not\\), got {got}$")
+            for call in (fusedrope.qwen3_tts_rope, fusedrope.explain):
+                with pytest.raises(TypeError, match=msg):
+                    call(*(("qwen3_tts_rope",) if call is fusedrope.explain else ()), q, k, cos, sin)
+        assert ran == []
+    finally:
+        fusedrope.registry("qwen3_tts_rope").unregister("mine")
+
+
+@pytest.mark.parametrize("name", [" mine", "auto ", "", "my-kernel", "2fast", "auto", "reference", None])
+def test_register_backend_wants_a_new_identifier(name):
+    before = [b.name for b in fusedrope.registry("qwen3_tts_rope").backends]
+    msg = "^register_backend: argument 'name' expected a new backend name, a Python identifier \\(not 'auto' or one of "
+    with pytest.raises(ValueError, match=msg + ".*\\), got " + re.escape(repr(name)) + "$"):
+        fusedrope.register_backend("qwen3_tts_rope", name, print)
+    assert [b.name for b in fusedrope.registry("qwen3_tts_rope").backends] == before
+
+
+@pytest.mark.parametrize("op", ["qwen3_tts_rope", "inverse_rope_group_quant"])
+def test_built_in_backends_cannot_be_unregistered(op):
+    reg = fusedrope.registry(op)
+    before = [b.name for b in reg.backends]
+    for name in ("triton", "reference"):
+        with pytest.raises(ValueError, match=f"^{op}: argument 'name' expected a backend of register_backend's "
+                                             f"\\(the built-in ones stay\\), got '{name}'$"):
+            reg.unregister(name)
+    assert [b.name for b in reg.backends] == before
