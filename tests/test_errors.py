@@ -634,6 +634,26 @@ def test_torch_func_transforms_get_a_clear_error(transform, backend):
             TRANSFORMS[transform](f, x)
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_a_default_device_of_the_caller_does_not_reach_the_backends(backend):
+    """Inside ``with torch.device("meta"):`` every tensor the op makes is on the inputs' device (a scalar tensor
+    made on the default device would meet them in torch's device-mismatch error)."""
+    (args, _), = [quant_bad()]
+    q, k, cos, sin = tts_inputs()
+    w, table, positions = torch.ones(8, dtype=bf16), torch.randn(4, 8).to(bf16), torch.tensor([0, 2, 3])
+    calls = [lambda: fusedrope.inverse_rope_group_quant(**args, backend=backend),
+             lambda: fusedrope.inverse_rope_group_quant(**args, quantize=False, backend=backend),
+             lambda: fusedrope.qwen3_tts_rope(q, k, cos, sin, backend=backend),
+             lambda: fusedrope.qwen3_tts_rope(q, k, table, table, positions=positions, numerics="eager", backend=backend),
+             lambda: fusedrope.qwen3_tts_qk_norm_rope(q, k, w, w, cos, sin, backend=backend)]
+    for call in calls:
+        want = call()
+        with torch.device("meta"):
+            got = call()
+        assert all(g.device == v.device and torch.equal(g.view(torch.uint8), v.view(torch.uint8))
+                   for g, v in zip(got, want))
+
+
 def test_a_backend_name_that_is_not_utf8_is_a_value_error(monkeypatch):
     import os
 

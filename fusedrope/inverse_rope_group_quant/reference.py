@@ -59,7 +59,7 @@ def e8m0_scale_bytes(amax: torch.Tensor, fp8_max: float) -> torch.Tensor:
     >>> e8m0_scale_bytes(torch.tensor([448.0, 449.0, 1.0, 0.0, float("nan")]), 448.0)
     tensor([127, 128, 119,  92, 255], dtype=torch.uint8)
     """
-    t = amax.float().clamp_min(AMAX_FLOOR) * torch.tensor(1.0 / fp8_max, dtype=torch.float32)
+    t = amax.float().clamp_min(AMAX_FLOOR) * torch.tensor(1.0 / fp8_max, dtype=torch.float32, device=amax.device)
     bits = t.view(torch.int32)
     byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).int()
     return torch.where(torch.isfinite(amax), byte, E8M0_NAN).to(torch.uint8)
