@@ -4,9 +4,10 @@
 * :func:`patch_qk_norm_rope`: one call that makes a model's attention blocks run ``q_norm``, ``k_norm`` and the
   RoPE as :func:`fusedrope.qwen3_tts_qk_norm_rope` (one launch); ``.remove()`` undoes it.
 
-Both keep the model's numerics (``numerics="eager"``). Where fusedrope cannot serve a call (other shapes or mixed
-dtypes; autograd, forward-mode AD's dual tensors included: the fused ops have no derivative; negative views,
-torch.func transforms), the model's own code runs instead.
+Both keep the model's numerics (``numerics="eager"``): bit-identical, but for NaN, where a NaN in gives NaN out
+with its sign and payload not guaranteed (the ``triton`` backend may write the canonical NaN). Where fusedrope
+cannot serve a call (other shapes or mixed dtypes; autograd, forward-mode AD's dual tensors included: the fused
+ops have no derivative; negative views, torch.func transforms), the model's own code runs instead.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, *, 
     """Hugging Face's ``apply_rotary_pos_emb`` (Qwen3, Qwen3-TTS, Llama family), bit-identical, one launch.
 
     ``q * cos + rotate_half(q) * sin`` (and the same for ``k``) evaluated as PyTorch evaluates it in the
-    tensors' dtype: :func:`fusedrope.qwen3_tts_rope` with ``numerics="eager"``.
+    tensors' dtype: :func:`fusedrope.qwen3_tts_rope` with ``numerics="eager"``. Bit-identical but for NaN: a
+    NaN in gives NaN out, its sign and payload not guaranteed (the ``triton`` backend may write the canonical NaN).
 
     Parameters
     ----------
@@ -236,8 +238,8 @@ def patch_qk_norm_rope(model: torch.nn.Module, *, backend: str = "auto") -> Patc
     blocks are fused. Inside a patched block's forward, the norms pass their input
     through and that function applies them, fused with the RoPE; everywhere else both behave as before. Where
     fusedrope cannot serve a call (other shapes, mixed dtypes or devices, autograd) and under ``torch.compile``
-    the block's own modules run. A deep copy of the model made while patched is patched too, until
-    ``Patch.of(copy).remove()``.
+    the block's own modules run. The numerics are the model's (NaN: NaN out, its sign and payload not
+    guaranteed). A deep copy of the model made while patched is patched too, until ``Patch.of(copy).remove()``.
 
     Parameters
     ----------

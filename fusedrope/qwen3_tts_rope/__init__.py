@@ -236,7 +236,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
     numerics : {"fp32", "eager"}, default "fp32"
         ``"fp32"``: fp32 math, one rounding (RNE) to the dtype. ``"eager"``: bit-identical to PyTorch evaluating
         the formula in q's dtype, as Hugging Face and qwen-tts do (each product rounded, then the sum; no FMA;
-        an fp32 table rounded to the dtype first).
+        an fp32 table rounded to the dtype first); a NaN gives NaN, its sign and payload not guaranteed.
     positions : torch.Tensor, optional
         ``[B, S]`` or ``[S]``, int32 / int64. Out-of-range positions are clamped to ``[0, max_pos)``;
         ``FUSEDROPE_CHECK_POSITIONS=1`` raises instead (synchronises).

@@ -111,7 +111,8 @@ def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: fl
         The norms' ``variance_epsilon``.
     numerics : {"eager", "fp32"}, default "eager"
         The RoPE's arithmetic (see :func:`qwen3_tts_rope`). ``"eager"`` matches the model's own modules bit for
-        bit except where the fp32 variance's summation order differs (docs/qwen3_tts_rope.md says how often).
+        bit except where the fp32 variance's summation order differs (docs/qwen3_tts_rope.md says how often), and
+        for NaN: NaN out, its sign and payload not guaranteed.
 
     Returns
     -------

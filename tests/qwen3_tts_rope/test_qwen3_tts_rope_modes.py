@@ -59,6 +59,26 @@ def test_eager_is_bit_identical_to_the_formula_in_the_dtype(backend, dtype, case
         assert torch.equal(q_out, hf_rope(q, cos, sin)) and torch.equal(k_out, hf_rope(k, cos, sin))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_eager_gives_nan_where_the_formula_does(backend, dtype):
+    """"Bit-identical" holds for numbers; a NaN in gives NaN out wherever the formula's does, but its sign and
+    payload are not kept (Triton writes the canonical NaN, torch keeps them): docs/qwen3_tts_rope.md says so."""
+    case = CASES[0]
+    reason = REGISTRY.decide(REGISTRY.backend(backend), (DEVICE, dtype, case.head_dim, False, True))
+    if reason:
+        pytest.skip(reason)
+    q, k, cos, sin = inputs(case, dtype, 3)
+    bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[dtype]
+    q.view(bits)[0, 0, 0, 3] = -1  # all ones: a negative NaN with a full payload (0xFFFF in bf16)
+    q[0, 1, 2, 40], k[0, 0, 1, 7], cos[0, 0, 5] = float("nan"), float("nan"), float("nan")
+    for got, want in zip(fusedrope.qwen3_tts_rope(q, k, cos, sin, numerics="eager", backend=backend),
+                         (hf_rope(q, cos, sin), hf_rope(k, cos, sin))):
+        nan = torch.isnan(want)
+        assert nan.any() and torch.equal(torch.isnan(got), nan)
+        assert torch.equal(got[~nan], want[~nan])
+
+
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_eager_differs_from_fp32_math_where_the_model_rounds_thrice(backend):
     """The switch does something: in bf16 a good share of fp32-math results differ from the model's."""
