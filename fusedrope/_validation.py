@@ -8,6 +8,7 @@ import functools
 
 import torch
 from torch._C._functorch import is_functorch_wrapped_tensor, maybe_current_level
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.autograd import forward_ad as _fad
 
 
@@ -58,7 +59,7 @@ def unreadable(t) -> tuple:
     if t.is_conj():
         return memory, "a conjugate view (.conj()); pass .resolve_conj()", TypeError
     if (t._is_zerotensor() or is_functorch_wrapped_tensor(t) or torch._is_functional_tensor(t)
-            or isinstance(t, torch._subclasses.functional_tensor.FunctionalTensor)):
+            or isinstance(t, FunctionalTensor)):
         return memory, ("a tensor without storage (a ZeroTensor, a torch.func vmap / grad / jvp wrapper, a "
                         "functional tensor); call the op on plain tensors, outside the transform"), TypeError
     if _fad._current_level >= 0 and _fad.unpack_dual(t).tangent is not None:
