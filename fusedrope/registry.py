@@ -17,7 +17,8 @@ import torch
 from ._validation import BackendUnavailableError
 
 ENV_BACKEND = "FUSEDROPE_BACKEND"
-BACKENDS = ("cuda", "hip", "triton", "reference")  # the built-in backends, fastest first
+# the built-in backends, fastest first (cuda_head: op 2's head kernel, opt-in until a GPU run confirms it)
+BACKENDS = ("cuda", "cuda_head", "hip", "triton", "reference")
 
 Reason = Optional[str]
 

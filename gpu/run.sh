@@ -4,7 +4,8 @@
 #
 # Usage, from the repository root:
 #   bash gpu/run.sh --fetch-wheels   HERE (the device has no network): Liger-Kernel's wheel into the git-ignored
-#                                    .whl/, for the bench's op-1 peer; installed on the device when carried
+#                                    .whl/, for the bench's op-1 peer (installed on the device when carried), and
+#                                    vLLM's op-2 kernel file out of its wheel (fusedrope/benchmark/vllm_peer.py)
 #   then one device call (both values read here: the device's copy of the tree has no .git):
 #     run(command="FUSEDROPE_GIT_COMMIT=<git rev-parse HEAD> FUSEDROPE_GIT_DIRTY=<1 if git status --porcelain
 #         prints anything, else 0> TOTAL_S=400 bash gpu/run.sh", carry=[".whl"], timeout_s=440)
@@ -22,20 +23,20 @@
 #              cos/sin tables read by the kernel against gathered ones, the fused q/k norm+RoPE against the
 #              model's eager chain, torch.compile of it and two torch RMSNorms then the op, beside cuda and triton,
 #              and the cuda kernels of those modes and of enable_pdl (opt-in until this run decides them);
-#              then op 2's seed matrix, S sweep first, the CUDA launch experiments against the default launch,
-#              fast_layout with an fp32 and a bf16 cache, the engines' layouts and modes through the public op
-#              (auto:col, auto:group_major, auto:mfma_tile, auto:bf16, auto:pdl, auto:vllm) and on the cuda
-#              backend (cuda:col, and the tiled kernel's cuda:tiled:col, cuda:group_major, cuda:mfma_tile, opt-in
-#              until this run decides them) against the
-#              row-major cuda and triton rows, the unfused baseline, the launch floor; the copy roofline is
-#              measured in the same run), --budget-s a little under its limit
+#              then op 2's seed matrix, S sweep first: the candidate head kernel (cuda_head, opt-in until this
+#              run decides it) against the default generic kernel (cuda), Triton, vLLM's own kernel (vllm, from
+#              the carried .whl/), the unfused baseline and the launch floor, with PDL and a bf16 cache on both
+#              kernels, the engines' layouts through the public op (auto:col, auto:group_major, auto:mfma_tile,
+#              auto:bf16, auto:pdl, auto:vllm) and on the kernels (cuda:col, cuda_head:col,
+#              cuda_head:group_major, cuda_head:group_major:col); the copy roofline is measured in the same run),
+#              --budget-s a little under its limit
 #   overhead   bench/test_overhead.py: the host cost of both public calls, with and without the compiled checks, on
 #              this machine's CPU (its ratios in log.txt)
 #   tests      pytest -m "not gpu" over TESTS: by default the suites that run kernels on the device (TESTS=tests:
 #              the whole suite, whose CPU-only parts, emulation, SASS, AOT, lint, give on the GPU machine what
 #              they give in CI, at the cost of minutes)
-#   ncu        Nsight Compute on op 2's kernel, default launch and fast_layout=1, then column-major scales on the
-#              generic and the tiled kernel (S = 8192, (H, G) = (16, 2))
+#   ncu        Nsight Compute on op 2's generic and head kernels, row-major then column-major scales (S = 8192,
+#              (H, G) = (16, 2))
 # Files under $OUT (the device tool brings back 8): log.txt (all printed), pytest-gpu.xml and pytest.xml (junit),
 # memcheck.txt, ncu.txt, bench/results.json, bench/results.csv, bench/results.md (plots: `python -m fusedrope
 # plot bench/results.json` here). Exit status 0 when no step failed (skipped or cut steps are not failures).
@@ -48,9 +49,17 @@ PY="${PYTHON:-python3}"
 if [ "${1:-}" = --fetch-wheels ]; then
     exclude="$(git rev-parse --git-path info/exclude)"
     grep -qxF '/.whl/' .gitignore "$exclude" 2>/dev/null || echo '/.whl/' >>"$exclude"
-    exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d .whl "liger-kernel==${LIGER_VERSION:-0.8.5}"
+        -d .whl "liger-kernel==${LIGER_VERSION:-0.8.5}" || exit 1
+    # vLLM's wheel is too big to carry (the device takes 64 MiB): its one kernel file is, for op 2's "vllm" peer
+    tmp="$(mktemp -d)"
+    "$PY" -m pip download --no-deps --only-binary=:all: -d "$tmp" "vllm${VLLM_VERSION:+==$VLLM_VERSION}" \
+        && unzip -p "$tmp"/vllm-*.whl vllm/models/deepseek_v4/common/ops/fused_inv_rope_fp8_quant.py \
+            >.whl/fused_inv_rope_fp8_quant.py
+    status=$?
+    rm -rf "$tmp"
+    exit $status
 elif [ $# -gt 0 ]; then
     echo "usage: bash gpu/run.sh [--fetch-wheels] (knobs in the environment: see the header)" >&2
     exit 2
@@ -60,10 +69,9 @@ TOTAL_S="${TOTAL_S:-520}"
 MIN_S="${MIN_S:-20}"
 STEPS="${STEPS:-build gpu-tests memcheck bench overhead tests ncu}"
 MEMCHECK_K="${MEMCHECK_K:-not rejects and not seed and not graph}"
-BENCH_ARGS="${BENCH_ARGS:---op all --contenders cuda,triton,cuda:default,\
-cuda:fast_layout,cuda:tail_warps,cuda:block_threads=128,cuda:block_threads=64,cuda:pdl,cuda:default:bf16_cache,\
-cuda:fast_layout:bf16_cache,auto:col,auto:group_major,auto:mfma_tile,auto:bf16,auto:pdl,auto:vllm,unfused,floor,\
-cuda:col,cuda:tiled:col,cuda:group_major,cuda:mfma_tile,\
+BENCH_ARGS="${BENCH_ARGS:---op all --contenders cuda,cuda_head,triton,vllm,cuda:pdl,cuda_head:pdl,cuda:bf16_cache,\
+cuda_head:bf16_cache,auto:col,auto:group_major,auto:mfma_tile,auto:bf16,auto:pdl,auto:vllm,unfused,floor,\
+cuda:col,cuda_head:col,cuda_head:group_major,cuda_head:group_major:col,\
 auto:eager,auto:table,gather+auto,norm_rope:eager,norm_rope:compile,norm_rope:2norms+auto,auto:qk_norm_rope,liger,\
 cuda:eager,cuda:table,cuda:qk_norm_rope,cuda:pdl \
 --cases qwen3_tts-B1,qwen3_tts-B8,qwen3_tts-B32,wide_heads-B32}"
@@ -137,18 +145,18 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "CUDA", to
 
 NCU_PY='
 import torch
-from fusedrope import benchmark as B
-from fusedrope.inverse_rope_group_quant.cuda import inverse_rope_group_quant_config as config
+from fusedrope import benchmark as B, cuda_ext
 from fusedrope import empty_quant_outputs
 from fusedrope.testing import QuantCase
+cuda_ext.load()
+op = torch.ops.fusedrope_cuda.inverse_rope_group_quant_out
 (o, p, c, s, x, sc, _), = B.quant_sets(QuantCase(8192, 16, 2), 1, torch.device("cuda"))
-for kw in ({}, {"fast_layout": 1}):
-    config(o, p, c, s, x, sc, 128, **kw)
 col = empty_quant_outputs(o, 2, 128, True)[1]
-for kw in ({}, {"tiled": 1}):
-    config(o, p, c, s, x, col, 128, scale_layout="col", **kw)
+for scales in (sc, col):
+    for kernel in (0, 1):
+        op(o, p, c, s, x, scales, 128, 0, 0, kernel)
 torch.cuda.synchronize()
-print("profiled: the default launch, fast_layout=1, then column-major scales: the default launch, tiled=1")'
+print("profiled: the generic and the head kernel, row-major then column-major scales")'
 
 main() {
     export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -1,15 +1,15 @@
-// inverse_rope_group_quant CUDA kernel and launcher (contract and math: inverse_rope_group_quant.cuh).
+// inverse_rope_group_quant CUDA kernels and launcher (contract and math: inverse_rope_group_quant.cuh).
 //
-// One thread owns one chunk of 16 consecutive elements: two 16-byte loads of o (LDG.E.128), one 16-byte store of
-// fp8 (STG.E.128). A quant block of Q elements is Q/16 adjacent lanes, reduced with log2(Q/16) xor shuffles (1
-// for Q=32, 3 for Q=128), after which every lane of the block holds the block amax and computes the same scale
-// byte; the block's first lane stores it. So group 32 costs fewer shuffles per byte than group 128. Every load
-// is issued before any math: o with the position, then the cos/sin rows it selects (read-only path). No local
-// memory, and no shared memory but the tiled kernel's scale tile.
+// Two kernels. The generic kernel (the default): a thread owns a chunk of 16 consecutive elements of o, two
+// 16-byte loads and one 16-byte store of fp8; a quant block of Q elements is Q/16 adjacent lanes, reduced with
+// log2(Q/16) xor shuffles; the layout (alignment, cache dtype, fp8 format, scale strides) is read per call, and
+// the four lanes of a head's rope tail rotate eight pairs each while the other 28 wait. The head kernel (opt-in
+// until a GPU run confirms it, kernels_cuda/README.md): a warp per (token, head), every lane rotating one of the
+// head's 32 rope pairs, the layout compile-time; it alone writes group-major or padded x_fp8 and padding rows.
+// Its issue budget is measured on the CPU by bench/static/budget.py (docs/benchmarks.md).
 //
-// The public op runs the generic kernel (the layout read per call) in 256-thread blocks, and the tiled kernel
-// below for the layouts the generic one does not write. The launch experiments of kernels_cuda/README.md (tail
-// warps, fast-layout kernels, block size, PDL, the tiled kernel for any layout) are taken only when Params asks.
+// Every load is issued before any math: o with the position, then the cos/sin rows it selects (read-only path).
+// No local memory, and no shared memory but the head kernel's scale exchange for strided scales.
 //
 // fp8: sm_89+ converts pairs with cvt.rn.satfinite.e4m3x2.f32 (__nv_cvt_float2_to_fp8x2, __NV_SATFINITE; the
 // saturation is the reference's clamp to +-448); sm_80 and the fnuz format use the exact software RNE of the
@@ -19,6 +19,8 @@
 
 #include <cuda_runtime.h>
 #include <cuda_fp8.h>
+
+#include <type_traits>
 
 namespace fusedrope {
 namespace irgq {
@@ -148,55 +150,14 @@ __device__ __forceinline__ void store_scale(unsigned char* dst, bool f32, uint32
   else *dst = (unsigned char)byte;
 }
 
-// Programmatic dependent launch (pdl.cuh): the kernel waits for the previous grid before its first global load
-// and lets the next one start launching once its loads are issued (Params::pdl 1 launches it so).
-
-// Tail warps (Params::tail_warps, an experiment): every head's last kTailSpan chunks (its rope tail, widened to
-// whole quant blocks) go to warps of their own, after the warps that take the other kBodySpan chunks of every
-// head, so that the body warps neither branch into the rotation nor wait for the position -> cos/sin loads.
-template <int kQ>
-struct TailSplit {
-  static constexpr unsigned kTailSpan = kQ / kChunk > 4 ? kQ / kChunk : 4;     // 4, 4, 8, 16 chunks per head
-  static constexpr unsigned kBodySpan = kChunksPerHead - kTailSpan;           // 28, 28, 24, 16
-  // threads of the body warps (whole warps): thread indices below this take body chunks
-  static IRGQ_HD unsigned body_threads(unsigned num_chunks) {
-    return (num_chunks / kChunksPerHead * kBodySpan + 31u) / 32u * 32u;
-  }
-  static IRGQ_HD unsigned long long threads(unsigned num_chunks) {
-    return body_threads(num_chunks) + (num_chunks / kChunksPerHead * kTailSpan + 31u) / 32u * 32u;
-  }
-  // the chunk thread `idx` takes, or num_chunks (no chunk) past the end of its part
-  static IRGQ_HD unsigned chunk(unsigned idx, unsigned num_chunks) {
-    const unsigned heads = num_chunks / kChunksPerHead, body = body_threads(num_chunks);
-    if (idx < body) {
-      return idx < heads * kBodySpan ? idx / kBodySpan * kChunksPerHead + idx % kBodySpan : num_chunks;
-    }
-    const unsigned t = idx - body;
-    return t < heads * kTailSpan ? t / kTailSpan * kChunksPerHead + kBodySpan + t % kTailSpan : num_chunks;
-  }
-};
-
-// kFastCache: kGenericLayout (the layout is read from KArgs per call), or the cache dtype (kF32 / kBF16) of the
-// common layout (io_vec, cache_vec, e4m3fn) as a compile-time constant, so that its per-call branches fold away
-// (Params::fast_layout, an experiment).
-constexpr int kGenericLayout = -1;
-// 6 blocks of 256 threads per SM hold a kernel to 40 registers. The fast-layout kernels fit without spilling
-// (sm_80 ... sm_120, tests/inverse_rope_group_quant/test_inverse_rope_group_quant_cuda.py); the generic ones would
-// spill on some archs, so they are left unbounded.
-template <int kFastCache>
-constexpr int min_blocks_per_sm() { return kFastCache != kGenericLayout ? 6 : 1; }
-
-template <int kDtype, int kQ, bool kTailWarps, int kFastCache>
-__global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kFastCache>())) irgq_kernel(const KArgs a) {
-  static_assert(kFastCache == kGenericLayout || kFastCache == kF32 || kFastCache == kBF16, "fast layouts");
-  static_assert(kFastCache == kGenericLayout || !kTailWarps, "tail warps use the generic layout");
-  constexpr bool kFast = kFastCache != kGenericLayout;
-  const int cache_dtype = kFast ? kFastCache : a.cache_dtype;
-  const bool cache_vec = kFast || a.cache_vec != 0;
-  const bool fnuz = !kFast && a.fp8_fnuz != 0;
+// The generic kernel: the layout (alignment, cache dtype, fp8 format, scale strides) read from KArgs per call.
+template <int kDtype, int kQ>
+__global__ void __launch_bounds__(kThreads) irgq_kernel(const KArgs a) {
+  const int cache_dtype = a.cache_dtype;
+  const bool cache_vec = a.cache_vec != 0;
+  const bool fnuz = a.fp8_fnuz != 0;
   constexpr int kLanes = kQ / kChunk;
-  const unsigned idx = blockIdx.x * blockDim.x + threadIdx.x;  // blockDim.x: the launcher's block size
-  const unsigned chunk = kTailWarps ? TailSplit<kQ>::chunk(idx, a.num_chunks) : idx;
+  const unsigned chunk = blockIdx.x * kThreads + threadIdx.x;
   const bool valid = chunk < a.num_chunks;
   const ChunkPos cp = chunk_pos(a, chunk);
 
@@ -206,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kFastCache>())) i
   long long pos = 0;
   wait_for_previous_grid();
   if (valid) {
-    load_words16(static_cast<const unsigned char*>(a.o) + 32ull * chunk, kFast || a.io_vec != 0, raw);
+    load_words16(static_cast<const unsigned char*>(a.o) + 32ull * chunk, a.io_vec != 0, raw);
     if (cp.tail) pos = load_position(a, cp.s);
   } else {
 #pragma unroll
@@ -219,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kFastCache>())) i
   float v[16];
   const uint32_t byte = rotate_and_scale<kDtype, kLanes>(raw, valid && cp.tail, cw, sw, cache_dtype, fnuz, v);
   if (valid) {
-    store_fp8(a.x_fp8, 16ull * chunk, kFast || a.io_vec, fnuz, v, byte);
+    store_fp8(a.x_fp8, 16ull * chunk, a.io_vec, fnuz, v, byte);
     if (cp.r % kLanes == 0) {
       store_scale(static_cast<unsigned char*>(a.x_scale) + scale_offset_bytes(a, cp.s, cp.r, kLanes),
                   a.scale_is_f32, byte);
@@ -227,140 +188,177 @@ __global__ void __launch_bounds__(kThreads, (min_blocks_per_sm<kFastCache>())) i
   }
 }
 
-// The tiled kernel: a block of 8 warps takes one head of 32 consecutive tokens, a warp 4 of them in 2 rounds of 2,
-// a lane one 16-element chunk of the head. Each round issues its loads before any math, as the generic kernel
-// does (o with the positions, then cos / sin); 2 tokens per round, not 4, keeps it under 128 registers without a
-// spill. The scale bytes meet in shared memory and leave after one barrier in token order: a warp's 32
-// consecutive threads write one block's scales of the 32 tokens, one 32-byte run (e8m0, column-major; 128 bytes
-// for fp32) or one half-filled 64-byte run (mfma_tile) where the generic kernel writes 32 scattered bytes.
-// x_fp8 rows are addressed through their token and group strides (group-major, padded rows, contiguous). It
-// writes what the generic kernel cannot (x_fp8 not contiguous, mfma_tile scales, zeroed padding rows of
-// column-major scales), and any call with Params::tiled (an experiment).
-constexpr unsigned kTileTokens = 32, kTileWarps = kThreads / 32, kRounds = 2;
-constexpr unsigned kTokensPerRound = kTileTokens / kTileWarps / kRounds;
-static_assert(kTileTokens == 32, "tile_slot and mfma_tile's 32-token tiles");
+// ------------------------------------------------------------------------------------------------------------
+// The head kernel: a warp takes one head of one token and a block 8 consecutive tokens of one head. Lane i holds
+// chunk i of the head's 32 (16 elements, two 16-byte loads and one 16-byte store) for the 448 dims without rope,
+// and pair i of the head's 32 rope pairs (one 4-byte load of o, one cos and one sin entry, one 2-byte store): every
+// lane rotates one pair, so no lane idles while four rotate eight. The layout is compile-time: bf16 o 16-byte
+// aligned, e4m3fn, the cache dtype (kCache), and the scales (kScales): row-major e8m0, or any strides, e8m0 or
+// fp32, with padding rows, which meet in shared memory and leave in token order (8 consecutive tokens per run).
+// x_fp8 rows go through their token and group strides (row-major, group-major, padded).
+// ------------------------------------------------------------------------------------------------------------
+enum HeadScales : int { kRowMajorE8m0 = 0, kStridedScales = 1 };
+constexpr unsigned kHeadTokens = kThreads / 32;
 
-template <int kDtype, int kQ>
-__global__ void __launch_bounds__(kThreads) irgq_tiled_kernel(const KArgs a) {
-  constexpr int kLanes = kQ / kChunk;
-  constexpr unsigned kBlocksPerHead = kHeadDim / kQ;
-  __shared__ unsigned char scales[kTileTokens][kBlocksPerHead];
-  const unsigned head = blockIdx.x % a.num_heads, s0 = blockIdx.x / a.num_heads * kTileTokens;
-  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const unsigned col = head * kHeadDim + lane * kChunk;  // the chunk's first element in the token row
-  const unsigned g = col / a.dg;
-  const unsigned long long x_col = (unsigned long long)a.x_stride_g_bytes * g + (col - g * a.dg);
-  const bool tail = lane >= (unsigned)kFirstTailChunk;
-  const bool vec = a.io_vec != 0, fnuz = a.fp8_fnuz != 0;
+// |bf16| maximum of 8 words of packed bf16 pairs, as fp32 bits (integer order is |value| order, NaN above Inf).
+__device__ __forceinline__ uint32_t amax_bits_bf16(const uint4& a, const uint4& b) {
+  constexpr uint32_t kAbs = 0x7FFF7FFFu;
+  const uint32_t m = __vmaxu2(__vmaxu2(__vmaxu2(a.x & kAbs, a.y & kAbs), __vmaxu2(a.z & kAbs, a.w & kAbs)),
+                              __vmaxu2(__vmaxu2(b.x & kAbs, b.y & kAbs), __vmaxu2(b.z & kAbs, b.w & kAbs)));
+  return max(m << 16, m & 0xFFFF0000u);
+}
 
-  wait_for_previous_grid();
-#pragma unroll
-  for (unsigned round = 0; round < kRounds; ++round) {
-    uint32_t raw[kTokensPerRound][8], cw[kTokensPerRound][8], sw[kTokensPerRound][8];
-    long long pos[kTokensPerRound];
-#pragma unroll
-    for (unsigned i = 0; i < kTokensPerRound; ++i) {  // o and the positions, then the cos / sin rows
-      const unsigned s = s0 + warp + kTileWarps * (round * kTokensPerRound + i);
-      pos[i] = 0;
-      if (s < a.num_tokens) {
-        const unsigned long long e = (unsigned long long)s * a.num_heads * kHeadDim + col;  // element of o
-        load_words16(static_cast<const unsigned char*>(a.o) + 2ull * e, vec, raw[i]);
-        if (tail) pos[i] = load_position(a, s);
-      } else {
-#pragma unroll
-        for (int w = 0; w < 8; ++w) raw[i][w] = 0u;
-      }
-    }
-#pragma unroll
-    for (unsigned i = 0; i < kTokensPerRound; ++i) {
-      if (tail && s0 + warp + kTileWarps * (round * kTokensPerRound + i) < a.num_tokens) {
-        load_cos_sin(a, pos[i], lane, a.cache_dtype, a.cache_vec != 0, cw[i], sw[i]);
-      }
-    }
-    if (round == kRounds - 1) allow_next_grid();
+// Two fp32 values -> two e4m3fn bytes (x to the low one), saturated to +-448, NaN to 0x7F.
+__device__ __forceinline__ uint32_t e4m3x2(float x, float y) {
+#if FUSEDROPE_IRGQ_HW_E4M3
+  return __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3);
+#else
+  const auto one = [](float v) { return v != v ? 0x7Fu : fp8_encode_sw(clamp_fp8(v, false), false); };
+  return one(x) | (one(y) << 8);
+#endif
+}
 
+// 16 bf16 values (two uint4 of packed pairs) times 2^(127 - byte) (inv: its bits, NaN for byte 0xFF) -> 16 e4m3fn
+// bytes. The scaling is a packed bf16 product, exact (a power of two), so each value is converted from the same
+// fp32 number as v * inv in fp32.
+__device__ __forceinline__ uint4 quant16_bf16(const uint4& a, const uint4& b, uint32_t inv) {
+  const uint32_t inv2 = __byte_perm(inv, 0u, 0x3232u), w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  uint32_t q[4];
 #pragma unroll
-    for (unsigned i = 0; i < kTokensPerRound; ++i) {
-      const unsigned t = warp + kTileWarps * (round * kTokensPerRound + i), s = s0 + t;
-      float v[16];
-      const uint32_t byte = rotate_and_scale<kDtype, kLanes>(raw[i], tail && s < a.num_tokens, cw[i], sw[i],
-                                                             a.cache_dtype, fnuz, v);
-      if (s < a.num_tokens) {
-        store_fp8(a.x_fp8, (unsigned long long)a.x_stride_s_bytes * s + x_col, vec, fnuz, v, byte);
-      }
-      if (lane % kLanes == 0) scales[t][lane / kLanes] = s < a.num_tokens ? (unsigned char)byte : 0;  // padding: 0
-    }
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t y0 = mul_bf16x2(w[2 * i], inv2), y1 = mul_bf16x2(w[2 * i + 1], inv2);
+    q[i] = e4m3x2(bits_to_float(y0 << 16), bits_to_float(y0 & 0xFFFF0000u)) |
+           (e4m3x2(bits_to_float(y1 << 16), bits_to_float(y1 & 0xFFFF0000u)) << 16);
   }
-  __syncthreads();
-  for (unsigned i = threadIdx.x; i < kTileTokens * kBlocksPerHead; i += kThreads) {
-    const TileSlot slot = tile_slot(i);
-    const unsigned s = s0 + slot.t;
-    if (s < (a.mfma_k ? a.num_tokens : a.scale_rows)) {
-      store_scale(static_cast<unsigned char*>(a.x_scale) +
-                      tile_scale_offset_bytes(a, s, head * kBlocksPerHead + slot.kb),
-                  a.scale_is_f32, scales[slot.t][slot.kb]);
+  return make_uint4(q[0], q[1], q[2], q[3]);
+}
+
+// *p = v where `on`, as one predicated store (no branch around it: the head kernel's only branch is its exit).
+__device__ __forceinline__ void store_if(bool on, uint4* p, const uint4& v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %0, 0;\n @q st.global.v4.b32 [%1], {%2, %3, %4, %5};\n}"
+               :: "r"((int)on), "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#else
+  if (on) *p = v;
+#endif
+}
+__device__ __forceinline__ void store_if(bool on, unsigned short* p, unsigned short v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %0, 0;\n @q st.global.b16 [%1], %2;\n}"
+               :: "r"((int)on), "l"(p), "h"(v) : "memory");
+#else
+  if (on) *p = v;
+#endif
+}
+
+// Entry j of row p of a cos / sin cache (rows `stride` bytes apart) as fp32.
+template <int kCache>
+__device__ __forceinline__ float cache_entry(const void* cache, unsigned p, unsigned stride, unsigned j) {
+  using E = typename std::conditional<kCache == kF32, float, unsigned short>::type;
+  const E* col = static_cast<const E*>(cache) + j;
+  const E v = __ldg(reinterpret_cast<const E*>(reinterpret_cast<const unsigned char*>(col) +
+                                               (unsigned long long)p * stride));
+  if (kCache == kF32) return v;
+  return bits_to_float((uint32_t)v << 16);
+}
+
+template <int kQ, int kCache, int kScales>
+__global__ void __launch_bounds__(kThreads) irgq_head_kernel(const KArgs a) {
+  static_assert(kCache == kF32 || kCache == kBF16, "the head kernel's caches");
+  constexpr unsigned kLanes = kQ / kChunk;                                // chunk lanes per quant block
+  constexpr unsigned kBlocks = kHeadDim / kQ;                             // quant blocks per head
+  constexpr unsigned kTailBlockLane = kFirstTailChunk / kLanes * kLanes;  // first lane of the rope tail's block
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const unsigned s = blockIdx.x * kHeadTokens + warp;
+  const unsigned head = blockIdx.z * a.heads_per_group + blockIdx.y;
+  const bool body = lane < kFirstTailChunk;  // lanes holding a chunk without rope dims
+  // Past the last token: nothing in the row-major kernel; in the strided one, zero scales (padding rows), so
+  // those warps compute on the last token's values and store nothing else.
+  const bool real = s < a.num_tokens;
+  if (kScales == kRowMajorE8m0 && !real) return;
+  const unsigned tok = real ? s : a.num_tokens - 1;
+  wait_for_previous_grid();
+  const unsigned row = tok * a.num_heads + head;  // (token, head): S * H < 2^32 (make_kargs)
+  // Every lane loads a chunk (the tail's four are unused: their values, maxima and stores are the pairs').
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.o) + kChunk * 2 * lane) +
+                     (unsigned long long)row * (kHeadDim / 8);
+  const uint4 v0 = src[0], v1 = src[1];
+  const uint32_t ed = (static_cast<const uint32_t*>(a.o) + (kHeadDim - kRopeDim) / 2 + lane)[
+      (unsigned long long)row * (kHeadDim / 2)];
+  // not __ldg: a read-only load may be hoisted above the wait for the previous grid, which may write positions
+  const long long pos = *reinterpret_cast<const long long*>(static_cast<const unsigned char*>(a.positions) +
+                                                            a.pos_stride_bytes * tok);
+  // clamped to [0, max_pos) (max_pos < 2^31): a negative position is past max_pos as unsigned, then 0
+  const unsigned below = (unsigned long long)pos < (unsigned long long)a.max_pos ? (unsigned)pos
+                                                                                 : (unsigned)a.max_pos - 1u;
+  const unsigned p = pos < 0 ? 0u : below;
+  const float c = cache_entry<kCache>(a.cos, p, (unsigned)a.cos_stride_bytes, lane);
+  const float n = cache_entry<kCache>(a.sin, p, (unsigned)a.sin_stride_bytes, lane);
+  allow_next_grid();
+
+  // The rope pair, rotated back: e' = e*c + d*n, d' = d*c - e*n, each product and sum rounded once.
+  const float e = bits_to_float(ed << 16), d = bits_to_float(ed & 0xFFFF0000u);
+  const float e2 = add_rn(mul_rn(e, c), mul_rn(d, n)), d2 = sub_rn(mul_rn(d, c), mul_rn(e, n));
+  // Block maxima of |v| as integer bits: the chunks' over their kLanes lanes; the tail's block over the pairs
+  // (and, for Q >= 128, the chunks of the rope tail's block that hold no rope dims).
+  const uint32_t chunk_m = amax_bits_bf16(v0, v1);
+  uint32_t m = chunk_m;
+#pragma unroll
+  for (unsigned off = 1; off < kLanes; off <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  uint32_t t = max(float_to_bits(e2) & 0x7FFFFFFFu, float_to_bits(d2) & 0x7FFFFFFFu);
+  if (kQ >= 128 && lane >= kTailBlockLane && body) t = max(t, chunk_m);
+#pragma unroll
+  for (unsigned off = 1; off < (kQ == 32 ? 16u : 32u); off <<= 1) t = max(t, __shfl_xor_sync(0xFFFFFFFFu, t, off));
+  // The chunk lanes from the rope tail's block on take its maximum, and so its scale, which the pairs then read
+  // from them: for Q = 32 its two blocks are pairs 0..15 (chunk lanes 28, 29) and 16..31 (30, 31).
+  const uint32_t t_other = kQ == 32 ? __shfl_xor_sync(0xFFFFFFFFu, t, 16) : t;
+  if (lane >= kTailBlockLane) m = kQ == 32 && lane < 30 ? t_other : t;
+  const uint32_t byte = e8m0_byte_carry(m, false);
+  const uint32_t inv = inv_scale_bits_or_nan(byte);
+  const float ti = bits_to_float(__shfl_sync(0xFFFFFFFFu, inv, kQ == 32 ? 28 + 2 * (lane / 16) : 31));
+
+  unsigned char* x_row = static_cast<unsigned char*>(a.x_fp8) + a.x_stride_s_bytes * tok +
+                         a.x_stride_g_bytes * blockIdx.z + (unsigned long long)kHeadDim * blockIdx.y;
+  store_if(real && body, reinterpret_cast<uint4*>(x_row + kChunk * lane), quant16_bf16(v0, v1, inv));
+  store_if(real, reinterpret_cast<unsigned short*>(x_row + (kHeadDim - kRopeDim) + 2 * lane),
+           (unsigned short)e4m3x2(e2 * ti, d2 * ti));
+  if (kScales == kRowMajorE8m0 && lane % kLanes == 0) {
+    (static_cast<unsigned char*>(a.x_scale) + lane / kLanes)[(unsigned long long)row * kBlocks] = (unsigned char)byte;
+  }
+  if (kScales == kStridedScales) {  // every block's bytes of the 8 tokens, then runs of 8 tokens per block
+    __shared__ unsigned char bytes[kBlocks][kHeadTokens];
+    if (lane % kLanes == 0) bytes[lane / kLanes][warp] = real ? (unsigned char)byte : 0;  // padding rows: 0
+    __syncthreads();
+#pragma unroll
+    for (unsigned i = threadIdx.x; i < kBlocks * kHeadTokens; i += kThreads) {
+      const unsigned ts = blockIdx.x * kHeadTokens + i % kHeadTokens, b = head * kBlocks + i / kHeadTokens;
+      if (ts < a.scale_rows) {
+        store_scale(static_cast<unsigned char*>(a.x_scale) + a.scale_stride_s_bytes * ts + a.scale_stride_b_bytes * b,
+                    a.scale_is_f32, bytes[i / kHeadTokens][i % kHeadTokens]);
+      }
     }
   }
 }
-
-// The launch: the chunks, threads per block, and whether it is a programmatic dependent launch.
-struct Shape {
-  unsigned num_chunks, block;
-  bool pdl;
-};
 
 // cudaLaunchKernel rather than <<<>>>: the same launch, and plain C++, so that
 // tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py compiles this file with g++ against
 // tests/support/cuda_emul and runs the whole kernel on the CPU.
-template <int kDtype, int kQ, bool kTailWarps, int kFastCache>
-cudaError_t launch_one(const Shape& sh, cudaStream_t stream, void** args) {
-  const unsigned long long threads = kTailWarps ? TailSplit<kQ>::threads(sh.num_chunks) : sh.num_chunks;
-  const dim3 grid((unsigned)((threads + sh.block - 1) / sh.block));
-  if (!sh.pdl) {
-    return cudaLaunchKernel(irgq_kernel<kDtype, kQ, kTailWarps, kFastCache>, grid, dim3(sh.block), args, 0, stream);
-  }
-  return launch_pdl(irgq_kernel<kDtype, kQ, kTailWarps, kFastCache>, grid, dim3(sh.block), stream,
-                    *static_cast<const KArgs*>(args[0]));
-}
-
-template <int kDtype, bool kTailWarps, int kFastCache>
-cudaError_t launch_q(int q, const Shape& sh, cudaStream_t stream, void** args) {
-  switch (q) {
-    case 32: return launch_one<kDtype, 32, kTailWarps, kFastCache>(sh, stream, args);
-    case 64: return launch_one<kDtype, 64, kTailWarps, kFastCache>(sh, stream, args);
-    case 128: return launch_one<kDtype, 128, kTailWarps, kFastCache>(sh, stream, args);
-    default: return launch_one<kDtype, 256, kTailWarps, kFastCache>(sh, stream, args);
-  }
-}
-
-// One head of 32 tokens per block, over o's tokens and x_scale's padding rows.
-template <int kDtype>
-cudaError_t launch_tiled(int q, bool pdl, cudaStream_t stream, const KArgs& a) {
-  const dim3 grid((a.scale_rows + kTileTokens - 1) / kTileTokens * a.num_heads), block(kThreads);
-  void (*kernel)(KArgs) = q == 32    ? irgq_tiled_kernel<kDtype, 32>
-                          : q == 64  ? irgq_tiled_kernel<kDtype, 64>
-                          : q == 128 ? irgq_tiled_kernel<kDtype, 128>
-                                     : irgq_tiled_kernel<kDtype, 256>;
-  if (pdl) return launch_pdl(kernel, grid, block, stream, a);
+cudaError_t launch_kernel(void (*kernel)(KArgs), dim3 grid, bool pdl, cudaStream_t stream, const KArgs& a) {
+  if (pdl) return launch_pdl(kernel, grid, dim3(kThreads), stream, a);
   KArgs args_copy = a;
   void* args[] = {&args_copy};
-  return cudaLaunchKernel(kernel, grid, block, args, 0, stream);
+  return cudaLaunchKernel(kernel, grid, dim3(kThreads), args, 0, stream);
 }
 
-// The tiled kernel where the layout or the call asks for it; else the generic kernel, unless the call asks for tail
-// warps, or for the fast-layout kernels and has their layout.
-template <int kDtype>
-cudaError_t launch_dtype(int q, bool tail_warps, bool fast_layout, bool tiled, const Shape& sh, cudaStream_t stream,
-                         const KArgs& a) {
-  if (tiled) return launch_tiled<kDtype>(q, sh.pdl, stream, a);
-  KArgs args_copy = a;
-  void* args[] = {&args_copy};
-  if (tail_warps) return launch_q<kDtype, true, kGenericLayout>(q, sh, stream, args);
-  if (fast_layout && a.io_vec && a.cache_vec && !a.fp8_fnuz) {
-    if (a.cache_dtype == kF32) return launch_q<kDtype, false, kF32>(q, sh, stream, args);
-    if (a.cache_dtype == kBF16) return launch_q<kDtype, false, kBF16>(q, sh, stream, args);
-  }
-  return launch_q<kDtype, false, kGenericLayout>(q, sh, stream, args);
+template <int kQ>
+void (*head_kernel(const KArgs& a, bool row_major))(KArgs) {
+  if (a.cache_dtype == kF32) return row_major ? irgq_head_kernel<kQ, kF32, kRowMajorE8m0> : irgq_head_kernel<kQ, kF32, kStridedScales>;
+  return row_major ? irgq_head_kernel<kQ, kBF16, kRowMajorE8m0> : irgq_head_kernel<kQ, kBF16, kStridedScales>;
+}
+
+template <int kQ>
+void (*generic_kernel(int o_dtype))(KArgs) {
+  return o_dtype == kBF16 ? irgq_kernel<kBF16, kQ> : irgq_kernel<kF16, kQ>;
 }
 
 }  // namespace
@@ -369,24 +367,25 @@ const char* status_string(int status) {
   switch (status) {
     case kOk: return "ok";
     case kUnsupportedShape:
-      return "the CUDA kernel is compiled for head_dim 512 and rope_dim 64 only, and needs num_heads, "
-             "num_groups and max_pos >= 1";
+      return "the CUDA kernels are compiled for head_dim 512 and rope_dim 64, need num_heads, num_groups and "
+             "max_pos >= 1, and write row- or column-major scales (not mfma_tile)";
     case kBadGroup:
       return "num_groups must divide H*head_dim, and quant_group_size be 32, 64, 128 or 256 and divide "
              "Dg = H*head_dim/num_groups";
     case kBadDtype: return "unsupported dtype code";
     case kTooLarge:
-      return "too large to index: S*H*head_dim/16 >= 2^31 for the generic kernel; H*head_dim, the token rows or "
-             "the blocks (rows / 32 * H) >= 2^31 for the tiled kernel";
+      return "too large to index: S*H*head_dim/16 >= 2^31 for the generic kernel; token rows >= 2^31, heads per "
+             "group or groups > 65535 for the head kernel";
     case kLaunchFailed: return "kernel launch failed";
-    case kBadConfig:
-      return "tail_warps, fast_layout, pdl and tiled must be 0 or 1, tail_warps and fast_layout not both 1, "
-             "block_threads 0 (256) or a multiple of 32 from 32 to 256, and the tiled kernel (tiled 1, or a layout "
-             "only it writes) without tail_warps, fast_layout or block_threads";
+    case kBadConfig: return "pdl must be 0 or 1, and kernel 0 (generic) or 1 (head)";
     case kPdlUnsupported:
       return "pdl=1 unsupported here: it needs the kernel compiled for sm_90 or newer (its wait for the previous "
              "kernel), and this device runs one compiled for an older arch, or the runtime refused the programmatic "
              "dependent launch";
+    case kNotHeadLayout:
+      return "the head kernel (asked for, or the only one writing a group-major or padded x_fp8 or padding rows "
+             "of x_scale) needs bfloat16 o, o and x_fp8 rows 16-byte aligned, float8_e4m3fn, a float32 or "
+             "bfloat16 cache and H divisible by num_groups";
     default: return "unknown status";
   }
 }
@@ -396,22 +395,32 @@ int launch(const Params& p, cudaStream_t stream, int* cuda_error) {
   long long num_chunks = 0;
   const int st = make_kargs(p, &a, &num_chunks);
   if (st != kOk || num_chunks == 0) return st;
-  const auto flag = [](int32_t v) { return v == 0 || v == 1; };
-  const int bt = p.block_threads;
-  const bool tiled = p.tiled == 1 || a.needs_tiled;
-  if (!flag(p.tail_warps) || !flag(p.fast_layout) || !flag(p.pdl) || !flag(p.tiled) ||
-      (p.tail_warps == 1 && p.fast_layout == 1) || (bt != 0 && (bt < 32 || bt > kThreads || bt % 32 != 0)) ||
-      (tiled && (p.tail_warps || p.fast_layout || bt))) {
-    return kBadConfig;
+  if ((p.pdl != 0 && p.pdl != 1) || (p.kernel != kGenericKernel && p.kernel != kHeadKernel)) return kBadConfig;
+  if (p.scale_layout != kScaleStrided) return kUnsupportedShape;
+  // The head kernel where asked for or needed; where asked for and the call is outside it, the generic kernel.
+  bool head = p.kernel == kHeadKernel || a.needs_head;
+  if (head && !head_kernel_serves(p, a)) {
+    if (a.needs_head) return kNotHeadLayout;
+    head = false;
   }
-  const Shape sh{(unsigned)num_chunks, bt == 0 ? (unsigned)kThreads : (unsigned)bt, p.pdl == 1};
-  const bool tw = p.tail_warps == 1, fl = p.fast_layout == 1;
   const int q = p.quant_group_size;
-  const cudaError_t err = p.o_dtype == kBF16 ? launch_dtype<kBF16>(q, tw, fl, tiled, sh, stream, a)
-                                             : launch_dtype<kF16>(q, tw, fl, tiled, sh, stream, a);
+  void (*kernel)(KArgs);
+  dim3 grid;
+  if (head) {
+    const bool row_major = a.scale_rows == a.num_tokens && a.scale_stride_b_bytes == 1 && !a.scale_is_f32 &&
+                           a.scale_stride_s_bytes == (long long)a.num_heads * (kHeadDim / q);
+    kernel = q == 32 ? head_kernel<32>(a, row_major) : q == 64 ? head_kernel<64>(a, row_major)
+             : q == 128 ? head_kernel<128>(a, row_major) : head_kernel<256>(a, row_major);
+    grid = dim3((a.scale_rows + kHeadTokens - 1) / kHeadTokens, a.heads_per_group, p.num_groups);
+  } else {
+    kernel = q == 32 ? generic_kernel<32>(p.o_dtype) : q == 64 ? generic_kernel<64>(p.o_dtype)
+             : q == 128 ? generic_kernel<128>(p.o_dtype) : generic_kernel<256>(p.o_dtype);
+    grid = dim3((unsigned)((num_chunks + kThreads - 1) / kThreads));
+  }
+  const cudaError_t err = launch_kernel(kernel, grid, p.pdl == 1, stream, a);
   if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave the error for the next launch check
   if (cuda_error) *cuda_error = (int)err;
-  if (err == cudaErrorNotSupported && sh.pdl) return kPdlUnsupported;
+  if (err == cudaErrorNotSupported && p.pdl == 1) return kPdlUnsupported;
   return err == cudaSuccess ? kOk : kLaunchFailed;
 }
 

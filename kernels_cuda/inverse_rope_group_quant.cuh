@@ -69,6 +69,26 @@ IRGQ_HD float sub_rn(float a, float b) {
 #endif
 }
 
+// Two packed bf16 values times the packed bf16 power of two p2, rounded to nearest (exact unless the product is
+// below 2^-126, which the GPU may flush to a zero of the same sign: fp8 rounds both to that zero).
+IRGQ_HD uint32_t mul_bf16x2(uint32_t w, uint32_t p2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(w), "r"(p2));
+  return r;
+#elif defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(p2), "r"(0x80008000u));
+  return r;
+#else
+  const auto half = [](uint32_t x, uint32_t y) {
+    const uint32_t u = float_to_bits(bits_to_float(x << 16) * bits_to_float(y << 16));
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 0x40u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  };
+  return half(w & 0xFFFFu, p2 & 0xFFFFu) | (half(w >> 16, p2 >> 16) << 16);
+#endif
+}
+
 // 16 elements of o (8 words, element 2i in the low half of word i) -> fp32.
 IRGQ_HD void unpack16(const uint32_t (&w)[8], int dtype, float (&v)[16]) {
 IRGQ_UNROLL

@@ -18,9 +18,11 @@ namespace fusedrope {
 namespace irgq {
 
 // The op's schema, the same in both namespaces (torch.ops.fusedrope_cuda / torch.ops.fusedrope_hip).
+// pdl 1: a programmatic dependent launch (CUDA, sm_90+; HIP ignores it). kernel 1: the head kernel for a layout
+// the generic kernel writes too (kernels_cuda/README.md).
 constexpr const char* kOpSchema =
     "inverse_rope_group_quant_out(Tensor o, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) x_fp8, "
-    "Tensor(b!) x_scale, int quant_group_size, int scale_layout=0) -> ()";
+    "Tensor(b!) x_scale, int quant_group_size, int scale_layout=0, int pdl=0, int kernel=0) -> ()";
 
 struct BindingNames {
   const char* op;          // "fusedrope_cuda::inverse_rope_group_quant_out"
@@ -71,7 +73,10 @@ inline bool rows_apart(const at::Tensor& x) {
 inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, const at::Tensor& positions,
                                 const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x_fp8,
                                 const at::Tensor& x_scale, int64_t quant_group_size, int64_t scale_layout,
-                                Params* p) {
+                                int64_t pdl, int64_t kernel, Params* p) {
+  TORCH_CHECK(pdl == 0 || pdl == 1, n.op, ": argument 'pdl' expected 0 or 1, got ", msg::num(pdl));
+  TORCH_CHECK(kernel == kGenericKernel || kernel == kHeadKernel, n.op,
+              ": argument 'kernel' expected 0 (generic) or 1 (head), got ", msg::num(kernel));
   TORCH_CHECK(o.defined() && o.is_cuda(), n.op, ": argument 'o' expected a ", n.device, " tensor");
   check_device(n, positions, "positions", o);
   check_device(n, cos, "cos", o);
@@ -203,6 +208,8 @@ inline bool params_from_tensors(const BindingNames& n, const at::Tensor& o, cons
   p->scale_rows = rows;
   p->x_stride_s = S > 1 ? x_fp8.stride(0) : 0;
   p->x_stride_g = G > 1 ? x_fp8.stride(1) : 0;
+  p->pdl = static_cast<int32_t>(pdl);
+  p->kernel = static_cast<int32_t>(kernel);
   return true;
 }
 

@@ -38,17 +38,21 @@ namespace irgq {
 
 enum Status : int {
   kOk = 0,
-  kUnsupportedShape = 1,  // head_dim != 512 or rope_dim != 64, or a non-positive size
+  kUnsupportedShape = 1,  // head_dim != 512 or rope_dim != 64, a non-positive size, or a scale layout the kernel
+                          // does not write
   kBadGroup = 2,          // quant_group_size not in {32, 64, 128, 256}, or not dividing Dg
   kBadDtype = 3,
-  kTooLarge = 4,          // the generic kernels: S * H * 512 / 16 >= 2^31; the tiled kernel: H * 512, the
-                          // token rows or its blocks (rows / 32 * H) >= 2^31
+  kTooLarge = 4,          // the generic kernel: S * H * 512 / 16 >= 2^31; the head kernel: token rows >= 2^31,
+                          // heads per group or groups > 65535
   kLaunchFailed = 5,      // the runtime's kernel launch failed (the launcher also returns its error code)
-  kBadConfig = 6,         // tail_warps, fast_layout, pdl or tiled not 0 or 1, tail_warps and fast_layout both 1,
-                          // block_threads not 0 or a multiple of 32 in [32, 256], or the tiled kernel with
-                          // tail_warps, fast_layout or block_threads
+  kBadConfig = 6,         // pdl not 0 or 1, or kernel not kGenericKernel / kHeadKernel
   kPdlUnsupported = 7,    // pdl 1, but the kernel image the device runs was not compiled for sm_90+ (no wait in it)
+  kNotHeadLayout = 8,     // the head kernel asked for, or needed by the layout, outside what it is compiled for
 };
+
+// Which kernel a launch takes: the generic one (every layout with contiguous x_fp8 rows and no padding rows), or
+// the head kernel (its layouts, compile-time; it alone writes group-major or padded x_fp8 and padding rows).
+enum Kernel : int { kGenericKernel = 0, kHeadKernel = 1 };
 
 enum ScaleLayout : int { kScaleStrided = 0, kScaleMfmaTile = 1 };
 
@@ -92,18 +96,9 @@ struct Params {
   int64_t x_stride_g = 0;
   int32_t scale_layout = kScaleStrided;
   int64_t scale_rows = 0;      // token rows of a strided x_scale (>= S; 0: S)
-  // CUDA launcher only (the HIP one ignores them): the launch experiments listed in kernels_cuda/README.md; all 0
-  // is the default launch. tail_warps 1: every head's rope-tail chunks in warps of their own (generic layout);
-  // fast_layout 1: the kernels compiled for the common 16-byte-aligned layout, where the call has that layout;
-  // not both. block_threads: threads per block, a multiple of 32 up to 256, 0 = 256. pdl 1: a programmatic
-  // dependent launch (sm_90+: the kernel may start while the stream's previous kernel finishes, and waits for it
-  // before its first global load). tiled 1 (both launchers): the tiled kernel for a call the other kernel could
-  // write too (it always writes the layouts only it can: x_fp8 not contiguous, mfma_tile, padded scale rows).
-  int32_t tail_warps = 0;
-  int32_t fast_layout = 0;
-  int32_t block_threads = 0;
-  int32_t pdl = 0;
-  int32_t tiled = 0;
+  int32_t pdl = 0;           // 1: a programmatic dependent launch (CUDA, sm_90+: the kernel may start while the
+                             // stream's previous kernel finishes, and waits for it before its first global load)
+  int32_t kernel = kGenericKernel;  // kHeadKernel: the head kernel for a layout the generic one writes too
 };
 
 // ------------------------------------------------------------------------------------------------------------
@@ -137,7 +132,8 @@ struct KArgs {
   // the k alignment of mfma_tile, with the bytes of one 32-token row of tiles and of one group).
   long long x_stride_s_bytes, x_stride_g_bytes, mfma_tile_stride, mfma_group_stride;
   unsigned num_tokens, scale_rows, num_heads, dg, ks, mfma_k;
-  int needs_tiled;  // a layout the generic kernel does not write
+  unsigned heads_per_group;  // H / G where heads do not straddle groups, else 0
+  int needs_head;            // a layout the generic kernel does not write
 };
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -213,17 +209,30 @@ inline int make_kargs(const Params& p, KArgs* a, long long* num_chunks_out) {
   a->mfma_group_stride = s_pad * ks_pad;
   const bool x_rows = (a->x_stride_s_bytes == per_token || p.num_tokens == 1) &&
                       (a->x_stride_g_bytes == dg || p.num_groups == 1);
-  a->needs_tiled = !x_rows || a->mfma_k != 0 || rows > p.num_tokens;
-  // The generic kernels number o's 16-element chunks with 32-bit ints; the tiled kernel a token row's elements,
-  // the token rows and its blocks (a head of 32 rows each), and addresses o and x_fp8 in 64 bits.
-  if (a->needs_tiled || p.tiled == 1) {
-    if (per_token > 0x7FFFFFFFLL || rows > 0x7FFFFFFFLL || (rows + 31) / 32 * p.num_heads > 0x7FFFFFFFLL)
+  a->heads_per_group = dg % kHeadDim == 0 ? (unsigned)(dg / kHeadDim) : 0u;
+  a->needs_head = !x_rows || a->mfma_k != 0 || rows > p.num_tokens;
+  // The generic kernel numbers o's 16-element chunks with 32-bit ints; the head kernel's grid is (token rows / 8,
+  // heads per group, groups), and it addresses o and x_fp8 in 64 bits.
+  if (a->needs_head || p.kernel == kHeadKernel) {
+    if (rows > 0x7FFFFFFFLL || p.num_groups > 65535 || a->heads_per_group > 65535 ||
+        rows * p.num_heads > 0xFFFFFFFFLL)
       return kTooLarge;
   } else if (p.num_tokens > 0x7FFFFFFFLL / chunks_per_token) {
     return kTooLarge;
   }
   *num_chunks_out = num_chunks;
   return kOk;
+}
+
+// Whether the head kernel is compiled for the call: bf16 o and 16-byte aligned o and x_fp8 rows, e4m3fn, int64
+// positions, an fp32 or bf16 cache (fp32 rows 4-byte aligned) of fewer than 2^31 rows, each under 2^31 bytes
+// apart, and heads inside groups.
+inline bool head_kernel_serves(const Params& p, const KArgs& a) {
+  const bool f32_aligned = ((uintptr_t)p.cos | (uintptr_t)p.sin | (uintptr_t)a.cos_stride_bytes |
+                            (uintptr_t)a.sin_stride_bytes) % 4 == 0;
+  const bool cache = (p.cache_dtype == kBF16 || (p.cache_dtype == kF32 && f32_aligned)) && p.max_pos < 0x7FFFFFFFLL &&
+                     a.cos_stride_bytes < 0x7FFFFFFFLL && a.sin_stride_bytes < 0x7FFFFFFFLL;
+  return p.o_dtype == kBF16 && a.io_vec && !a.fp8_fnuz && p.pos_is_int64 && cache && a.heads_per_group != 0;
 }
 
 // ------------------------------------------------------------------------------------------------------------
@@ -295,6 +304,17 @@ IRGQ_HD uint32_t e8m0_byte(uint32_t amax_bits, bool fnuz) {
   if (nonfinite_bits(amax_bits)) return 0xFFu;
   return e8m0_byte_finite(amax_bits, inv_fp8_max(fnuz));
 }
+
+// e8m0_byte by a carry (the head kernels): amax clamped to [1e-8, Inf] on its bits (NaN to Inf), t = amax *
+// inv_max, and t's exponent field rounded up by adding the all-ones mantissa, which carries into the exponent
+// exactly when the mantissa is non-zero; an Inf t (a non-finite block) gives 0xFF.
+IRGQ_HD uint32_t e8m0_byte_carry(uint32_t amax_bits, bool fnuz) {
+  const uint32_t a = amax_bits < 0x322BCC77u ? 0x322BCC77u : amax_bits > 0x7F800000u ? 0x7F800000u : amax_bits;
+  return (float_to_bits(mul_rn(bits_to_float(a), inv_fp8_max(fnuz))) + 0x7FFFFFu) >> 23;  // 0x322BCC77: 1e-8f
+}
+
+// The bits of 2^(127 - byte), or of NaN for 0xFF (a non-finite block: v * inv is NaN).
+IRGQ_HD uint32_t inv_scale_bits_or_nan(uint32_t byte) { return byte == 0xFFu ? 0x7FC00000u : (254u - byte) << 23; }
 
 // 2^(127 - byte) as fp32 (byte in [1, 253]; a finite amax gives [91, 248]).
 IRGQ_HD float inv_scale(uint32_t byte) { return bits_to_float((254u - byte) << 23); }

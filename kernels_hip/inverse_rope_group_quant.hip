@@ -425,7 +425,7 @@ int launch_inverse_rope_group_quant(const Params& p, hipStream_t stream, int* hi
   const int st = make_kargs(p, &a, &num_chunks);
   if (st != kOk || num_chunks == 0) return st;
   const int q = p.quant_group_size;
-  const bool tiled = a.needs_tiled || p.tiled == 1;
+  const bool tiled = a.needs_head || p.kernel == kHeadKernel;
 
   const void* kernel = p.o_dtype == kBF16 ? pick_kernel<BF16>(q, tiled) : pick_kernel<F16>(q, tiled);
   const long long per_block = (long long)kThreads * kUnroll;

@@ -2,7 +2,7 @@
 // ROCm build of torch (where AMD GPUs are torch "cuda" devices: the masquerading guard and stream below).
 //
 //   torch.ops.fusedrope_hip.inverse_rope_group_quant_out(o, positions, cos, sin, x_fp8, x_scale,
-//                                                        quant_group_size, scale_layout=0) -> ()
+//                                                        quant_group_size, scale_layout=0, pdl=0, kernel=0) -> ()
 //
 // Writes x_fp8 [S, G, Dg] (rows of Dg contiguous) and x_scale in place, as the CUDA binding does
 // (../kernels_cuda/inverse_rope_group_quant_torch.cpp: scale_layout 0 reads x_scale's layout, row-major or the
@@ -33,10 +33,10 @@ constexpr fusedrope::irgq::BindingNames kNames{"fusedrope_hip::inverse_rope_grou
 
 void inverse_rope_group_quant_out(const at::Tensor& o, const at::Tensor& positions, const at::Tensor& cos,
                                   const at::Tensor& sin, at::Tensor& x_fp8, at::Tensor& x_scale,
-                                  int64_t quant_group_size, int64_t scale_layout) {
-  fusedrope::irgq::Params p;
+                                  int64_t quant_group_size, int64_t scale_layout, int64_t pdl, int64_t kernel) {
+  fusedrope::irgq::Params p;  // pdl: a CUDA launch mode, checked and ignored here
   if (!fusedrope::irgq::params_from_tensors(kNames, o, positions, cos, sin, x_fp8, x_scale, quant_group_size,
-                                            scale_layout, &p)) {
+                                            scale_layout, pdl, kernel, &p)) {
     return;  // S == 0 or H == 0: nothing to write
   }
   const c10::hip::HIPGuardMasqueradingAsCUDA guard(o.device());

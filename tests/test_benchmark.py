@@ -286,48 +286,45 @@ def test_contenders_say_why_they_cannot_run_here():
         tts["cuda"].reason}
     assert {tts[n].reason for n in modes} == {tts["triton"].reason}  # on a CPU, auto runs Triton's interpreter
     assert tts["norm_rope:eager"].reason is None and tts["norm_rope:compile"].reason == tts["compile"].reason
-    assert list(quant) == ["eager", "compile", "cuda", "hip", "triton", "reference", *B.QUANT_CUDA_EXPERIMENTS,
-                           *B.QUANT_LAYOUTS, *B.QUANT_CUDA_LAYOUTS, "auto:vllm", "unfused", "floor"]
+    assert list(quant) == ["eager", "compile", "cuda", "cuda_head", "hip", "triton", "reference", *B.QUANT_CUDA_MODES,
+                           *B.QUANT_LAYOUTS, *B.QUANT_CUDA_LAYOUTS, "auto:vllm", "vllm", "unfused", "floor"]
     assert {quant[n].reason for n in (*B.QUANT_LAYOUTS, "auto:vllm")} == {quant["triton"].reason}
     assert {quant[n].reason for n in B.QUANT_CUDA_LAYOUTS} == {quant["cuda"].reason}
     assert tts["triton"].reason == quant["unfused"].reason == "CPU interpreter timings are not meaningful"
     assert tts["cuda"].reason.startswith("cuda backend unavailable: ")
     assert quant["hip"].reason.startswith("hip backend unavailable: ")
-    assert {quant[n].reason for n in B.QUANT_CUDA_EXPERIMENTS} == {quant["cuda"].reason}
-    assert tts["liger"].reason  # not installed here, or needs a GPU
+    assert {quant[n].reason for n in B.QUANT_CUDA_MODES} == {quant["cuda"].reason}
+    assert tts["liger"].reason and quant["vllm"].reason  # not installed / fetched here, or needs a GPU
     assert tts["eager"].reason is tts["reference"].reason is tts["floor"].reason is None
     assert B.contenders(B.TTS, CPU, interpreter=True)[3].reason is None
 
 
 @pytest.mark.parametrize("arch,pdl_reason", [("sm_90", None), ("sm_100", None), ("sm_80", "needs sm_90 or newer")])
-def test_cuda_launch_experiments_run_the_config_op_where_the_cuda_backend_runs(monkeypatch, arch, pdl_reason):
-    """Op 2's experiments: one contender each, runnable wherever the cuda backend is (pdl=1 from sm_90 on), each
-    calling inverse_rope_group_quant_config on the set's buffers with its own keywords (checked here through a
-    stand-in for the raw op and a faked GPU)."""
-    from fusedrope.inverse_rope_group_quant import cuda as quant_cuda
+def test_cuda_launch_modes_run_the_raw_op_where_the_cuda_backend_runs(monkeypatch, arch, pdl_reason):
+    """Op 2's launch modes: one contender each, runnable wherever the cuda backend is (pdl=1 from sm_90 on), each
+    calling the raw op on the set's buffers with its own pdl and kernel (checked here through a stand-in for the
+    raw op and a faked GPU)."""
+    from fusedrope import cuda_ext
 
     monkeypatch.setattr(B, "_backend_reason", lambda op, b, device, interpreter: None)
     monkeypatch.setattr(B, "gpu_arch", lambda device: arch)
     quant = {c.name: c for c in B.contenders(B.QUANT, torch.device("cuda", 0), compile=False)}
-    assert quant["cuda:pdl"].reason == (pdl_reason and
-                                        "a programmatic dependent launch (pdl=1) needs sm_90 or newer")
-    assert all(quant[n].reason is None and quant[n].backend == "cuda" for n in B.QUANT_CUDA_EXPERIMENTS
-               if n != "cuda:pdl")
+    assert quant["cuda:pdl"].reason == quant["cuda_head:pdl"].reason == (
+        pdl_reason and "a programmatic dependent launch (pdl=1) needs sm_90 or newer")
+    assert all(quant[n].reason is None and quant[n].backend == ("cuda_head" if n.startswith("cuda_head") else "cuda")
+               for n in B.QUANT_CUDA_MODES if not n.endswith(":pdl"))
     calls = []
-    monkeypatch.setattr(quant_cuda, "inverse_rope_group_quant_config",
-                        lambda o, p, c, s, x, sc, q, **kw: calls.append((o.shape, x is sets[1][4], c.dtype, q, kw)))
+    monkeypatch.setattr(cuda_ext, "load", lambda: None)
+    monkeypatch.setattr(torch.ops, "fusedrope_cuda", type("Ops", (), {"inverse_rope_group_quant_out": staticmethod(
+        lambda o, p, c, s, x, sc, q, layout, pdl, kernel: calls.append((o.shape, x is sets[1][4], c.dtype, q, layout,
+                                                                      pdl, kernel)))}), raising=False)
     case = QuantCase(2, 16, 2, quant_group_size=64)
     sets = B.make_sets(B.QUANT, case, CPU, n=2)
-    for name, kw in B.QUANT_CUDA_EXPERIMENTS.items():
+    for name, kw in B.QUANT_CUDA_MODES.items():
         quant[name].make(case, sets)(3)
-        switches = {k: v for k, v in kw.items() if k != "cache_dtype"}
-        assert calls.pop() == ((2, 16, 512), True, kw.get("cache_dtype", torch.float32), 64, switches), name
-    assert {"fast_layout", "tail_warps", "block_threads", "pdl", "cache_dtype"} == {
-        k for kw in B.QUANT_CUDA_EXPERIMENTS.values() for k in kw}
-    # the tiled kernel on the layout the generic kernel writes too: the config op into column-major scales
-    quant["cuda:tiled:col"].make(case, sets)(1)
-    shape, is_set_x, _, q, kw = calls.pop()
-    assert (shape, is_set_x, q, kw) == ((2, 16, 512), False, 64, {"tiled": 1, "scale_layout": "col"})
+        assert calls.pop() == ((2, 16, 512), True, kw.get("cache_dtype", torch.float32), 64, 0, kw.get("pdl", 0),
+                               kw.get("kernel", 0)), name
+    assert {"pdl", "kernel", "cache_dtype"} == {k for kw in B.QUANT_CUDA_MODES.values() for k in kw}
 
 
 def test_tts_mode_contenders_compute_what_they_name(monkeypatch):
@@ -387,31 +384,26 @@ def test_the_launch_floor_is_timed_without_a_bandwidth():
     assert "| S1-H8-G1-D512-R64-g128 | " in tables and "TB/s" not in tables
 
 
-def test_experiment_table_against_the_default_launch():
-    """Each experiment against the default launch with the same cos/sin cache: cuda:default for the fp32 cache
-    (the public cuda call where cuda:default was not measured), cuda:default:bf16_cache for the bf16 one."""
+def test_candidate_table_against_the_default():
+    """Each candidate contender against the same call on the default kernel (cuda_head:x against cuda:x, cuda_head
+    against cuda), else against auto (cuda_head:group_major, a layout only the candidate writes)."""
     case = QuantCase(8, 16, 2)
     base = {"op": B.QUANT, **B.case_fields(B.QUANT, case), "status": "ok", "tbps_basis": "device_us"}
-    rows = [{**base, "contender": "cuda", "device_us": 2.1},
-            {**base, "contender": "cuda:default", "device_us": 2.0},
-            {**base, "contender": "cuda:fast_layout", "device_us": 1.6},
+    rows = [{**base, "contender": "cuda", "device_us": 2.0},
+            {**base, "contender": "cuda_head", "device_us": 1.6},
             {**base, "contender": "cuda:pdl", "status": "skipped", "reason": "needs sm_90"},
-            {**base, "contender": "cuda:tail_warps", "device_us": 2.5, "graph_l2_resident": True},
-            {**base, "contender": "cuda:default:bf16_cache", "device_us": 1.9},
-            {**base, "contender": "cuda:fast_layout:bf16_cache", "device_us": 0.95}]
-    table = report.experiment_table(rows, B.QUANT)
+            {**base, "contender": "cuda_head:pdl", "device_us": 2.5, "graph_l2_resident": True},
+            {**base, "contender": "cuda:bf16_cache", "device_us": 1.9},
+            {**base, "contender": "cuda_head:bf16_cache", "device_us": 0.95},
+            {**base, "contender": "auto:group_major", "device_us": 3.0},
+            {**base, "contender": "cuda_head:group_major", "device_us": 1.5}]
+    table = report.candidate_table(rows, B.QUANT)
     M = report.L2_MARK
-    assert ("| case | cuda:default | cuda:fast_layout | cuda:tail_warps | cuda:default:bf16_cache "
-            "| cuda:fast_layout:bf16_cache |") in table
-    assert f"| {case.id} | 2.00 | 1.60 (1.25x) | 2.50{M} (0.80x) | 1.90 | 0.95 (2.00x) |" in table
-    assert "in brackets the default launch (same cache) / the experiment" in table and report.L2_NOTE in table
-    assert report.experiment_table(rows[:2] + rows[5:6], B.QUANT) == ""  # defaults only: no experiment
-    rows[1]["status"] = "error"  # no default measured: the public cuda call stands in for the fp32 cache
-    assert f"| {case.id} | 1.60 (1.31x) | 2.50{M} (0.84x) |" in report.experiment_table(rows, B.QUANT)
-    md = report.markdown({"meta": {**B.machine_info(CPU), "gpu": "NVIDIA H200", "gpu_arch": "sm_90"}, "rows": rows,
-                          "copy": {"tbps": 4.0, "timing": "x"}})
-    assert "### the CUDA launch experiments against the default launch" in md
-
+    assert "| case | cuda_head | cuda_head:pdl | cuda_head:bf16_cache | cuda_head:group_major |" in table
+    assert f"| {case.id} | 1.60 (1.25x) | 2.50{M} | 0.95 (2.00x) | 1.50 (2.00x) |" in table
+    assert "in brackets the default (the same call on cuda, else auto) / the candidate" in table
+    assert report.L2_NOTE in table
+    assert report.candidate_table(rows[:1] + rows[4:5], B.QUANT) == ""  # defaults only: no candidate
 
 def test_a_peer_that_fails_to_import_costs_only_its_own_row(monkeypatch):
     """Liger imports ~40 op modules against the machine's torch/triton: an error other than ImportError there

@@ -83,7 +83,7 @@ def test_driver_runs_every_step_and_records_failures(tmp_path):
     assert len(steps) == len(want), steps
     for line, (no_build, start) in zip(steps, want):
         assert line.startswith(f"{no_build} {start}"), line
-    assert "--op all" in steps[3] and "cuda:fast_layout" in steps[3] and "auto:qk_norm_rope" in steps[3]
+    assert "--op all" in steps[3] and "cuda_head" in steps[3] and "vllm" in steps[3] and "auto:qk_norm_rope" in steps[3]
     files = [p.relative_to(out) for p in out.rglob("*") if p.is_file()]
     assert len(files) <= 8 and all(len(p.parts) <= 3 and re.fullmatch(r"[\w.-]+", p.name) for p in files), files
     assert {"log.txt", "pytest-gpu.xml", "pytest.xml", "memcheck.txt"} <= {str(p) for p in files}

@@ -53,6 +53,7 @@ from ..inverse_rope_group_quant import OP as QUANT
 from ..inverse_rope_group_quant.buffers import quant_output_shapes
 from ..qwen3_tts_rope import OP as TTS
 from ..registry import registry
+from . import vllm_peer
 from .report import markdown, plot, write_results
 from .timing import time_graph_us, time_per_call_us
 from ..testing import (QUANT_CASES, QUANT_GROUP_SIZE_CASES, QUANT_HEAD_GROUPS, TTS_CASES, QuantCase, TtsCase,
@@ -438,27 +439,27 @@ def _quant_api_maker(fn: Callable) -> Callable:
     return make
 
 
-# Op 2's CUDA launch experiments (kernels_cuda/README.md), each the raw op with these keywords of
-# ``inverse_rope_group_quant_config`` beside ``cuda:default`` (the same call, default launch); ``cache_dtype``: on a
-# copy of the sets' fp32 cos/sin cache in that dtype (``...:bf16_cache``, against ``cuda:default:bf16_cache``).
-QUANT_CUDA_EXPERIMENTS = {"cuda:default": {}, "cuda:fast_layout": {"fast_layout": 1},
-                          "cuda:tail_warps": {"tail_warps": 1}, "cuda:block_threads=128": {"block_threads": 128},
-                          "cuda:block_threads=64": {"block_threads": 64}, "cuda:pdl": {"pdl": 1},
-                          "cuda:default:bf16_cache": {"cache_dtype": torch.bfloat16},
-                          "cuda:fast_layout:bf16_cache": {"fast_layout": 1, "cache_dtype": torch.bfloat16}}
+# Op 2's CUDA kernels through the raw op with these launch modes (kernels_cuda/README.md): ``pdl`` 1 a
+# programmatic dependent launch, ``kernel`` 1 the head kernel (the ``cuda_head`` backend's); ``cache_dtype``: on a
+# copy of the sets' fp32 cos/sin cache in that dtype.
+QUANT_CUDA_MODES = {"cuda:pdl": {"pdl": 1}, "cuda_head:pdl": {"pdl": 1, "kernel": 1},
+                    "cuda:bf16_cache": {"cache_dtype": torch.bfloat16},
+                    "cuda_head:bf16_cache": {"kernel": 1, "cache_dtype": torch.bfloat16}}
 
 
-def _quant_config_maker(kw: dict) -> Callable:
+def _quant_raw_maker(kw: dict) -> Callable:
     def make(case, sets):
-        from ..inverse_rope_group_quant.cuda import inverse_rope_group_quant_config as config
+        from .. import cuda_ext
 
+        cuda_ext.load()
+        op = torch.ops.fusedrope_cuda.inverse_rope_group_quant_out
         kws = dict(kw)
         dtype = kws.pop("cache_dtype", None)
         cache = tuple(t.to(dtype) for t in sets[0][2:4]) if dtype else None  # every set shares the cache
 
         def call(i):
             o, p, c, s, x, sc = sets[i % len(sets)][:6]
-            config(o, p, *(cache or (c, s)), x, sc, case.quant_group_size, **kws)
+            op(o, p, *(cache or (c, s)), x, sc, case.quant_group_size, 0, kws.get("pdl", 0), kws.get("kernel", 0))
         return call
     return make
 
@@ -471,13 +472,11 @@ def _bf16_output_bytes(case) -> int:
 
 def _quant_layout_maker(kw: dict) -> Callable:
     """The public op (``backend="auto"`` unless ``kw`` names one) with the layout keywords ``kw``, into outputs of
-    that layout allocated once per set: ``x_layout="group_major"`` is vLLM's ``[S, G, Dg]`` over ``[G, S, Dg]``;
-    ``tiled=1``: the raw CUDA op's tiled kernel instead."""
+    that layout allocated once per set: ``x_layout="group_major"`` is vLLM's ``[S, G, Dg]`` over ``[G, S, Dg]``."""
     from .. import empty_quant_outputs, inverse_rope_group_quant
 
     kw = dict(kw)
     group_major = kw.pop("x_layout", None) == "group_major"
-    tiled = kw.pop("tiled", 0)
     quantize = kw.get("quantize", True)
     layout = {k: v for k, v in kw.items() if k in ("scale_layout", "quantize")}
 
@@ -493,10 +492,6 @@ def _quant_layout_maker(kw: dict) -> Callable:
 
         def call(i):
             o, p, c, s = sets[i % len(sets)][:4]
-            if tiled:
-                from ..inverse_rope_group_quant.cuda import inverse_rope_group_quant_config as config
-
-                return config(o, p, c, s, *outs[i % len(outs)], case.quant_group_size, tiled=1, **layout)
             return inverse_rope_group_quant(o, p, c, s, case.num_groups, case.quant_group_size, False,
                                             *outs[i % len(outs)], **kw)
         return call
@@ -525,12 +520,21 @@ def _vllm_maker(case, sets):
 QUANT_LAYOUTS = {"auto:col": {"scale_layout": "col"}, "auto:group_major": {"x_layout": "group_major"},
                  "auto:mfma_tile": {"scale_layout": "mfma_tile"}, "auto:bf16": {"quantize": False},
                  "auto:pdl": {"enable_pdl": True}}
-# The same layouts on the cuda backend: "col" on the generic kernel, the others on the tiled one (opt-in), and
-# "cuda:tiled:col" the tiled kernel on the layout the generic one writes too (kernels_cuda/README.md).
+# The same layouts on the compiled CUDA kernels: column-major scales on both, group-major x on the head kernel
+# (opt-in, the only one writing it).
 QUANT_CUDA_LAYOUTS = {"cuda:col": {"scale_layout": "col", "backend": "cuda"},
-                      "cuda:tiled:col": {"scale_layout": "col", "tiled": 1},
-                      "cuda:group_major": {"x_layout": "group_major", "backend": "cuda"},
-                      "cuda:mfma_tile": {"scale_layout": "mfma_tile", "backend": "cuda"}}
+                      "cuda_head:col": {"scale_layout": "col", "backend": "cuda_head"},
+                      "cuda_head:group_major": {"x_layout": "group_major", "backend": "cuda_head"},
+                      "cuda_head:group_major:col": {"x_layout": "group_major", "scale_layout": "col",
+                                                    "backend": "cuda_head"}}
+
+
+def _vllm_peer_maker(case, sets):
+    kernel = vllm_peer.load_kernel(vllm_peer.find_source())
+    cache = torch.cat(sets[0][2:4], dim=1)  # vLLM's one cos||sin cache (every set shares it)
+    outs = [vllm_peer.outputs(s[0], case.num_groups, case.quant_group_size) for s in sets]
+    return lambda i: vllm_peer.launch(kernel, sets[i % len(sets)][0], sets[i % len(sets)][1], cache,
+                                      *outs[i % len(outs)], case.num_groups, case.quant_group_size, case.rope_dim)
 
 
 def _floor_maker(case, sets):
@@ -551,8 +555,8 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
 
     Op 1: eager torch formula, its ``torch.compile``, each registered fusedrope backend (``backend=``),
     Liger's ``LigerRopeFunction`` (in place on its own contiguous copy; reads only the first half of cos/sin).
-    Op 2: eager torch formula, its ``torch.compile``, each registered backend, the CUDA launch experiments
-    (:data:`QUANT_CUDA_EXPERIMENTS`; ``cuda:pdl`` needs sm_90+), the unfused two-kernel baseline
+    Op 2: eager torch formula, its ``torch.compile``, each registered backend, the CUDA kernels' launch modes
+    (:data:`QUANT_CUDA_MODES`; ``pdl`` needs sm_90+), the engines' layouts, the unfused two-kernel baseline
     (``fusedrope.benchmark.unfused``; rotates ``o`` in place, which changes no timing).
     Both: ``floor``, one trivial kernel per call, the launch floor under them all.
 
@@ -650,10 +654,10 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
                                  many_kernels=b == "reference"))
         no_cuda = _backend_reason(op, "cuda", device, interpreter)
         no_pdl = _pdl_reason(no_cuda, device, "pdl=1")
-        for name, kw in QUANT_CUDA_EXPERIMENTS.items():
-            out.append(Contender(name, op, f"the raw CUDA op with {kw or 'the default launch'}, into preallocated "
-                                           "outputs", _quant_config_maker(kw),
-                                 reason=no_pdl if kw.get("pdl") else no_cuda, backend="cuda"))
+        for name, kw in QUANT_CUDA_MODES.items():
+            out.append(Contender(name, op, f"the raw CUDA op with {kw}, into preallocated outputs",
+                                 _quant_raw_maker(kw), reason=no_pdl if kw.get("pdl") else no_cuda,
+                                 backend="cuda_head" if kw.get("kernel") else "cuda"))
         # on a CPU auto picks Triton's interpreter for these: timed only with --interpreter
         no_auto = _triton_reason(device, interpreter) if device.type == "cpu" else None
         for name, kw in QUANT_LAYOUTS.items():
@@ -661,12 +665,17 @@ def contenders(op: str, device: torch.device, *, compile: bool = True, interpret
                                            "outputs of that layout", _quant_layout_maker(kw), reason=no_auto,
                                  bytes_moved=_bf16_output_bytes if kw.get("quantize") is False else None))
         for name, kw in QUANT_CUDA_LAYOUTS.items():
-            out.append(Contender(name, op, f"{'the raw CUDA op, tiled=1' if kw.get('tiled') else 'the public op'}, "
-                                           f"{kw}, into preallocated outputs of that layout", _quant_layout_maker(kw),
-                                 reason=no_cuda, backend="cuda"))
+            out.append(Contender(name, op, f"the public op, {kw}, into preallocated outputs of that layout",
+                                 _quant_layout_maker(kw), reason=no_cuda, backend=kw["backend"]))
         out.append(Contender("auto:vllm", op, "fusedrope.integrations.vllm.fused_inv_rope_fp8_quant (group-major "
                                               "fp8, MN-major TMA-aligned fp32 scales), allocating its outputs",
                              _vllm_maker, reason=no_auto, bytes_moved=_vllm_bytes))
+        source = vllm_peer.find_source()
+        out.append(Contender("vllm", op, "vLLM's own fused_inv_rope_fp8_quant Triton kernel, read from "
+                                         f"{source.name if source else 'its wheel'} (its layout), into its buffers",
+                             _vllm_peer_maker, bytes_moved=_vllm_bytes,
+                             reason=("vLLM's kernel source not found: bash gpu/run.sh --fetch-wheels" if not source
+                                     else None if device.type == "cuda" else "vLLM's Triton kernel needs a GPU")))
         out.append(Contender("unfused", op, "fusedrope.benchmark.unfused: Triton inverse RoPE in place (bf16), then a "
                                             "separate Triton group-quant kernel",
                              _quant_api_maker(unfused_inverse_rope_group_quant),

@@ -279,20 +279,20 @@ def contender_tables(rows: list[dict], op: str) -> str:
     return "\n".join(out)
 
 
-def experiment_table(rows: list[dict], op: str, gpu: bool = True) -> str:
-    """The CUDA launch experiments (contenders named ``cuda:...``) case by case: each one's time and, in brackets,
-    the default launch's time over it (above 1x: the experiment is faster). The default of ``cuda:x:suffix`` is
-    ``cuda:default:suffix`` (the same cos/sin cache), of ``cuda:x`` ``cuda:default``, else the public ``cuda``
-    call. "" where no experiment was measured."""
+def candidate_table(rows: list[dict], op: str, gpu: bool = True) -> str:
+    """The candidate kernel (contenders named ``cuda_head...``) case by case against what it would replace: each
+    one's time and, in brackets, the default's over it (above 1x: the candidate is faster). The default of
+    ``cuda_head[:x]`` is ``cuda[:x]``, else ``auto:x`` (what a call gets today where only the candidate writes
+    the layout). "" where no candidate was measured."""
     by_case = _by_case(rows, op)
     names = [n for n in dict.fromkeys(r["contender"] for r in rows if r.get("op") == op)
-             if n.startswith("cuda:") and any(n in cr for cr in by_case.values())]
-    if all(n.split(":")[1] == "default" for n in names):
+             if n.split(":")[0] == "cuda_head" and any(n in cr for cr in by_case.values())]
+    if not names:
         return ""
 
     def default(name, cr):
-        d = ":".join(["cuda", "default", *name.split(":")[2:]])
-        return None if d == name else d if d in cr else "cuda" if d == "cuda:default" and "cuda" in cr else None
+        suffix = name.split(":")[1:]
+        return next((d for d in (":".join(["cuda", *suffix]), ":".join(["auto", *suffix])) if d in cr), None)
 
     lines = []
     for cid, cr in by_case.items():
@@ -302,8 +302,8 @@ def experiment_table(rows: list[dict], op: str, gpu: bool = True) -> str:
             cells.append(_cell(e, "time", value=_time(e)) + (f" ({_ratio(_time(cr[d]), _time(e))})" if d else ""))
         lines.append([cid] + cells)
     timed = [r for r in rows if r.get("op") == op and r["contender"] in names]
-    return (f"us per call ({time_basis(timed, gpu, short=True)}); in brackets the default launch (same cache) / "
-            "the experiment\n\n" + _table(["case"] + names, lines)
+    return (f"us per call ({time_basis(timed, gpu, short=True)}); in brackets the default (the same call on cuda, "
+            "else auto) / the candidate\n\n" + _table(["case"] + names, lines)
             + _l2_note(r for cr in by_case.values() for r in cr.values() if r["contender"] in names))
 
 
@@ -344,9 +344,9 @@ def markdown(results: dict) -> str:
         text += ("\n## inverse_rope_group_quant (seed columns; times are "
                  + time_basis([r for r in rows if r.get("op") == QUANT], gpu) + ")\n\n" + quant_seed_tables(rows))
         text += "\n### every contender\n\n" + contender_tables(rows, QUANT)
-        experiments = experiment_table(rows, QUANT, bool(gpu))
-        if experiments:
-            text += "\n### the CUDA launch experiments against the default launch\n\n" + experiments
+        candidates = candidate_table(rows, QUANT, bool(gpu))
+        if candidates:
+            text += "\n### the candidate kernel (cuda_head) against the default\n\n" + candidates
     return text
 
 

@@ -78,8 +78,11 @@ def _hip():
 
 
 REGISTRY.register(Backend("cuda", supports=lambda facts: _cuda().supports(facts), load=lambda: _cuda().load(),
+                          available=lambda device: cuda_toolkit_reason(device) or _cuda().available(device)))
+REGISTRY.register(Backend("cuda_head", supports=lambda facts: _cuda().head_supports(facts),
+                          load=lambda: _cuda().load(kernel=1),
                           available=lambda device: cuda_toolkit_reason(device) or _cuda().available(device),
-                          opt_in=lambda facts: _cuda().opt_in(facts)))
+                          opt_in=lambda facts: _cuda().head_opt_in(facts)))
 REGISTRY.register(Backend("hip", supports=lambda facts: _hip().supports(facts), load=lambda: _hip().load(),
                           available=lambda device: hip_toolkit_reason(device) or _hip().available(device),
                           opt_in=lambda facts: "never run on AMD hardware"))

@@ -3,11 +3,17 @@ they share with the HIP ones (:mod:`.hip`): the envelope both are compiled for a
 
 Serves NVIDIA sm_80+ (hardware packed E4M3 conversion on sm_89+, exact software RNE on sm_80/sm_86), FP8 =
 float8_e4m3fn, head_dim 512 with rope_dim 64 (DeepSeek-V4), quant groups 32/64/128/256, bf16/fp16 ``o``,
-bf16/fp16/fp32 caches, int64/int32 positions, the float8_e8m0fnu, uint8 and float32 scale formats and every
-layout: the generic kernel writes a row-major x_fp8 with row- or column-major scales; the tiled kernel writes
-group-major or padded x_fp8, mfma_tile scales and zeroed padding rows, and is opt-in (:func:`opt_in`). Other
-shapes, float8_e4m3fnuz (an AMD format), packed int32 UE8M0 scales and quantize=False go to Triton. Pointer
-alignment is decided inside the compiled op (16-byte vector path or a narrow one).
+bf16/fp16/fp32 caches, int64/int32 positions, the float8_e8m0fnu, uint8 and float32 scale formats. Two kernels:
+
+* ``cuda``: the generic kernel (a lane per 16-element chunk, the layout read per call), row-major x_fp8 with row-
+  or column-major scales, any alignment.
+* ``cuda_head``: the head kernel (a warp per (token, head), every lane rotating one rope pair), also group-major
+  or padded x_fp8 and zeroed padding rows of column-major scales; bf16 ``o``, int64 positions, bf16 or fp32
+  caches. Opt-in (:func:`head_opt_in`) until a GPU run confirms it; where a call's alignment is outside it, the
+  launcher takes the generic kernel for the layouts that one writes.
+
+float8_e4m3fnuz (an AMD format), mfma_tile scales (gfx950's), packed int32 UE8M0 scales and quantize=False go to
+Triton.
 """
 
 from __future__ import annotations
@@ -41,32 +47,49 @@ def envelope_reason(kernel: str, facts) -> Optional[str]:
     return None
 
 
-def tiled_layout(facts) -> Optional[str]:
-    """The layout of ``facts`` that only the tiled kernel writes, or None."""
-    if facts.scale_layout == "mfma_tile":
-        return "scale_layout='mfma_tile'"
+def head_layout(facts) -> Optional[str]:
+    """The layout of ``facts`` that only the head kernel writes, or None."""
     if not facts.x_contiguous:
         return "a group-major or padded x_fp8"
     return "padding rows of x_scale" if facts.scale_pad else None
 
 
-def supports(facts) -> Optional[str]:
+def _common(facts) -> Optional[str]:
     arch = gpu_arch(facts.device)
     if sm_number(arch) < 80:
         return f"cuda kernel needs an NVIDIA GPU of sm_80 or newer, this device is {arch or facts.device}"
     reason = envelope_reason("cuda kernel", facts)
     if reason is None and facts.fp8_dtype != torch.float8_e4m3fn:
         return f"cuda kernel writes float8_e4m3fn, got fp8_dtype={dtype_name(facts.fp8_dtype)} (Triton serves it)"
+    if reason is None and facts.scale_layout == "mfma_tile":
+        return "cuda kernel writes row- or column-major scales, got scale_layout='mfma_tile' (Triton serves it)"
     if reason is None and facts.pdl and sm_number(arch) < 90:
         return f"cuda kernel launches with enable_pdl=True on sm_90 or newer, this device is {arch}"
     return reason
 
 
-def opt_in(facts) -> Optional[str]:
-    """Why ``auto`` passes over the CUDA backend for these facts: the tiled kernel has not run on a GPU
-    (kernels_cuda/README.md)."""
-    layout = tiled_layout(facts)
-    return layout and f"{layout} takes the tiled cuda kernel, not yet confirmed on a GPU"
+def supports(facts) -> Optional[str]:
+    """The generic kernel (backend ``cuda``)."""
+    reason = _common(facts)
+    layout = reason is None and head_layout(facts)
+    return reason or (layout and f"{layout} is written by the head kernel only: backend='cuda_head'")
+
+
+def head_supports(facts) -> Optional[str]:
+    """The head kernel (backend ``cuda_head``)."""
+    reason = _common(facts)
+    if reason is None and facts.o_dtype != torch.bfloat16:
+        return f"cuda_head kernel reads bfloat16 o, got {dtype_name(facts.o_dtype)}"
+    if reason is None and facts.positions_dtype != torch.int64:
+        return f"cuda_head kernel reads int64 positions, got {dtype_name(facts.positions_dtype)}"
+    if reason is None and facts.cache_dtype not in (torch.float32, torch.bfloat16):
+        return f"cuda_head kernel reads float32 or bfloat16 caches, got {dtype_name(facts.cache_dtype)}"
+    return reason
+
+
+def head_opt_in(facts) -> Optional[str]:
+    """Why ``auto`` passes over ``cuda_head``: the kernel has not run on a GPU (kernels_cuda/README.md)."""
+    return "the head kernel has not run on a GPU yet (kernels_cuda/README.md): backend='cuda_head' runs it"
 
 
 def available(device: torch.device) -> Optional[str]:
@@ -77,57 +100,35 @@ def available(device: torch.device) -> Optional[str]:
 
 
 class CompiledOp:
-    """``op.inverse_rope_group_quant_out`` of a vendor's extension: writes ``x_fp8`` / ``x_scale`` in place, one
-    launch on the current stream (a few, token ranges in turn, past what the generic kernel can index)."""
+    """``op.inverse_rope_group_quant_out`` of a vendor's extension, taking ``kernel`` (0 generic, 1 head): writes
+    ``x_fp8`` / ``x_scale`` in place, one launch on the current stream (a few, token ranges in turn, where the
+    generic kernel cannot index the whole call)."""
 
-    max_chunks = 2**31 - 1  # the generic kernels number o's 16-element chunks with 32-bit ints (S*H*head_dim/16)
+    max_chunks = 2**31 - 1  # the generic kernel numbers o's 16-element chunks with 32-bit ints (S*H*head_dim/16)
 
-    def __init__(self, op, pdl_op=None) -> None:
+    def __init__(self, op, kernel: int = 0) -> None:
         self.op = op
-        self.pdl_op = pdl_op  # the same launch as a programmatic dependent launch, where the vendor has one
+        self.kernel = kernel
 
     def __call__(self, o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, *,
                  scale_layout: str = "row", pdl: bool = False) -> None:
-        op = self.pdl_op if pdl and self.pdl_op is not None else self.op
         mfma = int(scale_layout == "mfma_tile")
         S, H, D = o.shape
         step = max(self.max_chunks // max(H * D // 16, 1), 1)  # a token past the limit: the launcher says so
-        if S <= step or mfma or x_scale.shape[0] > S or not x_fp8.is_contiguous():  # the tiled kernel: 64-bit
-            op(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, mfma)
+        if S <= step or self.kernel or mfma or x_scale.shape[0] > S or not x_fp8.is_contiguous():
+            self.op(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, mfma, int(pdl), self.kernel)
             return
         # Token slices keep the generic kernel's layouts: o, x_fp8 and row-major scales stay contiguous, and a
         # column-major scale slice keeps stride(1) == Ks * stride(2).
         for i in range(0, S, step):
             j = min(i + step, S)
-            op(o[i:j], positions[i:j], cos_cache, sin_cache, x_fp8[i:j], x_scale[i:j], quant_group_size, 0)
+            self.op(o[i:j], positions[i:j], cos_cache, sin_cache, x_fp8[i:j], x_scale[i:j], quant_group_size, 0,
+                    int(pdl), 0)
 
 
-def load() -> tuple:
-    """The backend's ``(run, None)``, once the extension is loaded."""
+def load(kernel: int = 0) -> tuple:
+    """The backend's ``(run, None)`` for ``kernel`` (0: ``cuda``, 1: ``cuda_head``), once the extension is loaded."""
     from .. import cuda_ext
 
     cuda_ext.load()
-    ops = torch.ops.fusedrope_cuda
-
-    def pdl_launch(o, positions, cos, sin, x_fp8, x_scale, quant_group_size, scale_layout):
-        ops.inverse_rope_group_quant_out_config(o, positions, cos, sin, x_fp8, x_scale, quant_group_size, pdl=1,
-                                                scale_layout=scale_layout)
-    return CompiledOp(ops.inverse_rope_group_quant_out.default, pdl_launch), None
-
-
-def inverse_rope_group_quant_config(o, positions, cos, sin, x_fp8, x_scale, quant_group_size: int, *,
-                                    tail_warps: int = 0, fast_layout: int = 0, block_threads: int = 0,
-                                    pdl: int = 0, tiled: int = 0, scale_layout: str = "row") -> None:
-    """The raw CUDA op with the launch experiments of kernels_cuda/README.md switched on, for tests and the
-    benchmarks that decide them: ``tail_warps=1`` (every head's rope-tail chunks in warps of their own),
-    ``fast_layout=1`` (the kernels for the common 16-byte-aligned layout, where the layout allows),
-    ``block_threads`` threads per block (a multiple of 32 up to 256; 0 = 256), ``pdl=1`` (a programmatic
-    dependent launch, sm_90+), ``tiled=1`` (the tiled kernel for a layout the generic one writes too). No
-    validation beyond the binding's checks."""
-    from .. import cuda_ext
-
-    cuda_ext.load()
-    torch.ops.fusedrope_cuda.inverse_rope_group_quant_out_config(o, positions, cos, sin, x_fp8, x_scale,
-                                                                 quant_group_size, tail_warps, fast_layout,
-                                                                 block_threads, pdl, tiled,
-                                                                 int(scale_layout == "mfma_tile"))
+    return CompiledOp(torch.ops.fusedrope_cuda.inverse_rope_group_quant_out.default, kernel), None

@@ -142,10 +142,10 @@ def emul_stats(lib) -> dict:
 
 
 def emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q, *, head_dim=None, rope_dim=None, scale_layout="row",
-            tail_warps=0, fast_layout=0, block_threads=0, pdl=0, tiled=0) -> int:
-    """The launcher's status code; the launch experiments are the CUDA launcher's (the HIP one ignores them), all
-    0 the default launch. ``x_fp8``'s row strides and ``x_scale``'s strides and token rows are read off them
-    (``scale_layout="mfma_tile"``: a contiguous [G, S_pad, Ks_pad] buffer)."""
+            pdl=0, kernel=0) -> int:
+    """The launcher's status code. ``kernel`` 1: the head kernel for a layout the generic one writes too; ``pdl``
+    1: a programmatic dependent launch (CUDA). ``x_fp8``'s row strides and ``x_scale``'s strides and token rows
+    are read off them (``scale_layout="mfma_tile"``: a contiguous [G, S_pad, Ks_pad] buffer)."""
     S, H, D = o.shape
     ptrs = (ctypes.c_void_p * 6)(o.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  x_fp8.data_ptr(), x_scale.data_ptr())
@@ -153,8 +153,8 @@ def emulate(lib, o, positions, cos, sin, x_fp8, x_scale, q, *, head_dim=None, ro
     ints = [S, H, head_dim or D, DT[o.dtype], int(positions.dtype == torch.int64), positions.stride(0),
             DT[cos.dtype], cos.stride(0), sin.stride(0), cos.shape[0], rope_dim or 2 * cos.shape[1],
             int(x_fp8.dtype == torch.float8_e4m3fnuz), x_fp8.shape[1], q, int(x_scale.dtype == torch.float32),
-            0 if mfma else x_scale.stride(0), 0 if mfma else x_scale.stride(2), tail_warps, fast_layout,
-            block_threads, pdl, x_fp8.stride(0), x_fp8.stride(1), int(mfma), 0 if mfma else x_scale.shape[0], tiled]
+            0 if mfma else x_scale.stride(0), 0 if mfma else x_scale.stride(2), pdl, x_fp8.stride(0),
+            x_fp8.stride(1), int(mfma), 0 if mfma else x_scale.shape[0], kernel]
     return lib.irgq_host_run(ptrs, (ctypes.c_longlong * len(ints))(*ints))
 
 

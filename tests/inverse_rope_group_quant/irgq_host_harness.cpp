@@ -19,9 +19,18 @@ using irgq_test::params_from;
 
 extern "C" {
 
-// amax values (finite, >= 0) -> e8m0 bytes, exactly as both kernels compute them.
-void irgq_host_e8m0(const float* amax, long long n, int fnuz, unsigned char* out) {
-  for (long long i = 0; i < n; ++i) out[i] = (unsigned char)e8m0_byte(float_to_bits(amax[i]) & 0x7FFFFFFFu, fnuz != 0);
+// amax values (finite, >= 0) -> e8m0 bytes, exactly as the generic kernels compute them (carry 0) or the head
+// kernel (carry 1: e8m0_byte_carry).
+void irgq_host_e8m0(const float* amax, long long n, int fnuz, int carry, unsigned char* out) {
+  for (long long i = 0; i < n; ++i) {
+    const uint32_t bits = float_to_bits(amax[i]) & 0x7FFFFFFFu;
+    out[i] = (unsigned char)(carry ? e8m0_byte_carry(bits, fnuz != 0) : e8m0_byte(bits, fnuz != 0));
+  }
+}
+
+// bf16 pairs (words) times a packed bf16 power of two, as the head kernel scales before the fp8 conversion.
+void irgq_host_mul_bf16x2(const unsigned* w, long long n, unsigned p2, unsigned* out) {
+  for (long long i = 0; i < n; ++i) out[i] = mul_bf16x2(w[i], p2);
 }
 
 // values with |x| <= FP8_MAX -> fp8 bytes through the software RNE.
@@ -29,9 +38,9 @@ void irgq_host_encode(const float* x, long long n, int fnuz, unsigned char* out)
   for (long long i = 0; i < n; ++i) out[i] = (unsigned char)fp8_encode_sw(x[i], fnuz != 0);
 }
 
-// make_kargs on the given sizes (ptrs and ints as for params_from); fills out[0..11] = status, num_chunks,
+// make_kargs on the given sizes (ptrs and ints as for params_from); fills out[0..12] = status, num_chunks,
 // chunks_per_token, tok_shift, pos_stride_bytes, cos_stride_bytes, scale_stride_s_bytes, scale_stride_b_bytes,
-// cache_vec, io_vec, needs_tiled, scale_rows.
+// cache_vec, io_vec, needs_head, scale_rows, heads_per_group.
 void irgq_host_kargs(void** ptrs, const long long* ints, long long* out) {
   const Params p = params_from(ptrs, ints);
   KArgs a{};
@@ -46,8 +55,9 @@ void irgq_host_kargs(void** ptrs, const long long* ints, long long* out) {
   out[7] = a.scale_stride_b_bytes;
   out[8] = a.cache_vec;
   out[9] = a.io_vec;
-  out[10] = a.needs_tiled;
+  out[10] = a.needs_head;
   out[11] = a.scale_rows;
+  out[12] = a.heads_per_group;
 }
 
 // Checks the kernels' multiply-shift token division (chunk_pos: token s and chunk r inside it) against '/' and
@@ -84,7 +94,7 @@ long long irgq_host_fastdiv_mismatches(long long heads, long long count, unsigne
   return bad;
 }
 
-// The tiled kernel's write-out for the first 32-token tile (ptrs and ints as for params_from): out[h][i] = the byte
+// The HIP tiled kernel's write-out for the first 32-token tile (ptrs and ints as for params_from): out[h][i] = the byte
 // offset that slot i of head h's block writes (tile_slot, tile_scale_offset_bytes), -1 past the rows it writes;
 // H * 32 * (512 / quant_group_size) values.
 int irgq_host_tile_offsets(void** ptrs, const long long* ints, long long* out) {

@@ -14,8 +14,7 @@ using fusedrope::irgq::Params;
 // ptrs: o, positions, cos, sin, x_fp8, x_scale.
 // ints: S, H, head_dim, o_dtype, pos_is_int64, pos_stride, cache_dtype, cos_stride, sin_stride, max_pos,
 //       rope_dim, fp8_fnuz, num_groups, quant_group_size, scale_is_f32, scale_stride_s, scale_stride_b,
-//       tail_warps, fast_layout, block_threads (0 = 256), pdl (the CUDA launcher's experiments; 0 = the default
-//       launch), x_stride_s, x_stride_g, scale_layout, scale_rows, tiled.
+//       pdl, x_stride_s, x_stride_g, scale_layout, scale_rows, kernel.
 inline Params params_from(void** ptrs, const long long* ints) {
   Params p;
   p.o = ptrs[0];
@@ -41,15 +40,12 @@ inline Params params_from(void** ptrs, const long long* ints) {
   p.scale_is_f32 = (int32_t)ints[14];
   p.scale_stride_s = ints[15];
   p.scale_stride_b = ints[16];
-  p.tail_warps = (int32_t)ints[17];
-  p.fast_layout = (int32_t)ints[18];
-  p.block_threads = (int32_t)ints[19];
-  p.pdl = (int32_t)ints[20];
-  p.x_stride_s = ints[21];
-  p.x_stride_g = ints[22];
-  p.scale_layout = (int32_t)ints[23];
-  p.scale_rows = ints[24];
-  p.tiled = (int32_t)ints[25];
+  p.pdl = (int32_t)ints[17];
+  p.x_stride_s = ints[18];
+  p.x_stride_g = ints[19];
+  p.scale_layout = (int32_t)ints[20];
+  p.scale_rows = ints[21];
+  p.kernel = (int32_t)ints[22];
   return p;
 }
 

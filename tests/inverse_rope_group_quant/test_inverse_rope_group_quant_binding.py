@@ -109,10 +109,10 @@ def test_scale_layouts_accepted_are_the_validated_ones_and_addressed_exactly(par
 
 def test_accepted_launch_parameters(params):
     o, p, c, s, x, sc, q = inputs()
-    # ... x_stride_s, x_stride_g, scale_layout, scale_rows
-    assert params(o, p, c, s, x, sc, q) == [1, 4, 16, 2, 128, 64, 1, 1, 64, 64, 8192, 4096, 0, 4]
+    # ... x_stride_s, x_stride_g, scale_layout, scale_rows, pdl, kernel
+    assert params(o, p, c, s, x, sc, q) == [1, 4, 16, 2, 128, 64, 1, 1, 64, 64, 8192, 4096, 0, 4, 0, 0]
     col = torch.empty(2, 32, 7, dtype=torch.uint8).permute(2, 0, 1)[:4]  # column-major, token dim padded to 7
-    assert params(o, p, c, s, x, col, q) == [1, 4, 16, 2, 128, 1, 7, 1, 64, 64, 8192, 4096, 0, 4]
+    assert params(o, p, c, s, x, col, q) == [1, 4, 16, 2, 128, 1, 7, 1, 64, 64, 8192, 4096, 0, 4, 0, 0]
     p3 = torch.arange(12)[::3]
     assert params(o, p3, c, s, x, sc, q)[7] == 3
     # size-1 dims: their strides address nothing and may be anything; the kernels get 0 (no overflow in bytes)
@@ -123,7 +123,7 @@ def test_accepted_launch_parameters(params):
         return t.as_strided(t.shape, [huge if n == 1 else st for n, st in zip(t.shape, t.stride())])
 
     assert params(o1, one(p1), one(c1[:1]), one(s1[:1]), one(x1), one(sc1), 256) == [1, 1, 1, 2, 256, 0, 1, 0, 0, 0,
-                                                                                      0, 256, 0, 1]
+                                                                                      0, 256, 0, 1, 0, 0]
     # data pointers aligned to their elements but not to 16 bytes: the kernels' narrow paths take them
     f32 = [at_byte_offset(t.float(), 4) for t in (c, s)]
     assert params(at_byte_offset(o, 2), at_byte_offset(p, 8), *f32, at_byte_offset(x, 1),
@@ -176,22 +176,32 @@ def misaligned(name, size, off):
             "bytes past")
 
 
-def test_output_layouts_only_the_tiled_kernel_writes(params):
+def test_output_layouts_only_the_head_kernel_writes(params):
     """Group-major and padded x_fp8 (its strides handed over), column-major scales with more token rows than o
     (scale_rows; their stride L at least those rows), and the contiguous mfma_tile buffer (scale_layout 1, the
     scale strides unused)."""
     o, p, c, s, x, sc, q = inputs()
     gm = torch.empty(2, 4, 4096, dtype=torch.float8_e4m3fn).permute(1, 0, 2)
-    assert params(o, p, c, s, gm, sc, q)[10:] == [4096, 4 * 4096, 0, 4]
+    assert params(o, p, c, s, gm, sc, q)[10:14] == [4096, 4 * 4096, 0, 4]
     padded = torch.empty(4, 2, 4096 + 64, dtype=torch.float8_e4m3fn)[..., :4096]
     assert params(o, p, c, s, padded, sc, q)[10:12] == [2 * 4160, 4160]
     col = torch.empty(2, 32, 8, dtype=torch.uint8).permute(2, 0, 1)  # 8 rows for 4 tokens
-    assert params(o, p, c, s, gm, col, q)[5:7] == [1, 8] and params(o, p, c, s, gm, col, q)[12:] == [0, 8]
+    assert params(o, p, c, s, gm, col, q)[5:7] == [1, 8] and params(o, p, c, s, gm, col, q)[12:14] == [0, 8]
     short = torch.empty(2 * 32 * 7 + 8, dtype=torch.uint8).as_strided((8, 2, 32), (1, 224, 7))  # L = 7 < 8 rows
     with pytest.raises(RuntimeError, match=r"with L >= x_scale.size\(0\)=8, got \[1, 224, 7\]"):
         params(o, p, c, s, gm, short, q)
     mfma = torch.empty(2, 32, 32, dtype=torch.uint8)
-    assert params(o, p, c, s, gm, mfma, q, 1)[5:7] == [0, 0] and params(o, p, c, s, gm, mfma, q, 1)[12:] == [1, 4]
+    assert params(o, p, c, s, gm, mfma, q, 1)[5:7] == [0, 0] and params(o, p, c, s, gm, mfma, q, 1)[12:14] == [1, 4]
+
+
+def test_launch_modes_handed_over_and_checked(params):
+    """pdl and kernel reach the kernels' parameters as given (0 or 1); anything else is refused, naming them."""
+    o, p, c, s, x, sc, q = inputs()
+    assert params(o, p, c, s, x, sc, q)[14:] == [0, 0] and params(o, p, c, s, x, sc, q, 0, 1, 1)[14:] == [1, 1]
+    with pytest.raises(RuntimeError, match=f"{OP}: argument 'pdl' expected 0 or 1, got 2"):
+        params(o, p, c, s, x, sc, q, 0, 2, 0)
+    with pytest.raises(RuntimeError, match=rf"{OP}: argument 'kernel' expected 0 \(generic\) or 1 \(head\), got -1"):
+        params(o, p, c, s, x, sc, q, 0, 0, -1)
 
 
 @pytest.mark.parametrize("S, G", [(2, 2), (3, 1), (1, 4), (3, 2)])

@@ -260,7 +260,7 @@ def test_a_column_major_scale_buffer_with_more_rows_gets_zeros_past_o(backend, s
     key = fusedrope.inverse_rope_group_quant.__globals__["validate"](
         o, pos, cache[:, :32], cache[:, 32:], G, 128, False, torch.empty_like(want_x), padded, None, None, "col")[0]
     from fusedrope.inverse_rope_group_quant import Facts, cuda
-    assert Facts(*key).scale_pad and "padding rows of x_scale takes the tiled cuda kernel" in cuda.opt_in(Facts(*key))
+    assert Facts(*key).scale_pad and cuda.head_layout(Facts(*key)) == "padding rows of x_scale"
 
 
 def test_one_cos_sin_cache_passed_as_both_is_refused():

@@ -7,10 +7,10 @@ tests/support/hip_emul/).
 The output must equal fusedrope.reference byte for byte, every output byte written (poisoned buffers), over the
 seed shapes, all group sizes, both scale layouts and formats, both fp8 types, bf16/fp16 o, bf16/fp16/fp32
 strided caches, int32/int64 strided positions (some out of range), the narrow paths for a misaligned o,
-NaN/Inf blocks and partial last blocks; the CUDA launcher's default launch (the generic kernel in 256-thread
-blocks) and each of its experiments (kernels_cuda/README.md), which run only when asked (mutated copies that break
-an experiment fail with it and pass without it); under AddressSanitizer on exact-size allocations; and mutated
-copies of each kernel's block reduction must fail.
+NaN/Inf blocks and partial last blocks; for CUDA both kernels, the generic one (the default launch, in 256-thread
+blocks) and the head kernel (kernel=1; where a call is outside it, the launcher takes the generic one), which alone
+writes group-major or padded x_fp8 and padding rows; under AddressSanitizer on exact-size allocations; and mutated
+copies of each kernel's block reductions, fp8 packing and indexing must fail.
 
 Each kernel also runs with its hardware fp8 path switched on, through a model of the conversion: the CUDA kernel
 as for sm_90 (__nv_cvt_float2_to_fp8x2, tests/support/cuda_emul/cuda_fp8.h), the HIP kernel as for gfx942 and gfx950
@@ -24,6 +24,7 @@ CUDA/HIP runtimes and torch bindings.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import shutil
 import subprocess
@@ -42,12 +43,14 @@ from irgq_layouts import DEEPSEEK, check_layout
 GROUPS = (32, 64, 128, 256)
 # cuda / hip: the software fp8 paths; cuda-sm90, hip-gfxN: the hardware conversion paths, through models
 VENDORS = ("cuda", "cuda-sm90", "hip", "hip-gfx942", "hip-gfx950")
+HEAD = {"cuda-head": "cuda", "cuda-sm90-head": "cuda-sm90"}  # the CUDA launcher asked for the head kernel
 
 
-@pytest.fixture(scope="module", params=VENDORS)
+@pytest.fixture(scope="module", params=VENDORS + tuple(HEAD))
 def lib(request):
-    lib = emulated_kernel(request.param)
+    lib = emulated_kernel(HEAD.get(request.param, request.param))
     lib.vendor = request.param
+    lib.launch = dict(kernel=1) if request.param in HEAD else {}
     return lib
 
 
@@ -61,17 +64,26 @@ def cuda_launch(threads: int, block: int = 256) -> tuple[int, int]:
     return -(-threads // block), block
 
 
-def expected_launch(lib, chunks: int) -> tuple[int, int]:
-    """(grid, block) of the default launch of ``chunks`` chunks: blocks of 256 threads for both vendors."""
-    return cuda_launch(-(-chunks // chunks_per_thread(lib)))
+def expected_launch(lib, S: int, H: int, G: int = 1) -> tuple[int, int]:
+    """(blocks, block) of the launch of S tokens of H heads: the generic kernels' blocks of 256 threads over the
+    chunks, the head kernel's (token rows / 8, H / G, G) blocks of 8 warps."""
+    if lib.launch.get("kernel"):
+        return -(-S // 8) * H, 256
+    return cuda_launch(-(-S * H * 32 // chunks_per_thread(lib)))
 
 
 def _run_checked(lib, *args, **kw):
     lib.emul_reset()
-    check_emulated(lib, *args, **kw)
+    check_emulated(lib, *args, **{**getattr(lib, "launch", {}), **kw})
     st = emul_stats(lib)
     assert st["errors"] == 0, st["first_error"]
     return st
+
+
+def head_shuffles(q: int) -> int:
+    """The head kernel's shuffles per lane: the chunks' blocks, the rope tail's block (16 lanes for Q = 32), the
+    scale broadcast to the pairs, and Q = 32's second tail block."""
+    return int(math.log2(q // 16)) + (4 if q == 32 else 5) + (2 if q == 32 else 1)
 
 
 @pytest.mark.parametrize("q", GROUPS)
@@ -80,13 +92,13 @@ def test_seed_shapes_all_groups_both_layouts(lib, q):
         for transpose in (False, True):
             o, p, c, s = quant_inputs(5, H, seed=q + H + transpose)
             st = _run_checked(lib, o, p, c, s, G, q, transpose)
-            chunks = 5 * H * 32  # 16 elements per lane, u chunks per lane
-            u = chunks_per_thread(lib)
-            grid, block = expected_launch(lib, chunks)
+            grid, block = expected_launch(lib, 5, H, G)
             assert st["launches"] == 1 and (st["grid"], st["block"]) == (grid, block), st
-            # every work-item does log2(q/16) cross-lane steps for each of its u chunks, valid or not
-            steps = (q // 16).bit_length() - 1
-            assert st["exchanges"] == grid * block * u * steps, st
+            if lib.launch.get("kernel"):  # the 5 tokens' warps shuffle, the 3 past them exit (row-major scales)
+                want = (5 if not transpose else 8) * 32 * H * head_shuffles(q)
+            else:  # every work-item does log2(q/16) cross-lane steps for each of its u chunks, valid or not
+                want = grid * block * chunks_per_thread(lib) * int(math.log2(q // 16))
+            assert st["exchanges"] == want, st
 
 
 @pytest.mark.parametrize("case", [
@@ -151,66 +163,31 @@ def test_special_blocks(lib, fp8_dtype):
             _run_checked(lib, o, p, c, s, 2, q, transpose, fp8_dtype)
 
 
-@pytest.mark.parametrize("vendor,hw_fp8,per_chunk", [("cuda-sm90", torch.float8_e4m3fn, 8),
-                                                    ("hip-gfx942", torch.float8_e4m3fnuz, 8),
-                                                    ("hip-gfx950", torch.float8_e4m3fn, 8)])
-def test_hardware_fp8_path_is_taken_for_its_format_only(vendor, hw_fp8, per_chunk):
-    """sm_90 and gfx950 convert OCP e4m3fn with the instruction and FNUZ in software; gfx942 the other way."""
+@pytest.mark.parametrize("vendor,hw_fp8,per_chunk,launch", [
+    ("cuda-sm90", torch.float8_e4m3fn, 8, {}), ("cuda-sm90", torch.float8_e4m3fn, 9, dict(kernel=1)),
+    ("hip-gfx942", torch.float8_e4m3fnuz, 8, {}), ("hip-gfx950", torch.float8_e4m3fn, 8, {})],
+    ids=["cuda-sm90", "cuda-sm90-head", "hip-gfx942", "hip-gfx950"])
+def test_hardware_fp8_path_is_taken_for_its_format_only(vendor, hw_fp8, per_chunk, launch):
+    """sm_90 and gfx950 convert OCP e4m3fn with the instruction and FNUZ in software; gfx942 the other way. 8
+    conversions (pairs of pairs) per 16-element chunk, every chunk of every token; the head kernel's lanes one
+    more for their rope pair."""
     lib = emulated_kernel(vendor)
     o, p, c, s = quant_inputs(2, 16, seed=len(vendor))
     for fp8 in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
         lib.emul_hw_cvts()
-        _run_checked(lib, o, p, c, s, 2, 128, False, fp8)
+        _run_checked(lib, o, p, c, s, 2, 128, False, fp8, **launch)
         n = lib.emul_hw_cvts()
-        # 8 conversions (pairs of pairs) per 16-element chunk, every chunk of every token, when hardware
         assert n == (2 * 16 * 32 * per_chunk if fp8 == hw_fp8 else 0), (vendor, fp8, n)
 
 
 def test_token_count_not_a_multiple_of_the_block(lib):
-    """S*H*32 chunks not a multiple of 512: the last block's idle lanes still take part in every cross-lane step
-    and store nothing (the poisoned buffers prove it); S = 1 fills less than one block."""
+    """S*H*32 chunks not a multiple of 512 (S not of 8 for the head kernel): the last block's idle lanes still
+    take part in every cross-lane step and store nothing (the poisoned buffers prove it); S = 1 fills less than
+    one block."""
     for S, H in ((1, 1), (1, 3), (3, 5)):
         o, p, c, s = quant_inputs(S, H, seed=S * 10 + H)
         st = _run_checked(lib, o, p, c, s, 1, 64, False)
-        assert (st["grid"], st["block"]) == expected_launch(lib, S * H * 32)
-
-
-@pytest.mark.parametrize("q", GROUPS)
-def test_cuda_tail_warps_bit_exact_with_the_grid_they_imply(q):
-    """tail_warps=1 (every head's last max(4, q/16) chunks, its rope tail widened to whole quant blocks, in warps
-    of their own after the warps of the other chunks): bit-exact against the reference for each group size, both
-    seed (H, G), sizes that leave the last body warp and the last tail warp partly empty, both scale layouts,
-    fp16 and a misaligned o (16-bit loads); the grid covers both parts' whole warps."""
-    lib = emulated_kernel("cuda")
-    tail = max(4, q // 16)
-    cases = [(3, 16, 2, False, {}), (5, 8, 1, True, {}), (1, 1, 1, False, {}), (2, 3, 1, False, {}),
-             (3, 8, 1, False, {"dtype": torch.float16, "misaligned": True, "cache_dtype": torch.float32})]
-    for S, H, G, transpose, kw in cases:
-        o, p, c, s = quant_inputs(S, H, seed=S * 100 + H + q, **kw)
-        lib.emul_reset()
-        check_emulated(lib, o, p, c, s, G, q, transpose, tail_warps=1)
-        st = emul_stats(lib)
-        heads = S * H
-        threads = -(-heads * (32 - tail) // 32) * 32 + -(-heads * tail // 32) * 32
-        assert st["errors"] == 0 and st["launches"] == 1 and (st["grid"], st["block"]) == cuda_launch(threads), (
-            S, H, st)
-
-
-def test_cuda_experiment_switches_bad_configs():
-    """tail_warps, fast_layout and pdl take 0 or 1, and tail_warps and fast_layout are not both 1: else kBadConfig,
-    before any launch."""
-    lib = emulated_kernel("cuda")
-    o, p, c, s = quant_inputs(2, 4)
-    x, sc = quant_outputs(o, 1, 128, False)
-    lib.emul_reset()
-    assert emulate(lib, o, p, c, s, x, sc, 128, tail_warps=1, fast_layout=1) == 6
-    assert emulate(lib, o, p, c, s, x, sc, 128, tail_warps=2) == 6
-    assert emulate(lib, o, p, c, s, x, sc, 128, fast_layout=2) == 6
-    assert emulate(lib, o, p, c, s, x, sc, 128, fast_layout=-1) == 6
-    assert emul_stats(lib)["launches"] == 0
-    assert emulate(lib, o, p, c, s, x, sc, 128, tail_warps=1) == 0
-    assert emulate(lib, o, p, c, s, x, sc, 128, fast_layout=1) == 0
-    assert emul_stats(lib)["launches"] == 2
+        assert (st["grid"], st["block"]) == expected_launch(lib, S, H), st
 
 
 @pytest.mark.slow  # S = 513: a thousand emulated blocks
@@ -232,32 +209,18 @@ def test_cuda_default_launch_takes_256_thread_blocks_at_every_size():
         lib.emul_set_last_error(0)
 
 
-@pytest.mark.parametrize("vendor", ["cuda", "cuda-sm90"])
-def test_cuda_block_size_bit_exact_and_as_asked(vendor):
-    """Params::block_threads forces the block size (a multiple of 32 up to 256): bit-exact at every size for the
-    default kernel, tail warps and the fast-layout kernels (the generic kernel where o is misaligned), blocks that
-    end mid-head and a last block partly empty; the grid it implies."""
-    lib = emulated_kernel(vendor)
-    for S, H, G, q, kw in ((3, 16, 2, 128, {}), (2, 3, 1, 32, {"misaligned": True}), (1, 8, 1, 256, {})):
-        o, p, c, s = quant_inputs(S, H, seed=S * 7 + H, **kw)
-        for block in (32, 96, 224, 256):
-            for tw, fl in ((0, 0), (1, 0), (0, 1)):
-                st = _run_checked(lib, o, p, c, s, G, q, False, tail_warps=tw, fast_layout=fl, block_threads=block)
-                if not tw:
-                    assert (st["grid"], st["block"]) == cuda_launch(S * H * 32, block), st
-
-
 def test_cuda_programmatic_dependent_launch():
     """Params::pdl 1 launches through cudaLaunchKernelEx with programmatic stream serialization, 0 through
-    cudaLaunchKernel; the same bytes either way (the kernel's griddepcontrol instructions exist from sm_90 only:
-    the SASS test checks where they are); pdl other than 0 or 1 is kBadConfig; pdl 1 on a device that runs a
-    kernel image compiled for an older arch (PTX version < 90: no wait in it) is kPdlUnsupported, no launch."""
+    cudaLaunchKernel; the same bytes either way, for both kernels (the kernels' griddepcontrol instructions exist
+    from sm_90 only: the SASS test checks where they are); pdl other than 0 or 1 is kBadConfig; pdl 1 on a device
+    that runs a kernel image compiled for an older arch (PTX version < 90: no wait in it) is kPdlUnsupported, no
+    launch."""
     lib = emulated_kernel("cuda-sm90")
     lib.emul_last_pdl.restype = ctypes.c_int
     o, p, c, s = quant_inputs(3, 16, seed=9)
     for pdl in (1, 0, 1):
-        for tw, fl in ((0, 0), (1, 0), (0, 1)):
-            _run_checked(lib, o, p, c, s, 2, 128, False, tail_warps=tw, fast_layout=fl, pdl=pdl)
+        for kernel in (0, 1):
+            _run_checked(lib, o, p, c, s, 2, 128, False, pdl=pdl, kernel=kernel)
             assert lib.emul_last_pdl() == pdl
     _run_checked(lib, o, p, c, s, 2, 128, False)  # the default launch: no pdl
     assert lib.emul_last_pdl() == 0
@@ -273,70 +236,25 @@ def test_cuda_programmatic_dependent_launch():
         lib.emul_set_ptx_version(90)
 
 
-def test_cuda_block_threads_bad_values():
-    """block_threads other than 0 or a multiple of 32 from 32 to 256: kBadConfig, before any launch."""
+def test_cuda_head_kernel_bad_configs():
+    """kernel other than 0 or 1: kBadConfig (6); the head kernel where only it writes the layout but the call is
+    outside it (fp16 o, int32 positions): kNotHeadLayout (8); mfma_tile scales: kUnsupportedShape (1, gfx950's
+    layout, HIP's); all before any launch. Asked for on a call it does not serve where the generic one does, the
+    launcher takes the generic kernel."""
     lib = emulated_kernel("cuda")
-    o, p, c, s = quant_inputs(2, 4)
-    x, sc = quant_outputs(o, 1, 128, False)
+    o, p, c, s = quant_inputs(3, 16)
+    x, sc = quant_outputs(o, 2, 128, False)
     lib.emul_reset()
-    for bad in (16, 48, 288, 512, -32):
-        assert emulate(lib, o, p, c, s, x, sc, 128, block_threads=bad) == 6, bad
+    assert emulate(lib, o, p, c, s, x, sc, 128, kernel=2) == 6
+    gm = torch.empty(2, 3, 4096, dtype=torch.float8_e4m3fn).permute(1, 0, 2)
+    o16, p16, c16, s16 = quant_inputs(3, 16, dtype=torch.float16)
+    assert emulate(lib, o16, p16, c16, s16, gm, sc, 128) == 8
+    assert emulate(lib, o, p.to(torch.int32), c, s, gm, sc, 128) == 8
+    tile = torch.zeros(2, 32, 32, dtype=torch.uint8)
+    assert emulate(lib, o, p, c, s, x, tile, 128, scale_layout="mfma_tile") == 1
     assert emul_stats(lib)["launches"] == 0
-
-
-@pytest.mark.parametrize("vendor", ["cuda", "cuda-sm90"])
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=["f32cache", "bf16cache"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_cuda_fast_layout_kernels(vendor, dtype, cache_dtype):
-    """fast_layout=1: the CUDA launcher's kernels for the common layout (o and x_fp8 16-byte aligned, cos/sin rows
-    16-byte aligned in fp32 or bf16, e4m3fn; the layout a compile-time constant): bit-exact for every group size,
-    both scale layouts and scale dtypes, int64 and int32 positions, special blocks."""
-    lib = emulated_kernel(vendor)
-    o, p, c, s = quant_inputs(3, 16, dtype=dtype, cache_dtype=cache_dtype, seed=11)
-    o[0, 1, 7] = float("nan")
-    o[2, 3, 490] = float("-inf")  # in the rope tail
-    p32 = p.to(torch.int32)
-    for q in GROUPS:
-        _run_checked(lib, o, p, c, s, 2, q, q == 64, fast_layout=1)
-        _run_checked(lib, o, p32, c, s, 1, q, q == 128, scale_dtype=torch.float32, fast_layout=1)
-
-
-@pytest.mark.slow  # builds a mutated copy of the kernel: a check of the checks
-@pytest.mark.parametrize("cache_dtype,misread_as", [(torch.float32, "kBF16"), (torch.bfloat16, "kF32")],
-                         ids=["f32cache", "bf16cache"])
-def test_cuda_fast_layout_kernels_run_when_asked_for_that_layout_only(tmp_path, cache_dtype, misread_as):
-    """The fast-layout kernels run with fast_layout=1 on their layout, and only then: a copy whose fast kernels
-    read the cache as the other dtype fails there, and passes in the default launch and with tail warps on the
-    same layout (the generic kernel), and with fast_layout=1 where the layout sends the launcher to the generic
-    kernel (a misaligned o, e4m3fnuz output, an fp16 or misaligned cache)."""
-    bad = emulated_kernel("cuda-sm90", _mutated_copy(tmp_path, CUDA_SRC, "kFast ? kFastCache : a.cache_dtype",
-                                                     f"kFast ? {misread_as} : a.cache_dtype"))
-    o, p, c, s = quant_inputs(2, 16, cache_dtype=cache_dtype, seed=5)
-    with pytest.raises(AssertionError, match="fp8 bytes differ|scale mismatch"):
-        _run_checked(bad, o, p, c, s, 2, 128, False, fast_layout=1)
-    _run_checked(bad, o, p, c, s, 2, 128, False)
-    _run_checked(bad, o, p, c, s, 2, 128, False, tail_warps=1)
-    om, pm, cm, sm = quant_inputs(2, 16, cache_dtype=cache_dtype, misaligned=True, seed=5)
-    _run_checked(bad, om, pm, cm, sm, 2, 128, False, fast_layout=1)
-    _run_checked(bad, o, p, c, s, 2, 128, False, torch.float8_e4m3fnuz, fast_layout=1)
-    o16, p16, c16, s16 = quant_inputs(2, 16, cache_dtype=torch.float16, seed=5)
-    _run_checked(bad, o16, p16, c16, s16, 2, 128, False, fast_layout=1)
-    ost, pst, cst, sst = quant_inputs(2, 16, cache_dtype=cache_dtype, strided_cache=True, seed=5)
-    _run_checked(bad, ost, pst, cst, sst, 2, 128, False, fast_layout=1)
-
-
-@pytest.mark.slow  # builds a mutated copy of the kernel: a check of the checks
-@pytest.mark.parametrize("q", [32, 256])
-def test_cuda_tail_warps_run_when_asked_only(tmp_path, q):
-    """The tail-warps layout runs with tail_warps=1 and only then: a copy whose tail warps drop every head's last
-    tail chunk fails there, and passes in the default launch and with fast_layout=1."""
-    bad = emulated_kernel("cuda", _mutated_copy(tmp_path, CUDA_SRC, "return t < heads * kTailSpan ?",
-                                                "return t + 1 < heads * kTailSpan ?"))
-    o, p, c, s = quant_inputs(2, 16, seed=q)
-    with pytest.raises(AssertionError, match="fp8 bytes differ|scale mismatch"):
-        _run_checked(bad, o, p, c, s, 2, q, False, tail_warps=1)
-    _run_checked(bad, o, p, c, s, 2, q, False)
-    _run_checked(bad, o, p, c, s, 2, q, False, fast_layout=1)
+    st = _run_checked(lib, o16, p16, c16, s16, 2, 128, False, kernel=1)
+    assert (st["grid"], st["block"]) == cuda_launch(3 * 16 * 32), st  # the generic kernel
 
 
 def test_empty_and_status_codes(lib):
@@ -368,39 +286,56 @@ def _mutated_copy(tmp_path: Path, src_file: Path, old: str, new: str) -> Path:
 
 
 E4M3, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
-MUTATIONS = [  # (vendor, text, replacement, fp8 dtype, what goes wrong)
-    ("hip", "0x140, 0xF, 0xF", "0x141, 0xF, 0xF", E4M3, "scale mismatch"),  # 16-lane step mirrors half rows
-    ("hip", "0xB1, 0xF, 0xF", "0xE4, 0xF, 0xF", E4M3, "scale mismatch"),    # first step reads its own lane
-    ("cuda", "off <<= 1) m = max", "off <<= 2) m = max", E4M3, "scale mismatch"),  # every other step skipped
+MUTATIONS = [  # (vendor, text, replacement, fp8 dtype, what goes wrong, quant group, launch)
+    ("hip", "0x140, 0xF, 0xF", "0x141, 0xF, 0xF", E4M3, "scale mismatch", 256, {}),  # 16-lane step: half rows
+    ("hip", "0xB1, 0xF, 0xF", "0xE4, 0xF, 0xF", E4M3, "scale mismatch", 256, {}),    # first step reads itself
+    ("cuda", "off <<= 1) m = max", "off <<= 2) m = max", E4M3, "scale mismatch", 256, {}),  # steps skipped
     ("cuda", "__shfl_xor_sync(0xFFFFFFFFu, m, off)", "__shfl_xor_sync(0xFFFFFFFFu, m, 0)", E4M3,
-     "scale mismatch"),  # reads itself
+     "scale mismatch", 256, {}),  # reads itself
     ("hip-gfx942", "cvt_pk_fp8_f32(v2, v3, w, true)", "cvt_pk_fp8_f32(v3, v2, w, true)", FNUZ,
-     "fp8 bytes differ"),  # the hardware path's bytes 2 and 3 swapped
+     "fp8 bytes differ", 256, {}),  # the hardware path's bytes 2 and 3 swapped
     ("hip-gfx950", "cvt_pk_fp8_f32(v0, v1, 0, false)", "cvt_pk_fp8_f32(v0, v1, 0, true)", E4M3,
-     "fp8 bytes differ"),  # the first pair written to the high word, then overwritten
+     "fp8 bytes differ", 256, {}),  # the first pair written to the high word, then overwritten
     ("cuda-sm90", "out[i] = byte == 0xFFu ? 0x7F7F7F7Fu : (lo | (hi << 16));",
-     "out[i] = byte == 0xFFu ? 0x7F7F7F7Fu : (hi | (lo << 16));", E4M3, "fp8 bytes differ"),  # pairs swapped
+     "out[i] = byte == 0xFFu ? 0x7F7F7F7Fu : (hi | (lo << 16));", E4M3, "fp8 bytes differ", 256, {}),  # pairs
     ("hip-gfx942", "return (unsigned)w & (((t + 0x7F7F7F7Fu) & 0x80808080u) | 0x7F7F7F7Fu);",
-     "return (unsigned)w | (t & 0u);", FNUZ, "fp8 bytes differ"),  # a signed zero from the hardware left as 0x80 (NaN)
-    ("cuda", "blockIdx.x * blockDim.x + threadIdx.x", "blockIdx.x * kThreads + threadIdx.x", E4M3,
-     "scale mismatch"),  # blocks indexed as if 256 threads: forced blocks of 32 leave chunks unwritten
+     "return (unsigned)w | (t & 0u);", FNUZ, "fp8 bytes differ", 256, {}),  # a signed zero left as 0x80 (NaN)
+    # the head kernel: the rope tail's block without its rope-free chunks (Q >= 128); Q = 32's first tail block
+    # given the second's maximum; the pairs' scale taken from a lane of another block; the packed bf16 scaling's
+    # halves swapped; the tail reduction stopped at 16 lanes
+    ("cuda-sm90", "if (kQ >= 128 && lane >= kTailBlockLane && body) t = max(t, chunk_m);", "", E4M3,
+     "scale mismatch", 128, dict(kernel=1)),
+    ("cuda-sm90", "kQ == 32 && lane < 30 ? t_other : t", "kQ == 32 && lane < 30 ? t : t_other", E4M3,
+     "scale mismatch", 32, dict(kernel=1)),
+    ("cuda-sm90", "kQ == 32 ? 28 + 2 * (lane / 16) : 31", "kQ == 32 ? 28 : 31", E4M3, "fp8 bytes differ", 32,
+     dict(kernel=1)),
+    ("cuda", "(e4m3x2(bits_to_float(y1 << 16), bits_to_float(y1 & 0xFFFF0000u)) << 16)",
+     "(e4m3x2(bits_to_float(y1 & 0xFFFF0000u), bits_to_float(y1 << 16)) << 16)", E4M3, "fp8 bytes differ", 64,
+     dict(kernel=1)),
+    ("cuda", "off < (kQ == 32 ? 16u : 32u)", "off < 16u", E4M3, "scale mismatch", 128, dict(kernel=1)),
 ]
-LAUNCH = {"cuda-block-size-ignored": dict(block_threads=32)}  # the launch a mutation needs, where not the default
+MUTATION_IDS = ["hip-row-mirror-as-half-mirror", "hip-identity-quad-perm", "cuda-skipped-steps", "cuda-self-shuffle",
+                "gfx942-swapped-bytes", "gfx950-wrong-word", "sm90-swapped-pairs", "gfx942-negative-zero",
+                "head-tail-block-without-body", "head-q32-tail-blocks", "head-pair-scale-lane", "head-swapped-halves",
+                "head-short-tail-reduction"]
 
 
 @pytest.mark.slow  # builds a mutated copy of the kernel: a check of the checks
-@pytest.mark.parametrize("vendor,old,new,fp8,what", MUTATIONS,
-                         ids=["hip-row-mirror-as-half-mirror", "hip-identity-quad-perm", "cuda-skipped-steps",
-                              "cuda-self-shuffle", "gfx942-swapped-bytes", "gfx950-wrong-word", "sm90-swapped-pairs",
-                              "gfx942-negative-zero", "cuda-block-size-ignored"])
-def test_a_broken_kernel_is_caught(request, tmp_path, vendor, old, new, fp8, what):
+@pytest.mark.parametrize("vendor,old,new,fp8,what,q,launch", MUTATIONS, ids=MUTATION_IDS)
+def test_a_broken_kernel_is_caught(tmp_path, vendor, old, new, fp8, what, q, launch):
     """The check can fail: a copy of the kernel with its reduction, its fp8 packing or its indexing broken is
     caught."""
     src_file = HIP_SRC if vendor.startswith("hip") else CUDA_SRC
     bad = emulated_kernel(vendor, _mutated_copy(tmp_path, src_file, old, new))
     o, p, c, s = quant_inputs(2, 16, seed=7)
     with pytest.raises(AssertionError, match=what):
-        check_emulated(bad, o, p, c, s, 2, 256, False, fp8, **LAUNCH.get(request.node.callspec.id, {}))
+        # every 32 elements of a head their own magnitude, so that neighbouring blocks' scales differ at every
+        # group size; the largest of the rope tail's block in its first rope dims (448..479), then in its dims
+        # without rope (384..415)
+        for magnitudes in ([0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 0, 1, 6, 2], [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 0, 6, 1,
+                                                                              2, 3]):
+            scale = torch.exp2(torch.tensor(magnitudes, dtype=torch.float32).repeat_interleave(32))
+            check_emulated(bad, (o.float() * scale).to(o.dtype), p, c, s, 2, q, False, fp8, **launch)
 
 
 DIVERGENT = [  # a shuffle / the first DPP step made by even work-items only: their partners never take part
@@ -441,14 +376,21 @@ for S, H, G, q, kw in ((3, 16, 2, 32, {}), (1, 3, 1, 256, dict(misaligned=True))
         for scale in (torch.float8_e8m0fnu, torch.float32):
             check_emulated(lib, o, p, c, s, G, q, transpose, scale_dtype=scale)
             n += 1
-# the tiled kernel: group-major x, padded column-major and mfma_tile scales
+# the layouts only the CUDA head kernel and the HIP tiled kernel write: group-major x, padded column-major scales
+# (and, HIP's, mfma_tile); CUDA's head kernel for the row-major ones too
 from fusedrope.inverse_rope_group_quant import reference as R
 from irgq_harness import emulate
+hip = sys.argv[1].startswith("hip")
+if not hip:
+    for S, H, G, q in ((3, 16, 2, 32), (9, 8, 1, 128)):
+        o, p, c, s = (exact(t) for t in quant_inputs(S, H, seed=S))
+        check_emulated(lib, o, p, c, s, G, q, False, kernel=1)
+        n += 1
 for S, H, G, q in ((37, 16, 2, 128), (3, 8, 1, 32)):
     o, p, c, s = (exact(t) for t in quant_inputs(S, H, seed=S))
     dg, rows = H * 512 // G, S + 3
     ks = dg // q
-    for layout in ("col", "mfma_tile"):
+    for layout in ("col", "mfma_tile") if hip else ("col",):
         outs = []
         for _ in range(2):
             x = torch.empty(G, S, dg, dtype=torch.float8_e4m3fn).permute(1, 0, 2)
@@ -490,13 +432,13 @@ def test_backend_entry_splits_what_one_launch_cannot_index(layout, monkeypatch):
     """Past 2^31 16-element chunks of o (S*H*512/16) the compiled backends' entry (CompiledOp) launches the
     generic kernel on token ranges in turn. With its limit lowered to 3 tokens' worth, 10 tokens take launches of
     3, 3, 3 and 1 token of the emulated CUDA kernel, whose bytes (every one written) equal one reference call over
-    all 10: each range gets its own positions and scale rows, the column-major scale slice included. The tiled
-    kernel's layouts (group-major x_fp8 with 12 scale rows for 10 tokens, mfma_tile) take one launch: it
-    addresses o and x_fp8 in 64 bits."""
+    all 10: each range gets its own positions and scale rows, the column-major scale slice included. The layouts
+    of the head kernel (group-major x_fp8 with 12 scale rows for 10 tokens) and HIP's mfma_tile take one launch:
+    those kernels address o and x_fp8 in 64 bits."""
     from fusedrope import reference as ref
     from fusedrope.inverse_rope_group_quant.cuda import CompiledOp
 
-    emu = emulated_kernel("cuda")
+    emu = emulated_kernel("hip" if layout == "mfma_tile" else "cuda")
     o, p, c, s = quant_inputs(10, 4, seed=2)
     scale_layout = {"row": "row", "mfma_tile": "mfma_tile"}.get(layout, "col")
     if layout == "group-major-x-padded-col":
@@ -513,9 +455,9 @@ def test_backend_entry_splits_what_one_launch_cannot_index(layout, monkeypatch):
         xr, sr = quant_outputs(o, 2, 64, layout == "col")
     launches = []
 
-    def op(o, positions, cos, sin, x_fp8, x_scale, q, mfma):
+    def op(o, positions, cos, sin, x_fp8, x_scale, q, mfma, pdl, kernel):
         launches.append(o.shape[0])
-        assert mfma == (scale_layout == "mfma_tile")
+        assert mfma == (scale_layout == "mfma_tile") and pdl == 0 and kernel == 0
         assert emulate(emu, o, positions, cos, sin, x_fp8, x_scale, q, scale_layout=scale_layout) == 0
 
     entry = CompiledOp(op)
@@ -545,9 +487,10 @@ def test_special_blocks_with_float32_scales(lib, transpose):
         _run_checked(lib, o, p, c, s, 2, q, transpose, torch.float8_e4m3fn, torch.float32)
 
 
-# -- the tiled kernels: group-major / padded x, column-major and mfma_tile scales written in token order -------
-TILED_SCALES = [(torch.float8_e8m0fnu, "row"), (torch.uint8, "col"), (torch.float32, "col"),
-                (torch.float8_e8m0fnu, "mfma_tile"), (torch.uint8, "mfma_tile")]
+# -- the layouts only the CUDA head kernel and HIP's tiled kernel write: group-major / padded x, padding rows of
+# column-major scales (and HIP's mfma_tile); the scales written in token order
+LAYOUT_SCALES = [(torch.float8_e8m0fnu, "row"), (torch.uint8, "col"), (torch.float32, "col"),
+                 (torch.float8_e8m0fnu, "mfma_tile"), (torch.uint8, "mfma_tile")]
 
 
 def emulated_backend(lib, **launch):
@@ -561,40 +504,50 @@ def emulated_backend(lib, **launch):
     return run
 
 
-@pytest.fixture(scope="module", params=("cuda", "cuda-sm90"))
-def cuda_lib(request):
-    return emulated_kernel(request.param)
+def layout_blocks(vendor: str, S: int, H: int, G: int) -> int:
+    """Blocks of the launch that writes those layouts: the CUDA head kernel's (token rows / 8) x H, HIP's tiled
+    kernel's (token rows / 32) x H."""
+    return -(-S // (32 if vendor.startswith("hip") else 8)) * H
 
 
-@pytest.mark.parametrize("scale_dtype,scale_layout", TILED_SCALES,
-                         ids=[f"{str(d)[6:]}-{lay}" for d, lay in TILED_SCALES])
-@pytest.mark.parametrize("x_layout", ["group_major", "padded", "row"])
-@pytest.mark.parametrize("vendor", ["cuda", "hip", *(pytest.param(v, marks=pytest.mark.slow)  # the other tests
-                                                     for v in ("cuda-sm90", "hip-gfx942", "hip-gfx950"))])  # take them
-def test_tiled_kernel_layouts(vendor, x_layout, scale_dtype, scale_layout):
-    """Every byte the reference's, nothing outside the outputs or in mfma padding written: S = 37 (a full and a
-    partial 32-token tile), the DeepSeek-V4 shapes, groups 128 and 32 (mfma k alignment 2 and 8)."""
-    run = emulated_backend(emulated_kernel(vendor), tiled=1)
+LAYOUT_CASES = [pytest.param(vendor, x_layout, dtype, layout, id=f"{vendor}-{x_layout}-{str(dtype)[6:]}-{layout}",
+                              marks=[pytest.mark.slow] if vendor not in ("cuda", "hip") else [])  # the others run
+                 for vendor in ("cuda", "hip", "cuda-sm90", "hip-gfx942", "hip-gfx950")  # their paths elsewhere
+                 for x_layout in ("group_major", "padded", "row") for dtype, layout in LAYOUT_SCALES
+                 if not (layout == "mfma_tile" and vendor.startswith("cuda"))]  # gfx950's layout: HIP's only
+
+
+@pytest.mark.parametrize("vendor,x_layout,scale_dtype,scale_layout", LAYOUT_CASES)
+def test_head_and_tiled_kernel_layouts(vendor, x_layout, scale_dtype, scale_layout):
+    """Every byte the reference's, nothing outside the outputs or in mfma padding written: S = 37 (4 full blocks of
+    8 tokens and a partial one; a full and a partial 32-token tile), the DeepSeek-V4 shapes, groups 128 and 32."""
+    run = emulated_backend(emulated_kernel(vendor), kernel=1)
     for i, (H, G) in enumerate(DEEPSEEK.values()):
         q = (128, 32)[i]
         check_layout(QuantCase(37, H, G, quant_group_size=q), x_layout, scale_dtype, scale_layout, seed=H + q,
                      backend=run, exact=True)
-        assert (run.stats["grid"], run.stats["block"]) == (2 * H, 256)  # a head of 32 tokens per block
+        assert (run.stats["grid"], run.stats["block"]) == (layout_blocks(vendor, 37, H, G), 256), run.stats
 
 
 @pytest.mark.parametrize("x_layout,scale_layout", [("group_major", "row"), ("row", "mfma_tile")])
-def test_layouts_only_the_tiled_kernel_writes_take_it_by_default(lib, x_layout, scale_layout):
+def test_layouts_only_the_head_kernel_writes_take_it_by_default(lib, x_layout, scale_layout):
+    """... and mfma_tile, HIP's, the CUDA launcher refuses (kUnsupportedShape) before any launch."""
+    if scale_layout == "mfma_tile" and lib.vendor.startswith("cuda"):
+        o, p, c, s = quant_inputs(3, 16)
+        x, _ = quant_outputs(o, 2, 128, False)
+        lib.emul_reset()
+        assert emulate(lib, o, p, c, s, x, torch.zeros(2, 32, 32, dtype=torch.uint8), 128,
+                       scale_layout="mfma_tile", **lib.launch) == 1
+        assert emul_stats(lib)["launches"] == 0
+        return
     run = emulated_backend(lib)
     check_layout(QuantCase(5, 16, 2), x_layout, torch.float8_e8m0fnu, scale_layout, backend=run, exact=True)
     assert (run.stats["grid"], run.stats["block"]) == (16, 256), run.stats  # not the generic kernel's 10 or 5
 
 
-@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32])
-@pytest.mark.parametrize("S,rows", [(37, 40), (3, 64), (32, 33)])
-def test_tiled_kernel_zeroes_padding_rows_of_column_major_scales(lib, S, rows, scale_dtype):
+def check_padding_rows(lib, S, rows, scale_dtype, **launch):
     """vLLM's x_scale: [rows, G, Ks] column-major over [G, Ks, L] storage (L = rows + 8, a max-size buffer); the
-    rows past S are zeros, the bytes past rows in each column untouched. Rows 64 against S = 3: a second tile
-    that holds padding only."""
+    rows past S are zeros, the bytes past rows in each column untouched."""
     from fusedrope.inverse_rope_group_quant import reference as R
 
     o, p, c, s = quant_inputs(S, 8, seed=S)
@@ -607,47 +560,48 @@ def test_tiled_kernel_zeroes_padding_rows_of_column_major_scales(lib, S, rows, s
     bufr, before = buf.clone(), buf.clone()
     view = lambda b: b.permute(2, 0, 1)[:rows]  # noqa: E731  [rows, G, Ks], strides (1, Ks*L, L)
     lib.emul_reset()
-    assert emulate(lib, o, p, c, s, x, view(buf), q, scale_layout="col") == 0
-    assert emul_stats(lib)["grid"] == -(-rows // 32) * 8
+    assert emulate(lib, o, p, c, s, x, view(buf), q, scale_layout="col", **launch) == 0
     R.inverse_rope_group_quant(o, p, c, s, xr, view(bufr), q, scale_layout="col")
     assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8))
     assert torch.equal(buf.view(torch.uint8), bufr.view(torch.uint8))
     assert not buf[..., S:rows].view(torch.uint8).any()
     assert torch.equal(buf[..., rows:].view(torch.uint8), before[..., rows:].view(torch.uint8))
+    return emul_stats(lib)
 
 
-TILED_MUTATIONS = [  # (vendor, text, replacement): a tiled kernel's indexing broken
-    ("cuda", "scales[t][lane / kLanes] =", "scales[t % 16][lane / kLanes] ="),  # the tile's second half of tokens
-    ("cuda", "(unsigned long long)a.x_stride_g_bytes * g", "(unsigned long long)a.x_stride_s_bytes * g"),
-    ("cuda", "if (a.mfma_k == 2) return tile + (k / 2) * 64 + (k % 2) * 2;",
-     "if (a.mfma_k == 2) return tile + (k / 2) * 64 + (k % 2);"),  # mfma k%2 and token-half bits collide
+@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32])
+@pytest.mark.parametrize("S,rows", [(37, 40), (3, 64), (32, 33)])
+def test_padding_rows_of_column_major_scales_are_zeros(lib, S, rows, scale_dtype):
+    """Rows 64 against S = 3: blocks that hold padding only."""
+    st = check_padding_rows(lib, S, rows, scale_dtype, **lib.launch)
+    assert st["grid"] == layout_blocks(lib.vendor, rows, 8, 2), st
+
+
+LAYOUT_MUTATIONS = [  # (vendor, text, replacement): the indexing of a kernel writing those layouts broken
+    ("cuda", "bytes[lane / kLanes][warp] = real ? (unsigned char)byte : 0;", "bytes[lane / kLanes][warp] = byte;"),
+    ("cuda", "a.x_stride_g_bytes * blockIdx.z", "a.x_stride_s_bytes * blockIdx.z"),
+    ("cuda", "const unsigned ts = blockIdx.x * kHeadTokens + i % kHeadTokens",
+     "const unsigned ts = blockIdx.x * kHeadTokens + i % 4"),
     ("hip", "scales[t][lane / kLanes] =", "scales[t % 16][lane / kLanes] ="),
     ("hip", "(unsigned long long)a.x_stride_g_bytes * g", "(unsigned long long)a.x_stride_s_bytes * g"),
+    ("hip", "if (a.mfma_k == 2) return tile + (k / 2) * 64 + (k % 2) * 2;",
+     "if (a.mfma_k == 2) return tile + (k / 2) * 64 + (k % 2);"),  # mfma k%2 and token-half bits collide
 ]
 
 
 @pytest.mark.slow  # builds mutated copies of the kernel: a check of the checks
-@pytest.mark.parametrize("vendor,old,new", TILED_MUTATIONS,
-                         ids=["cuda-token-half", "cuda-group-stride", "mfma-k-bit", "hip-token-half",
-                              "hip-group-stride"])
-def test_a_broken_tiled_kernel_is_caught(tmp_path, vendor, old, new):
+@pytest.mark.parametrize("vendor,old,new", LAYOUT_MUTATIONS,
+                         ids=["cuda-padding-rows", "cuda-group-stride", "cuda-token-run", "hip-token-half",
+                              "hip-group-stride", "mfma-k-bit"])
+def test_a_broken_layout_kernel_is_caught(tmp_path, vendor, old, new):
     copy = _mutated_copy(tmp_path, HIP_SRC if vendor == "hip" else CUDA_SRC, "", "")  # with its headers
     mutated = next(f for f in sorted(tmp_path.rglob("*")) if f.is_file() and old in f.read_text()
                    and f.suffix in (copy.suffix, ".h"))
     mutated.write_text(mutated.read_text().replace(old, new))
     bad = emulated_kernel(vendor, copy)
+    layouts = [("group_major", "col")] + ([("row", "mfma_tile")] if vendor == "hip" else [])
     with pytest.raises(AssertionError):
-        for x_layout, scale_layout in (("group_major", "col"), ("row", "mfma_tile")):
-            check_layout(QuantCase(37, 16, 2), x_layout, torch.uint8, scale_layout, backend=emulated_backend(bad),
-                         exact=True)
-
-
-def test_cuda_tiled_kernel_bad_configs(cuda_lib):
-    """The tiled kernel takes no tail warps, fast layout or block size: kBadConfig (6), as for tiled=2."""
-    o, p, c, s = quant_inputs(3, 16)
-    x, sc = quant_outputs(o, 2, 128, False)
-    for kw in (dict(tiled=2), dict(tiled=1, tail_warps=1), dict(tiled=1, fast_layout=1),
-               dict(tiled=1, block_threads=64)):
-        assert emulate(cuda_lib, o, p, c, s, x, sc, 128, **kw) == 6, kw
-    gm = torch.empty(2, 3, 4096, dtype=torch.float8_e4m3fn).permute(1, 0, 2)
-    assert emulate(cuda_lib, o, p, c, s, gm, sc, 128, block_threads=64) == 6  # group-major x needs the tiled kernel
+        for x_layout, scale_layout in layouts:
+            case = QuantCase(37, 16, 2)
+            check_layout(case, x_layout, torch.uint8, scale_layout, backend=emulated_backend(bad), exact=True)
+        check_padding_rows(bad, 37, 40, torch.uint8)

@@ -6,10 +6,9 @@ GPU by itself when there is one: tests/conftest.py). ``gpu/run.sh`` runs these u
   against the reference on the CPU), over layouts the compiled kernels read through their narrow paths (o,
   x_fp8 or cache rows off 16-byte alignment, strided int32 positions, padded column-major scales), and with
   NaN, Inf and all-zero blocks; outputs poisoned inside guard bytes that must stay untouched;
-* the CUDA launch experiments forced through ``inverse_rope_group_quant_config`` (``fast_layout``,
-  ``tail_warps``, ``block_threads``, ``pdl``, ``tiled``), each held to the same contract;
-* the layouts only the tiled CUDA kernel writes (group-major and padded x_fp8, mfma_tile scales, zeroed padding
-  rows of column-major scales), through the public op with ``backend="cuda"``;
+* ``cuda_head``, the head kernel (opt-in until this run confirms it), in all of the above, and the layouts only it
+  writes (group-major and padded x_fp8, zeroed padding rows of column-major scales) through the public op; both
+  kernels through the raw op with ``pdl`` and ``kernel`` forced, each held to the same contract;
 * the raw op with no token or no head returns without a launch; a programmatic dependent launch reads what the
   kernel before it wrote;
 * bad inputs to the raw compiled ops raise a RuntimeError naming them, in a child process, so that a crash is
@@ -36,7 +35,7 @@ from raw_rejects import reject_failure, run_child
 
 OP = "inverse_rope_group_quant"
 DEV = torch.device("cuda")
-BACKENDS = [p for p in backends_here(OP) if p.id in ("cuda", "triton")]
+BACKENDS = [p for p in backends_here(OP) if p.id in ("cuda", "cuda_head", "triton")]
 needs_cuda_kernel = needs_cuda_kernel(OP)
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -71,12 +70,20 @@ def make_inputs(S, H, *, dtype=BF16, cache_dtype=F32, max_pos=4096, seed=0, pos_
     return o, positions, big[:, c0:c0 + 32], big[:, s0:s0 + 32]
 
 
+def raw(o, p, c, s, x, sc, q, pdl=0, kernel=0):
+    """The raw CUDA op with ``pdl`` and ``kernel`` forced (row- or column-major scales)."""
+    from fusedrope import cuda_ext
+
+    cuda_ext.load()
+    torch.ops.fusedrope_cuda.inverse_rope_group_quant_out(o, p, c, s, x, sc, q, 0, pdl, kernel)
+
+
 def check(o, p, c, s, G, q, transpose=False, *, backend="cuda", config=None, scale_dtype=torch.float8_e8m0fnu,
           x_offset=0, scale_pad=0, cpu_reference=False):
-    """``backend`` through the public function, or with ``config`` (keywords of
-    ``inverse_rope_group_quant_config``) the raw CUDA op with that launch forced, into poisoned outputs inside
-    guard bytes: scales exact, fp8 within 1 ulp of the reference (on the CPU with ``cpu_reference``), nothing
-    written outside. ``x_offset`` misaligns x_fp8; ``scale_pad`` pads a column-major x_scale's token dim."""
+    """``backend`` through the public function, or with ``config`` (``pdl``, ``kernel``) the raw CUDA op with that
+    launch forced (:func:`raw`), into poisoned outputs inside guard bytes: scales exact, fp8 within 1 ulp of the
+    reference (on the CPU with ``cpu_reference``), nothing written outside. ``x_offset`` misaligns x_fp8;
+    ``scale_pad`` pads a column-major x_scale's token dim."""
     x0, s0 = empty_quant_outputs(o, G, q, transpose, scale_dtype=scale_dtype)
     x, x_buf = guarded_poison(x0.shape, x0.dtype, o.device, lead=64 + x_offset)
     S, _, ks = s0.shape
@@ -85,9 +92,7 @@ def check(o, p, c, s, G, q, transpose=False, *, backend="cuda", config=None, sca
     if config is None:
         fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, transpose, x, sc, backend=backend)
     else:
-        from fusedrope.inverse_rope_group_quant.cuda import inverse_rope_group_quant_config
-
-        inverse_rope_group_quant_config(o, p, c, s, x, sc, q, **config)
+        raw(o, p, c, s, x, sc, q, **config)
     on = torch.device("cpu") if cpu_reference else o.device
     xr, sr = (poison_like(t.to(on)) for t in (x0, s0))
     ref.inverse_rope_group_quant(*(t.to(on) for t in (o, p, c, s)), xr, sr, q)
@@ -135,25 +140,12 @@ def test_layouts(backend, name):
 
 EXPERIMENTS = [  # (S, H, G, q, column-major scales, config, make_inputs keywords)
     (3, 16, 2, 128, False, {}, {}),
-    (300, 16, 2, 64, False, dict(fast_layout=1), {}),
-    (300, 16, 2, 128, True, dict(fast_layout=1), dict(cache_dtype=BF16)),
-    (33, 8, 1, 32, False, dict(fast_layout=1, block_threads=64), dict(cache_dtype=BF16)),
-    (19, 16, 2, 128, False, dict(fast_layout=1), dict(o_offset=1)),  # a layout the fast kernels must pass over
-    (21, 8, 1, 256, False, dict(fast_layout=1), dict(cache_dtype=F16, cache_offset=3)),
-    (3, 16, 2, 128, False, dict(tail_warps=1), {}),
-    (5, 8, 1, 32, True, dict(tail_warps=1), {}),
-    (300, 16, 2, 64, False, dict(tail_warps=1), {}),
-    (301, 8, 1, 256, False, dict(tail_warps=1, block_threads=128), dict(cache_dtype=BF16)),
-    (3, 16, 2, 128, False, dict(block_threads=32), {}),
-    (300, 16, 2, 64, False, dict(block_threads=96), {}),
-    (5, 8, 1, 32, False, dict(block_threads=64, tail_warps=1), {}),
-    (1, 16, 2, 128, False, dict(block_threads=256), {}),
     (300, 16, 2, 128, False, dict(pdl=1), {}),
-    (7, 8, 1, 64, True, dict(pdl=1, fast_layout=1, block_threads=128), {}),
-    (9, 16, 2, 32, False, dict(pdl=1, tail_warps=1), {}),
-    (300, 16, 2, 128, True, dict(tiled=1), {}),
-    (37, 8, 1, 32, False, dict(tiled=1, pdl=1), dict(cache_dtype=BF16)),
-    (5, 16, 2, 64, True, dict(tiled=1), dict(o_offset=1)),
+    (7, 8, 1, 64, True, dict(pdl=1, kernel=1), {}),
+    (300, 16, 2, 64, True, dict(kernel=1), dict(cache_dtype=BF16)),
+    (9, 16, 2, 32, False, dict(pdl=1, kernel=1), {}),
+    (19, 16, 2, 128, False, dict(kernel=1), dict(o_offset=1)),  # outside the head kernel: the generic one
+    (21, 8, 1, 256, False, dict(kernel=1), dict(cache_dtype=F16, cache_offset=3)),
 ]
 
 
@@ -171,7 +163,9 @@ def test_nan_and_inf_stay_in_their_blocks(backend, q, transpose):
 def test_the_check_fails_a_stray_byte_and_a_wrong_scale(monkeypatch):
     """On the CPU, with stand-ins for the raw op: the reference passes ``check``; one more byte written after
     x_fp8, or one scale off by one, fails it."""
-    from fusedrope.inverse_rope_group_quant import cuda as quant_cuda
+    import sys
+
+    here = sys.modules[__name__]
 
     def stand_in(spoil):
         def config(o, p, c, s, x, sc, q, **kw):
@@ -186,10 +180,10 @@ def test_the_check_fails_a_stray_byte_and_a_wrong_scale(monkeypatch):
         sc.view(torch.uint8)[0, 0, 0] += 1
 
     inputs = make_inputs(3, 16, device=torch.device("cpu"))
-    monkeypatch.setattr(quant_cuda, "inverse_rope_group_quant_config", stand_in(lambda x, sc: None))
+    monkeypatch.setattr(here, "raw", stand_in(lambda x, sc: None))
     check(*inputs, 2, 128, config={}, x_offset=1)
     for spoil in (past_the_end, scale_off_by_one):
-        monkeypatch.setattr(quant_cuda, "inverse_rope_group_quant_config", stand_in(spoil))
+        monkeypatch.setattr(here, "raw", stand_in(spoil))
         with pytest.raises(AssertionError):
             check(*inputs, 2, 128, config={})
 
@@ -206,40 +200,40 @@ def test_launch_experiments(S, H, G, q, transpose, config, make):
     check(*make_inputs(S, H, seed=S + q, **make), G, q, transpose, config=config)
 
 
-def _cuda_public(o, p, c, s, x, sc, q, *, scale_layout="row"):
+def _cuda_head(o, p, c, s, x, sc, q, *, scale_layout="row"):
     fusedrope.inverse_rope_group_quant(o, p, c, s, x.shape[1], q, x_fp8=x, x_scale=sc, scale_layout=scale_layout,
-                                       backend="cuda")
+                                       backend="cuda_head")
 
 
-TILED = [("group_major", torch.float8_e8m0fnu, "row"), ("group_major", torch.uint8, "col"), ("padded", F32, "col"),
-         ("row", torch.float8_e8m0fnu, "mfma_tile"), ("group_major", torch.uint8, "mfma_tile")]
+HEAD_LAYOUTS = [("group_major", torch.float8_e8m0fnu, "row"), ("group_major", torch.uint8, "col"),
+                ("padded", F32, "col"), ("group_major", F32, "col")]
 
 
 @gpu
 @needs_cuda_kernel
 @pytest.mark.parametrize("S", [5, 37, 300])
-@pytest.mark.parametrize("x_layout,scale_dtype,scale_layout", TILED, ids=[f"{t[0]}-{t[2]}-{str(t[1])[6:]}"
-                                                                          for t in TILED])
-def test_tiled_kernel_layouts(S, x_layout, scale_dtype, scale_layout):
-    """The layouts only the tiled kernel writes, through the public op (backend="cuda"), on the DeepSeek-V4
-    shapes: held to the contract, nothing outside the outputs or in mfma padding written."""
+@pytest.mark.parametrize("x_layout,scale_dtype,scale_layout", HEAD_LAYOUTS,
+                         ids=[f"{t[0]}-{t[2]}-{str(t[1])[6:]}" for t in HEAD_LAYOUTS])
+def test_head_kernel_layouts(S, x_layout, scale_dtype, scale_layout):
+    """The layouts only the head kernel writes, through the public op (backend="cuda_head"), on the DeepSeek-V4
+    shapes: held to the contract, nothing outside the outputs written."""
     from irgq_layouts import DEEPSEEK, check_layout
 
     for (H, G), q in zip(DEEPSEEK.values(), (128, 32)):
         check_layout(QuantCase(S, H, G, quant_group_size=q), x_layout, scale_dtype, scale_layout, seed=S + q,
-                     backend=_cuda_public, exact=False)
+                     backend=_cuda_head, exact=False)
 
 
 @gpu
 @needs_cuda_kernel
 @pytest.mark.parametrize("S,rows", [(13, 16), (3, 40)])
-def test_tiled_kernel_zeroes_padding_rows(S, rows):
+def test_head_kernel_zeroes_padding_rows(S, rows):
     """vLLM's scales: column-major fp32 with token rows past S (zeros), over a max-size buffer (L = rows + 5)."""
     o, p, c, s = make_inputs(S, 16, seed=rows)
     G, q, L = 2, 128, rows + 5
     buf = torch.full((G, 32, L), -3.0, device=DEV)
     x, scale = fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, x_scale=buf.permute(2, 0, 1)[:rows],
-                                                  scale_layout="col", backend="cuda")
+                                                  scale_layout="col", backend="cuda_head")
     xr, sr = fusedrope.inverse_rope_group_quant(o, p, c, s, G, q, transpose_scale=True, backend="reference")
     assert_quant_close(x, scale[:S], xr, sr, rope_blocks(QuantCase(S, 16, G, 512, 64, q)))
     assert not buf[..., S:rows].any() and bool((buf[..., rows:] == -3.0).all())
@@ -262,7 +256,7 @@ def test_raw_op_with_no_tokens_or_no_heads_returns_without_an_error(S, H):
 
 
 def dependent_launch_rounds(config, device=DEV, rounds=5, S=4096, tail=128) -> int:
-    """How many of ``rounds`` fail: a plain call of ``config`` (``inverse_rope_group_quant_config``) quantises S
+    """How many of ``rounds`` fail: a plain call of ``config`` (the raw op, :func:`raw`) quantises S
     tokens and lets a dependent grid launch once its last blocks have issued their loads, before their stores; a
     small pdl=1 call then takes the fp8 bytes of the first call's last ``tail`` tokens (what those last blocks
     store), viewed as bf16, as its o. Both are queued behind a GPU sleep, so the second launches while the first
@@ -297,12 +291,12 @@ def dependent_launch_rounds(config, device=DEV, rounds=5, S=4096, tail=128) -> i
 
 @gpu
 @needs_cuda_kernel
-def test_a_dependent_launch_reads_what_the_kernel_before_it_wrote():
-    from fusedrope.inverse_rope_group_quant.cuda import inverse_rope_group_quant_config
+@pytest.mark.parametrize("kernel", [0, 1], ids=["generic", "head"])
+def test_a_dependent_launch_reads_what_the_kernel_before_it_wrote(kernel):
 
     if torch.cuda.get_device_capability(DEV) < (9, 0):
         pytest.skip("a programmatic dependent launch needs sm_90 or newer")
-    assert dependent_launch_rounds(inverse_rope_group_quant_config) == 0
+    assert dependent_launch_rounds(lambda *args, pdl=0: raw(*args, pdl=pdl, kernel=kernel)) == 0
 
 
 def test_the_dependent_launch_check_fails_a_launch_that_does_not_wait():
@@ -337,8 +331,6 @@ def reject_cases() -> dict:
     """Bad inputs to ``torch.ops.fusedrope_cuda.inverse_rope_group_quant_out*`` (reached only through misuse);
     most messages hold integers, the kind that once crashed a raw op."""
     from fusedrope import cuda_ext
-    from fusedrope.inverse_rope_group_quant.cuda import inverse_rope_group_quant_config as config
-
     cuda_ext.load()
     S, H, G, q = 4, 16, 2, 128
     o, p, c, s = make_inputs(S, H)
@@ -355,16 +347,16 @@ def reject_cases() -> dict:
             "x_scale_shape": lambda: op(o, p, c, s, x, sc[:, :, :1], q),
             "x_scale_tokens_overlapping": lambda: op(o, p, c, s, x, sc.as_strided(sc.shape, (0, dg // q, 1)), q),
             "x_scale_column_lead_short": lambda: op(o, p, c, s, x, sc.as_strided(sc.shape, (1, dg // q * 2, 2)), q),
-            "tail_warps_2": lambda: config(o, p, c, s, x, sc, q, tail_warps=2),
-            "fast_layout_2": lambda: config(o, p, c, s, x, sc, q, fast_layout=2),
-            "tail_warps_with_fast_layout": lambda: config(o, p, c, s, x, sc, q, tail_warps=1, fast_layout=1),
-            "block_threads_48": lambda: config(o, p, c, s, x, sc, q, block_threads=48),
-            "pdl_2": lambda: config(o, p, c, s, x, sc, q, pdl=2)}
+            "pdl_2": lambda: op(o, p, c, s, x, sc, q, 0, 2, 0),
+            "kernel_2": lambda: op(o, p, c, s, x, sc, q, 0, 0, 2),
+            "mfma_tile": lambda: op(o, p, c, s, x, torch.empty(2, 32, 32, dtype=torch.uint8, device=DEV), q, 1),
+            "head_kernel_fp16_group_major": lambda: op(o.half(), p, c, s, x.transpose(0, 1).contiguous()
+                                                       .transpose(0, 1), sc, q)}
 
 
 REJECTS = ("fp32_o", "cpu_positions", "head_dim_256", "group_48", "positions_short", "x_scale_shape",
-           "x_scale_tokens_overlapping", "x_scale_column_lead_short", "tail_warps_2", "fast_layout_2",
-           "tail_warps_with_fast_layout", "block_threads_48", "pdl_2")
+           "x_scale_tokens_overlapping", "x_scale_column_lead_short", "pdl_2", "kernel_2", "mfma_tile",
+           "head_kernel_fp16_group_major")
 @pytest.fixture(scope="module")
 def rejected():
     return run_child(Path(__file__).stem, HERE)

@@ -14,7 +14,9 @@
 #include <atomic>
 #include <barrier>
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <source_location>
 #include <thread>
 #include <vector>
@@ -25,8 +27,22 @@ inline thread_local unsigned tid = 0, bid = 0;
 inline thread_local long long calls = 0;  // exchanges this work-item has made
 
 struct Block {
-  explicit Block(unsigned n) : bar(n), vals(n), pattern(n), site(n), call(n, 0) {}
+  explicit Block(unsigned n) : bar(n), vals(n), pattern(n), site(n), call(n, 0) {
+    for (unsigned w : {32u, 64u}) {
+      auto& bars = w == 32 ? warp32 : warp64;
+      for (unsigned base = 0; base < n; base += w) bars.emplace_back(std::make_unique<std::barrier<>>(std::min(w, n - base)));
+    }
+  }
+  // The exchanges of a warp (wave) meet at its own barrier, so warps may take different paths between two
+  // block barriers (__syncthreads).
+  std::barrier<>& warp_bar(unsigned t, unsigned width) { return width == 64 ? *warp64[t / 64] : *warp32[t / 32]; }
+  void drop(unsigned t) {
+    bar.arrive_and_drop();
+    warp32[t / 32]->arrive_and_drop();
+    warp64[t / 64]->arrive_and_drop();
+  }
   std::barrier<> bar;
+  std::vector<std::unique_ptr<std::barrier<>>> warp32, warp64;
   std::vector<unsigned long long> vals;
   std::vector<int> pattern;
   std::vector<std::uintptr_t> site;
@@ -71,7 +87,8 @@ unsigned long long exchange(unsigned long long value, int pattern, unsigned widt
   b.pattern[t] = pattern;
   b.site[t] = here;
   b.call[t] = k;
-  b.bar.arrive_and_wait();
+  std::barrier<>& bar = width == 32 || width == 64 ? b.warp_bar(t, width) : b.bar;
+  bar.arrive_and_wait();
 
   const unsigned lane = t % width, base = t - lane;
   for (unsigned l = 0; l < width; ++l) {
@@ -87,7 +104,7 @@ unsigned long long exchange(unsigned long long value, int pattern, unsigned widt
       report("the source lane did not make this exchange (divergent control flow)", pattern);
     else result = b.vals[u];
   }
-  b.bar.arrive_and_wait();  // nobody overwrites a slot before every lane has read it
+  bar.arrive_and_wait();  // nobody overwrites a slot before every lane has read it
   return result;
 }
 
@@ -109,7 +126,7 @@ void run(unsigned grid, unsigned threads, Body body) {
         bid = g;
         calls = 0;
         body();
-        blk.bar.arrive_and_drop();  // a returned work-item no longer takes part in exchanges
+        blk.drop(t);  // a returned work-item no longer takes part in exchanges or barriers
       });
     for (auto& th : pool) th.join();
     for (unsigned t = 0; t < threads; ++t) exchanges += blk.call[t];

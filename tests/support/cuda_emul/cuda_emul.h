@@ -4,7 +4,7 @@
 //   * default: one thread after another. Valid only for kernels whose threads do not communicate (no
 //     __syncthreads, shared memory, warp shuffles or atomics): such a kernel computes the same result in any
 //     thread order. tests/qwen3_tts_rope/test_qwen3_tts_rope_cuda.py runs qwen3_tts_rope this way.
-//   * CUDA_EMUL_LOCKSTEP defined before the include: 1-D grids and 1-D or 2-D blocks; each thread of a block runs on
+//   * CUDA_EMUL_LOCKSTEP defined before the include: 1-D or 2-D blocks; each thread of a block runs on
 //     its own std::thread (../lockstep.h) and __shfl_xor_sync exchanges values in lockstep inside its warp of 32
 //     (consecutive linear thread ids, as on the GPU), a divergent shuffle being reported; __syncthreads is a
 //     barrier of the block and __shared__ variables are shared by its threads.
@@ -77,7 +77,35 @@ inline dim3 emu_last_grid, emu_last_block;
 inline int emu_last_pdl = 0;  // whether the last launch asked for programmatic stream serialization
 inline int emu_max_threads_per_block = 1024;
 
+#ifdef CUDA_EMUL_RECORD
+// Record mode (bench/static): a launch is not run but recorded: the kernel's host address, and its arguments laid
+// out as the CUDA ABI lays out a kernel's parameters (each at its alignment, in order).
+inline struct {
+  const void* kernel;
+  unsigned char params[4096];
+  unsigned size;
+} emu_record;
+extern "C" [[gnu::used]] inline const void* emul_record_anchor() { return reinterpret_cast<const void*>(&emul_record_anchor); }
+extern "C" [[gnu::used]] inline long long emul_record_kernel() {
+  return reinterpret_cast<const char*>(emu_record.kernel) - reinterpret_cast<const char*>(&emul_record_anchor);
+}
+extern "C" [[gnu::used]] inline void emul_record_launch(unsigned* geometry, unsigned char* params, unsigned* size) {
+  const unsigned g[6] = {emu_last_grid.x, emu_last_grid.y, emu_last_grid.z, emu_last_block.x, emu_last_block.y,
+                         emu_last_block.z};
+  std::memcpy(geometry, g, sizeof g);
+  std::memcpy(params, emu_record.params, emu_record.size);
+  *size = emu_record.size;
+}
+#endif
+
 namespace cuda_emul_detail {
+#ifdef CUDA_EMUL_RECORD
+template <class... A, std::size_t... I>
+void pack(void** args, std::index_sequence<I...>) {
+  ((emu_record.size = (emu_record.size + alignof(A) - 1) / alignof(A) * alignof(A),
+    std::memcpy(emu_record.params + emu_record.size, args[I], sizeof(A)), emu_record.size += sizeof(A)), ...);
+}
+#endif
 template <class... A, std::size_t... I>
 void call(void (*f)(A...), void** args, std::index_sequence<I...>) {
   f(*static_cast<A*>(args[I])...);
@@ -114,13 +142,19 @@ cudaError_t cudaLaunchKernel(void (*f)(A...), dim3 g, dim3 b, void** args, std::
   emu_last_pdl = 0;
   emu_last_grid = g;
   emu_last_block = b;
+#ifdef CUDA_EMUL_RECORD
+  emu_record.kernel = reinterpret_cast<const void*>(f);
+  emu_record.size = 0;
+  cuda_emul_detail::pack<A...>(args, std::index_sequence_for<A...>{});
+  return cudaSuccess;
+#endif
 #ifdef CUDA_EMUL_LOCKSTEP
-  if (g.y != 1 || g.z != 1 || b.z != 1) return emu_fail(cudaErrorInvalidConfiguration);
+  if (b.z != 1) return emu_fail(cudaErrorInvalidConfiguration);
   gridDim = g;
   blockDim = b;
-  lockstep::run(g.x, b.x * b.y, [&] {
+  lockstep::run(g.x * g.y * g.z, b.x * b.y, [&] {
     threadIdx = uint3{lockstep::tid % b.x, lockstep::tid / b.x, 0};
-    blockIdx = uint3{lockstep::bid, 0, 0};
+    blockIdx = uint3{lockstep::bid % g.x, lockstep::bid / g.x % g.y, lockstep::bid / (g.x * g.y)};
     cuda_emul_detail::call(f, args, std::index_sequence_for<A...>{});
   });
 #else
@@ -213,11 +247,28 @@ inline float2 __half22float2(__half2 h) { return float2{__half2float(h.x), __hal
 // ---- lockstep-only device functions ------------------------------------------------------------------------
 inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return uint4{x, y, z, w}; }
 inline unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+// Byte i of the result is byte (s >> 4i) & 7 of {b, a} (a the low word); the sign-replicating mode is not modelled.
+inline unsigned int __byte_perm(unsigned int a, unsigned int b, unsigned int s) {
+  const unsigned long long v = a | ((unsigned long long)b << 32);
+  unsigned int r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned int)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return r;
+}
+// Per 16-bit half, the unsigned maximum.
+inline unsigned int __vmaxu2(unsigned int a, unsigned int b) {
+  return max(a & 0xFFFFu, b & 0xFFFFu) | (max(a >> 16, b >> 16) << 16);
+}
 
 #ifndef CUDA_EMUL_LOCKSTEP
 // Threads run one after another here: a kernel that shuffles gets its own value back, and the count says so.
 inline long long emu_shuffles_out_of_lockstep = 0;
 inline unsigned int __shfl_xor_sync(unsigned int, unsigned int var, int, int = 32) {
+  ++emu_shuffles_out_of_lockstep;
+  return var;
+}
+inline unsigned int __shfl_sync(unsigned int, unsigned int var, int, int = 32) {
   ++emu_shuffles_out_of_lockstep;
   return var;
 }
@@ -228,5 +279,11 @@ inline unsigned int __shfl_xor_sync(unsigned int mask, unsigned int var, int lan
                                     const std::source_location loc = std::source_location::current()) {
   if (mask != 0xFFFFFFFFu || width != 32) lockstep::report("__shfl_xor_sync with a partial mask or width", lane_mask);
   return (unsigned int)lockstep::exchange(var, lane_mask, 32, [&](int l) { return l ^ lane_mask; }, var, loc);
+}
+// Full-warp indexed shuffle: each lane reads lane src_lane's value (its own choice of lane).
+inline unsigned int __shfl_sync(unsigned int mask, unsigned int var, int src_lane, int width = 32,
+                                const std::source_location loc = std::source_location::current()) {
+  if (mask != 0xFFFFFFFFu || width != 32) lockstep::report("__shfl_sync with a partial mask or width", src_lane);
+  return (unsigned int)lockstep::exchange(var, -1, 32, [&](int) { return src_lane & 31; }, var, loc);
 }
 #endif
