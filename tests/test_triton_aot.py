@@ -95,33 +95,28 @@ def test_inverse_rope_quant_reads_o_and_writes_fp8_in_16_bytes(counts, target, g
     # Every fp8 format compiles on every target, with the EXACT the launcher picks there (integer rounding for
     # fnuz off gfx942, and for e4m3fn before sm_89).
     c = counts[f"inverse_rope_quant_g{group}_{fmt}/{target}"]
-    if target.startswith("sm_"):
-        # 16 bf16 of o per thread = two LDG.128, its pairs' fp32 cos and sin two more each; the one other load
-        # is the token's position; 16 fp8 = one STG.128; hardware e4m3x2 conversions for e4m3fn on sm_90.
-        assert c["sass_ldg128"] == 6 and c["ld"] == 7 and c["sass_stg128"] == 1 and c["sass_local"] == 0, c
-        assert c["cvt_e4m3"] >= 8 if (fmt, target) == ("fn", "sm_90") else c["cvt_e4m3"] == 0
-    else:
-        assert c["load_x4"] == 6 and c["loads"] - c["load_x4"] <= 1, c
-        assert c["store_x4"] == 1 and c["scratch"] == 0, c
-    assert c["loads_after_first_store"] == 0, c  # o, positions and the cos/sin rows, then the stores
+    _assert_16_byte(c, target, 4, group)  # 64 elements per thread; the loads: o, the position, the cos/sin rows
+    if target.startswith("sm_"):  # hardware e4m3x2 conversions for e4m3fn on sm_90
+        assert c["cvt_e4m3"] >= 32 if (fmt, target) == ("fn", "sm_90") else c["cvt_e4m3"] == 0
 
 
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])
-def test_inverse_rope_adds_no_shared_memory_to_the_quant(counts, target, group):
+def test_inverse_rope_adds_only_the_cos_sin_exchange_to_the_quant(counts, target, group):
     """DeepSeek-V4's shape (head_dim 512, rope_dim 64) in the arch's own fp8 format: the rotation stays in the
-    registers the tile was loaded into, so the fused kernel has the quant alone's shared-memory accesses and
-    barriers, and fewer than twice its instructions. (A per-pair cos/sin gather, the form before this check,
-    converted the whole tile through shared memory and back: on sm_90 with Triton 3.6, 776 instructions,
-    89 shared-memory accesses and 13 barriers, where the quant alone had 304, 2 and 1.)"""
+    registers the tile was loaded into; the cos/sin rows, loaded once per thread group, reach the threads of each
+    head's tail through shared memory (at most 10 accesses and 4 barriers more than the quant alone), and the
+    fused kernel has fewer than 1.6 times the quant alone's instructions. (A per-pair cos/sin gather converted
+    the whole tile through shared memory and back: on sm_90 with Triton 3.6 and 16 elements per thread, 776
+    instructions, 89 shared-memory accesses and 13 barriers, where the quant alone had 304, 2 and 1.)"""
     import torch
 
     from fusedrope._device import arch_fp8_dtype
 
     fmt = "fnuz" if arch_fp8_dtype(target) == torch.float8_e4m3fnuz else "fn"
     fused, alone = counts[f"inverse_rope_quant_g{group}_{fmt}/{target}"], counts[f"quant_only_g{group}/{target}"]
-    assert fused["shared"] == alone["shared"] and fused["barriers"] == alone["barriers"], (fused, alone)
-    assert fused["instructions"] < 2 * alone["instructions"], (fused, alone)
+    assert fused["shared"] <= alone["shared"] + 10 and fused["barriers"] <= alone["barriers"] + 4, (fused, alone)
+    assert fused["instructions"] < 1.6 * alone["instructions"], (fused, alone)
 
 
 @pytest.mark.parametrize("arch,fn_exact,fnuz_exact", [
@@ -165,16 +160,19 @@ def _arch_format(target: str) -> str:
     return "fnuz" if arch_fp8_dtype(target) == torch.float8_e4m3fnuz else "fn"
 
 
-def _assert_16_byte(c: dict, target: str, stores: int) -> None:
-    """o's two 16-byte loads per thread and the cos/sin rows' four, at most the positions besides; ``stores``
-    16-byte stores of x (fp8: one of 16 values; bf16: two) and, quantized, one scale store; nothing spilled."""
-    quant = stores == 1
+def _assert_16_byte(c: dict, target: str, stores: int, group: int = 128, padding_branch: bool = True) -> None:
+    """o's eight 16-byte loads per thread (64 bf16), the position and the cos/sin rows besides; ``stores``
+    16-byte stores of x (fp8: 4 of 16 values; bf16: 8) and, quantized, one scale store per quant block a
+    thread's 64 values span, as many again in the branch of the programs that hold padding rows only
+    (``padding_branch``); nothing spilled."""
+    quant = stores == 4
+    narrow = quant * max(1, 64 // group) * (1 + padding_branch)
     if target.startswith("sm_"):
-        assert c["sass_ldg128"] == 6 and c["ld"] - c["sass_ldg128"] <= 2 and c["sass_local"] == 0, c
-        assert c["sass_stg128"] == stores and c["st"] == stores + quant, c
+        assert c["sass_ldg128"] == 8 and c["ld"] - c["sass_ldg128"] <= 3 and c["sass_local"] == 0, c
+        assert c["sass_stg128"] == stores and c["st"] == stores + narrow, c
     else:
-        assert c["load_x4"] == 6 and c["loads"] - c["load_x4"] <= 1 and c["scratch"] == 0, c
-        assert c["store_x4"] == stores and c["stores"] == stores + quant, c
+        assert c["load_x4"] == 8 and c["loads"] - c["load_x4"] <= 3 and c["scratch"] == 0, c
+        assert c["store_x4"] == stores and c["stores"] == stores + narrow, c
     assert c["loads_after_first_store"] == 0, c
 
 
@@ -187,7 +185,7 @@ def test_group_major_and_padded_x_compile_to_the_row_major_kernel(counts, target
     program, from the grid)."""
     row_major = counts[f"inverse_rope_quant_g128_{_arch_format(target)}/{target}"]
     assert counts[f"x_{layout}/{target}"] == row_major
-    _assert_16_byte(row_major, target, 1)
+    _assert_16_byte(row_major, target, 4)
 
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])
@@ -195,18 +193,22 @@ def test_new_layouts_keep_16_byte_accesses_and_add_no_shared_memory(counts, targ
     """mfma scale tiles (both k alignments), quantize=False (bf16 x, two 16-byte stores a thread, row-major and
     group-major alike), and a head_dim whose tiles straddle groups (Dg 384 in a 1024-column tile: the group of
     each column found by compares against the boundaries, which Triton sees change only every 16 columns). The
-    straddling tile adds no shared-memory exchange to the row-major kernel's one (storing it per quant block,
-    reshaped to 3-D, had added 4 shared-memory accesses and 2 barriers)."""
+    straddling tile adds no barrier to the row-major kernel's (storing it per quant block, reshaped to 3-D, had
+    added 4 shared-memory accesses and 2 barriers)."""
     row_major = counts[f"inverse_rope_quant_g128_{_arch_format(target)}/{target}"]
-    for name, stores in (("mfma_tile_g128", 1), ("mfma_tile_g32", 1), ("straddling_group_major", 1),
-                         ("quantize_false", 2), ("quantize_false_group_major", 2)):
+    for name, stores in (("mfma_tile_g128", 4), ("mfma_tile_g32", 4), ("straddling_group_major", 4),
+                         ("quantize_false", 8), ("quantize_false_group_major", 8)):
         c = counts[f"{name}/{target}"]
-        _assert_16_byte(c, target, stores)
-        if stores == 1:
-            assert (c["shared"], c["barriers"]) == (row_major["shared"], row_major["barriers"]), (name, c)
+        _assert_16_byte(c, target, stores, 32 if name.endswith("g32") else 128 if "mfma" in name else 64,
+                        padding_branch=not name.startswith("mfma"))
+        if stores == 4:
+            # the head_dim-192 tile straddling groups: its own cos/sin exchange (rope_dim 32), at most 8 accesses
+            more = 8 if name.startswith("straddling") else 0
+            assert c["shared"] <= row_major["shared"] + more and c["barriers"] <= row_major["barriers"], (name, c)
     assert counts[f"straddling_group_major/{target}"] == counts[f"straddling_row/{target}"]
     assert counts[f"quantize_false_group_major/{target}"] == counts[f"quantize_false/{target}"]
-    assert counts[f"quantize_false/{target}"]["shared"] == 0  # no quant: no scale exchange
+    # no quant: no scale exchange, the cos/sin rows' only (as in the quantizing kernel: 6 accesses at most)
+    assert counts[f"quantize_false/{target}"]["shared"] <= 6
 
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_80", "gfx942", "gfx950"])

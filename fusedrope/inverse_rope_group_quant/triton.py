@@ -1,19 +1,19 @@
 """inverse_rope_group_quant in Triton, plus the unfused two-kernel baseline the benchmarks compare against.
 
 Fused kernel: one program owns a [BLOCK_T tokens, BLOCK_N columns] tile of the flattened ``o[s]`` rows
-(BLOCK_N a multiple of the quant group size, so it owns whole quant blocks). It loads the tile once,
-rotates the rope pairs of every head's tail in registers (pairs split with ``tl.split``), reduces each
-block's amax, derives the e8m0 byte from the fp32 bits of ``amax / FP8_MAX``, scales by the exact power of
-two, converts to fp8 and stores fp8 and scales. Nothing goes back to memory in between.
+(BLOCK_N a multiple of the quant group size, so it owns whole quant blocks), 64 elements per thread. It loads
+the tile once, rotates the rope pairs of every head's tail in registers (pairs split with ``tl.split``), reduces
+each block's amax, derives the e8m0 byte from the fp32 bits of ``amax / FP8_MAX``, scales by the exact power of
+two (NaN for a block holding NaN or Inf), converts to fp8 and stores fp8 and scales. Nothing goes back to memory
+in between. Programs that hold padding rows of a column-major ``x_scale`` only store their zeros.
 
 The rotation has two forms. When ``rope_dim`` is a power of two dividing ``head_dim`` (DeepSeek-V4: 64 of
 512), the tile is seen as ``[BLOCK_T, segments of rope_dim columns, rope_dim/2 pairs, 2]``: a head's tail is
-its last segment, and one contiguous cos row and sin row per token broadcast over the segments, so the
-rotation stays in the registers the tile was loaded into (sm_90 SASS with Triton 3.6, the S >= 1024 tile:
-352 instructions, the quant alone 240, both with one small shared-memory exchange for the scales). Otherwise
-each pair gathers its cos/sin by column, which the compiler lays out differently from the tile: about twice
-the instructions and a shared-memory round trip of the whole tile each way (the same tile: 624 instructions,
-71 shared-memory accesses, 10 barriers).
+its last segment, and one contiguous cos row and sin row per token broadcast over the segments (through a small
+shared-memory exchange), so the rotation stays in the registers the tile was loaded into. Otherwise each pair
+gathers its cos/sin by column, which the compiler lays out differently from the tile: about twice the
+instructions and a shared-memory round trip of the whole tile each way. What each form issues per byte is
+measured by ``bench/static/budget.py`` (docs/benchmarks.md).
 
 The scale address of block ``kb`` (= g*Ks + k) of token ``s`` is ``s*stride_s + kb*stride_k`` in the
 "row" and "col" layouts: row-major ``(Ks*G, 1)``, column-major ``(1, S)``. In the "mfma_tile" layout (the
@@ -138,7 +138,7 @@ def _mfma_tile_offsets(t, kb, KS: tl.constexpr, tile_stride, group_stride, MFMA_
 
 
 @triton.jit
-def _group_quant_kernel(
+def _quant_tile(
     o_ptr, pos_ptr, cos_ptr, sin_ptr, xq_ptr, xs_ptr,
     S, S_SC, ROW, NBLK, max_pos, pos_stride, cos_stride, sin_stride, x_stride_s, x_stride_g, sc_stride_s, sc_stride_k,
     HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, GS: tl.constexpr, DG: tl.constexpr,
@@ -147,12 +147,7 @@ def _group_quant_kernel(
     PACKED: tl.constexpr, MFMA_K: tl.constexpr, QUANT: tl.constexpr, ROPE: tl.constexpr, TAIL_SEGMENTS: tl.constexpr,
     EXACT: tl.constexpr,
 ):
-    """See the module docstring. Grid ``(token tiles, column tiles, G)`` when ``ONE_GROUP`` (no tile straddles two
-    groups: program_id(1) tiles a group, program_id(2) is the group, so no division finds it), else ``(token
-    tiles, column tiles of the row, 1)``. ``QUANT`` False: ``x`` has o's dtype and gets the rotated tile, nothing
-    else. ``MFMA_K`` 0: scales through ``(sc_stride_s, sc_stride_k)``; 2 or 8: the "mfma_tile" layout, with
-    ``sc_stride_s``, ``sc_stride_k`` the strides of a 32-token tile row and of a group (:func:`_mfma_tile_offsets`).
-    ``S_SC`` >= S: the scales' token rows; those past S (a "col" buffer's TMA padding) get zeros."""
+    """One program's tile of :func:`_group_quant_kernel`."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     g = tl.program_id(2)  # 0 unless ONE_GROUP
     c0 = tl.program_id(1).to(tl.int64) * BLOCK_N
@@ -187,9 +182,11 @@ def _group_quant_kernel(
         bits = (amax * (1.0 / FP8_MAX)).to(tl.uint32, bitcast=True)
         byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.uint32)
         byte = tl.where(bad, 255, byte)
-        inv_scale = ((254 - tl.minimum(byte, 254)) << 23).to(tl.float32, bitcast=True)  # 2^(127 - byte), exact
-        q = tl.minimum(tl.maximum(xb * inv_scale[:, :, None], -FP8_MAX), FP8_MAX)
-        q = tl.reshape(tl.where(bad[:, :, None], float("nan"), q), (BLOCK_T, BLOCK_N))
+        # 2^(127 - byte), exact, and NaN for a block holding NaN or Inf: each of its values converts to fp8 NaN.
+        # No clamp: |v| * 2^(127 - byte) <= amax / scale <= FP8_MAX up to the rounding of amax / FP8_MAX (a
+        # relative 2^-24), which the conversion's round to nearest brings back to FP8_MAX.
+        inv_scale = tl.where(bad, float("nan"), ((254 - tl.minimum(byte, 254)) << 23).to(tl.float32, bitcast=True))
+        q = tl.reshape(xb * inv_scale[:, :, None], (BLOCK_T, BLOCK_N))
         if EXACT:
             code = f32_to_fp8_bits(q, FNUZ)
         else:
@@ -221,6 +218,42 @@ def _group_quant_kernel(
             else:  # only the real (s, g, k) bytes: the padding is not part of the layout
                 off = _mfma_tile_offsets(t, kb.to(tl.int32), DG // GS, sc_stride_s, sc_stride_k, MFMA_K)
             tl.store(xs_ptr + off, scale, mask=sm)
+
+
+@triton.jit
+def _group_quant_kernel(
+    o_ptr, pos_ptr, cos_ptr, sin_ptr, xq_ptr, xs_ptr,
+    S, S_SC, ROW, NBLK, max_pos, pos_stride, cos_stride, sin_stride, x_stride_s, x_stride_g, sc_stride_s, sc_stride_k,
+    HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, GS: tl.constexpr, DG: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, ONE_GROUP: tl.constexpr, CROSSINGS: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_TYPE: tl.constexpr, FNUZ: tl.constexpr, SCALE_FP32: tl.constexpr,
+    PACKED: tl.constexpr, MFMA_K: tl.constexpr, QUANT: tl.constexpr, ROPE: tl.constexpr, TAIL_SEGMENTS: tl.constexpr,
+    EXACT: tl.constexpr,
+):
+    """See the module docstring. Grid ``(token tiles, column tiles, G)`` when ``ONE_GROUP`` (no tile straddles two
+    groups: program_id(1) tiles a group, program_id(2) is the group, so no division finds it), else ``(token
+    tiles, column tiles of the row, 1)``. ``QUANT`` False: ``x`` has o's dtype and gets the rotated tile, nothing
+    else. ``MFMA_K`` 0: scales through ``(sc_stride_s, sc_stride_k)``; 2 or 8: the "mfma_tile" layout, with
+    ``sc_stride_s``, ``sc_stride_k`` the strides of a 32-token tile row and of a group (:func:`_mfma_tile_offsets`).
+    ``S_SC`` >= S: the scales' token rows; those past S (a "col" buffer's TMA padding) get zeros."""
+    if QUANT and MFMA_K == 0 and not PACKED:
+        if tl.program_id(0) * BLOCK_T < S:
+            _quant_tile(o_ptr, pos_ptr, cos_ptr, sin_ptr, xq_ptr, xs_ptr, S, S_SC, ROW, NBLK, max_pos, pos_stride,
+                        cos_stride, sin_stride, x_stride_s, x_stride_g, sc_stride_s, sc_stride_k, HEAD_DIM, ROPE_DIM,
+                        GS, DG, BLOCK_T, BLOCK_N, ONE_GROUP, CROSSINGS, FP8_MAX, FP8_TYPE, FNUZ, SCALE_FP32, PACKED,
+                        MFMA_K, QUANT, ROPE, TAIL_SEGMENTS, EXACT)
+        else:  # a program of padding rows only: their zero scales, nothing else (after the main path in the code)
+            t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+            kb = (tl.program_id(2).to(tl.int64) * DG + tl.program_id(1).to(tl.int64) * BLOCK_N) // GS + tl.arange(
+                0, BLOCK_N // GS)
+            zero = tl.zeros([BLOCK_T, BLOCK_N // GS], dtype=xs_ptr.dtype.element_ty)
+            tl.store(xs_ptr + t[:, None] * sc_stride_s + kb[None, :] * sc_stride_k, zero,
+                     mask=(t < S_SC)[:, None] & (kb < NBLK)[None, :])
+    else:
+        _quant_tile(o_ptr, pos_ptr, cos_ptr, sin_ptr, xq_ptr, xs_ptr, S, S_SC, ROW, NBLK, max_pos, pos_stride,
+                    cos_stride, sin_stride, x_stride_s, x_stride_g, sc_stride_s, sc_stride_k, HEAD_DIM, ROPE_DIM, GS,
+                    DG, BLOCK_T, BLOCK_N, ONE_GROUP, CROSSINGS, FP8_MAX, FP8_TYPE, FNUZ, SCALE_FP32, PACKED,
+                    MFMA_K, QUANT, ROPE, TAIL_SEGMENTS, EXACT)
 
 
 @triton.jit
@@ -270,9 +303,15 @@ def tail_segments(head_dim: int, rope_dim: int, block_n: int) -> bool:
     return rope_dim > 0 and rope_dim & (rope_dim - 1) == 0 and head_dim % rope_dim == 0 and block_n % rope_dim == 0
 
 
-def num_warps_for(tile_elems: int, warp_size: int = WARP_SIZE) -> int:
-    """Warps so each thread holds 16 elements of the tile (two 16-byte bf16 vectors)."""
-    return max(1, min(8, tile_elems // (16 * warp_size)))
+def num_warps_for(tile_elems: int, warp_size: int = WARP_SIZE, per_thread: int = 16) -> int:
+    """Warps so each thread holds ``per_thread`` elements of the tile (16: two 16-byte bf16 vectors)."""
+    return max(1, min(8, tile_elems // (per_thread * warp_size)))
+
+
+# The fused kernel's elements per thread: 64 (eight 16-byte bf16 vectors) amortize each warp's index, position
+# and scale work over four times the bytes of 16 (bench/static/budget.py counts it: 155 against 230
+# warp-instructions per KB at S = 8192 on sm_90).
+QUANT_PER_THREAD = 64
 
 
 def integer_fp8_rounding(fp8_dtype: torch.dtype, arch: str) -> bool:
@@ -329,7 +368,7 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x, x_scale, group_size, ro
             FP8_MAX=FP8_MAX[fp8], FP8_TYPE=_FP8_TL[fp8], FNUZ=fp8 == torch.float8_e4m3fnuz,
             SCALE_FP32=scale_fp32, PACKED=packed, MFMA_K=mfma_k, QUANT=quant, ROPE=rope,
             TAIL_SEGMENTS=rope and tail_segments(D, rope_dim, block_n),
-            EXACT=exact, num_warps=num_warps_for(block_t * block_n),
+            EXACT=exact, num_warps=num_warps_for(block_t * block_n, per_thread=QUANT_PER_THREAD),
             enable_fp_fusion=False,  # no FMA: the rope matches the reference bit for bit, so scale bytes do too
         )
 

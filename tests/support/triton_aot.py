@@ -57,7 +57,8 @@ def cuobjdump_sass(cubin: bytes) -> str:
 
 
 def _loads_after_first_store(mem_ops: list, load: str, store: str) -> int:
-    """Global loads that come after the first global store in the instruction stream."""
+    """Global loads that come after the first 16-byte global store (the tile's x data) in the instruction stream;
+    a narrower store before it is the padding-row programs' zero scales, a branch of their own."""
     return mem_ops[mem_ops.index(store):].count(load) if store in mem_ops else 0
 
 
@@ -65,11 +66,12 @@ def counts(k, target) -> dict:
     if target.backend == "cuda":
         ptx = k.asm["ptx"]
         sass = cuobjdump_sass(k.asm["cubin"])
-        mem = re.findall(r"\b(LDG|STG)\.", sass)
+        mem = ["STG.128" if m.endswith("128") and m.startswith("STG") else m[:3]
+               for m in re.findall(r"\b(?:LDG|STG)\.E\S*", sass)]
         ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", sass, re.M)
         return {"sass_ldg128": len(re.findall(r"LDG\.E\.128", sass)),
                 "instructions": len(ops), "shared": ops.count("LDS") + ops.count("STS"), "barriers": ops.count("BAR"),
-                "loads_after_first_store": _loads_after_first_store(mem, "LDG", "STG"),
+                "loads_after_first_store": _loads_after_first_store(mem, "LDG", "STG.128"),
                 "sass_stg128": len(re.findall(r"STG\.E\.128", sass)),
                 "sass_local": len(re.findall(r"\b(?:LDL|STL)\b", sass)),
                 "ld_v4": len(re.findall(r"ld\.global(?:\.\w+)*\.v4", ptx)),
@@ -82,7 +84,8 @@ def counts(k, target) -> dict:
     return {"load_x4": sum(1 for a, b in ops if a == "load" and b == "dwordx4"),
             "instructions": len(code), "shared": len(re.findall(r"\bds_(?:read|write|load|store)", asm)),
             "barriers": asm.count("s_barrier"),
-            "loads_after_first_store": _loads_after_first_store([a for a, _ in ops], "load", "store"),
+            "loads_after_first_store": _loads_after_first_store(
+                ["store_x4" if (a, b) == ("store", "dwordx4") else a for a, b in ops], "load", "store_x4"),
             "store_x4": sum(1 for a, b in ops if a == "store" and b == "dwordx4"),
             "loads": sum(1 for a, _ in ops if a == "load"), "stores": sum(1 for a, _ in ops if a == "store"),
             "scratch": int(bool(re.search(r"\bscratch_(load|store)", asm)))}
@@ -138,7 +141,8 @@ def quant_kernel(tname, fp8, group_size=128, rope=True, x_layout="row", quant=Tr
     divisible = {"ROW", "NBLK", "cos_stride", "sin_stride"} | {
         name for name, v in dict(x_stride_s=stride_s, x_stride_g=stride_g).items() if v % 16 == 0}
     return compile_kernel(irq._group_quant_kernel, ptrs, consts, divisible, target,
-                          irq.num_warps_for(block_t * block_n, target.warp_size), enable_fp_fusion=False)
+                          irq.num_warps_for(block_t * block_n, target.warp_size, irq.QUANT_PER_THREAD),
+                          enable_fp_fusion=False)
 
 
 def variants(tname) -> int:
