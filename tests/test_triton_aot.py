@@ -163,16 +163,16 @@ def _arch_format(target: str) -> str:
 def _assert_16_byte(c: dict, target: str, stores: int, group: int = 128, padding_branch: bool = True) -> None:
     """o's eight 16-byte loads per thread (64 bf16), the position and the cos/sin rows besides; ``stores``
     16-byte stores of x (fp8: 4 of 16 values; bf16: 8) and, quantized, one scale store per quant block a
-    thread's 64 values span, as many again in the branch of the programs that hold padding rows only
-    (``padding_branch``); nothing spilled."""
-    quant = stores == 4
-    narrow = quant * max(1, 64 // group) * (1 + padding_branch)
+    thread's 64 values span, at most as many again in the branch of the programs that hold padding rows only
+    (``padding_branch``: LLVM may sink a zero store and the main path's into one); nothing spilled."""
+    narrow = (stores == 4) * max(1, 64 // group)
+    most = narrow * (1 + padding_branch)
     if target.startswith("sm_"):
         assert c["sass_ldg128"] == 8 and c["ld"] - c["sass_ldg128"] <= 3 and c["sass_local"] == 0, c
-        assert c["sass_stg128"] == stores and c["st"] == stores + narrow, c
+        assert c["sass_stg128"] == stores and narrow <= c["st"] - stores <= most, c
     else:
         assert c["load_x4"] == 8 and c["loads"] - c["load_x4"] <= 3 and c["scratch"] == 0, c
-        assert c["store_x4"] == stores and c["stores"] == stores + narrow, c
+        assert c["store_x4"] == stores and narrow <= c["stores"] - stores <= most, c
     assert c["loads_after_first_store"] == 0, c
 
 

@@ -191,6 +191,7 @@ def test_empty_launches_nothing(backend, shape, monkeypatch):
     def launch(*args):
         raise AssertionError(f"{backend} launched on empty inputs")
 
+    monkeypatch.setattr(REGISTRY, "_select", {})  # a choice of a patched backend must not outlive the test
     for b in REGISTRY.backends:
         monkeypatch.setattr(b, "run", launch)
         monkeypatch.setattr(b, "run_alloc", launch if b.run_alloc or b.name == "cuda" else None)
