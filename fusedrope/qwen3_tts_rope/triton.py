@@ -2,7 +2,8 @@
 
 One program owns one token (b, s): it loads the token's cos and sin rows once (both halves, which may
 differ; with ``TABLE``, the rows at the token's position) and applies them to all Hq query heads and all Hkv
-key heads, BLOCK_H heads of each at a time, all loads of a tile before its stores. Each head row is read as two
+key heads, BLOCK_HQ of Q's and BLOCK_HK of K's at a time (each a power of two covering its heads, so no masked
+rows at the seed shapes), all loads of a round before its stores. Each head row is read as two
 contiguous halves of D/2 elements, so accesses along D are 16-byte vectors when the strides allow it. Math is
 fp32 with one RNE rounding to the output dtype; with ``EAGER``, each product and the sum are rounded to the
 dtype, as PyTorch evaluates ``x * cos + rotate_half(x) * sin`` (the launch turns FMA fusion off). ``NORM``
@@ -37,8 +38,8 @@ def _load_heads(x_ptr, x_off, h, n_heads, x_sh, d, d_mask, w1, w2, eps, HALF: tl
         # torch.rsqrt: 1/sqrt on the CPU (what the interpreter stands for), the hardware rsqrt on GPUs
         r = (1.0 / tl.sqrt(var) if EXACT else tl.math.rsqrt(var))[:, None]
         dt: tl.constexpr = x_ptr.dtype.element_ty
-        x1 = _in(w1[None, :] * _in(x1 * r, dt, EXACT), dt, EXACT)
-        x2 = _in(w2[None, :] * _in(x2 * r, dt, EXACT), dt, EXACT)
+        x1 = _in(w1 * _in(x1 * r, dt, EXACT), dt, EXACT)
+        x2 = _in(w2 * _in(x2 * r, dt, EXACT), dt, EXACT)
     return x1, x2, m
 
 
@@ -47,11 +48,11 @@ def _store_rotated(o_ptr, o_off, h, o_sh, x1, x2, m, c1, c2, s1, s2, d, HALF: tl
                    EXACT: tl.constexpr):
     dt: tl.constexpr = o_ptr.dtype.element_ty
     if EAGER:
-        o1 = _in(x1 * c1[None, :], dt, EXACT) - _in(x2 * s1[None, :], dt, EXACT)
-        o2 = _in(x2 * c2[None, :], dt, EXACT) + _in(x1 * s2[None, :], dt, EXACT)
+        o1 = _in(x1 * c1, dt, EXACT) - _in(x2 * s1, dt, EXACT)
+        o2 = _in(x2 * c2, dt, EXACT) + _in(x1 * s2, dt, EXACT)
     else:
-        o1 = x1 * c1[None, :] - x2 * s1[None, :]
-        o2 = x2 * c2[None, :] + x1 * s2[None, :]
+        o1 = x1 * c1 - x2 * s1
+        o2 = x2 * c2 + x1 * s2
     dst = o_ptr + o_off + h[:, None] * o_sh + d[None, :]
     tl.store(dst, round_to(o1, dt, EXACT), mask=m)
     tl.store(dst + HALF, round_to(o2, dt, EXACT), mask=m)
@@ -60,11 +61,12 @@ def _store_rotated(o_ptr, o_off, h, o_sh, x1, x2, m, c1, c2, s1, s2, d, HALF: tl
 @triton.jit
 def _tts_rope_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, pos_ptr, qw_ptr, kw_ptr,
-    S, HQ, HKV, H_MAX, MAX_POS, eps,
+    S, HQ, HKV, ROUNDS, MAX_POS, eps,
     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
     c_sb, c_ss, s_sb, s_ss, p_sb, p_ss,
     qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
-    HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, EAGER: tl.constexpr, TABLE: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    EAGER: tl.constexpr, TABLE: tl.constexpr,
     NORM: tl.constexpr, EXACT: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
@@ -79,40 +81,47 @@ def _tts_rope_kernel(
     else:
         cp = cos_ptr + b * c_sb + s * c_ss + d
         sp = sin_ptr + b * s_sb + s * s_ss + d
-    c1 = to_f32(tl.load(cp, mask=d_mask), EXACT)
-    c2 = to_f32(tl.load(cp + HALF, mask=d_mask), EXACT)
-    s1 = to_f32(tl.load(sp, mask=d_mask), EXACT)
-    s2 = to_f32(tl.load(sp + HALF, mask=d_mask), EXACT)
+    # the rows as [1, BLOCK_D] tiles, broadcast over the heads (with few warps a row is read an element per
+    # thread and reaches the head tiles' layout through a small shared-memory exchange)
+    rd, rm = d[None, :], d_mask[None, :]
+    c1 = to_f32(tl.load(cp[None, :], mask=rm), EXACT)
+    c2 = to_f32(tl.load(cp[None, :] + HALF, mask=rm), EXACT)
+    s1 = to_f32(tl.load(sp[None, :], mask=rm), EXACT)
+    s2 = to_f32(tl.load(sp[None, :] + HALF, mask=rm), EXACT)
     if EAGER and TABLE:  # an fp32 table is rounded to the dtype first, as the model's rotary module returns it
         dt: tl.constexpr = qo_ptr.dtype.element_ty
         c1, c2, s1, s2 = _in(c1, dt, EXACT), _in(c2, dt, EXACT), _in(s1, dt, EXACT), _in(s2, dt, EXACT)
     qw1, qw2, kw1, kw2 = c1, c1, c1, c1  # unused unless NORM
     if NORM:
-        qw1 = to_f32(tl.load(qw_ptr + d, mask=d_mask), EXACT)
-        qw2 = to_f32(tl.load(qw_ptr + HALF + d, mask=d_mask), EXACT)
-        kw1 = to_f32(tl.load(kw_ptr + d, mask=d_mask), EXACT)
-        kw2 = to_f32(tl.load(kw_ptr + HALF + d, mask=d_mask), EXACT)
+        qw1 = to_f32(tl.load(qw_ptr + rd, mask=rm), EXACT)
+        qw2 = to_f32(tl.load(qw_ptr + HALF + rd, mask=rm), EXACT)
+        kw1 = to_f32(tl.load(kw_ptr + rd, mask=rm), EXACT)
+        kw2 = to_f32(tl.load(kw_ptr + HALF + rd, mask=rm), EXACT)
     q_off, qo_off = b * q_sb + s * q_ss, b * qo_sb + s * qo_ss
     k_off, ko_off = b * k_sb + s * k_ss, b * ko_sb + s * ko_ss
-    # Q's and K's tiles of the same heads are loaded before either is stored: the stores may alias the loads
-    # (inplace), so the compiler keeps program order, and loading K after storing Q would cost a second memory
-    # round trip in every program. Up to BLOCK_H heads of each (all of them in every seed shape) take one round
-    # trip; past H_MAX = max(HQ, HKV) the masks are all false.
-    for h0 in range(0, H_MAX, BLOCK_H):
-        h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
-        q1, q2, qm = _load_heads(q_ptr, q_off, h, HQ, q_sh, d, d_mask, qw1, qw2, eps, HALF, NORM, EXACT)
-        k1, k2, km = _load_heads(k_ptr, k_off, h, HKV, k_sh, d, d_mask, kw1, kw2, eps, HALF, NORM, EXACT)
-        _store_rotated(qo_ptr, qo_off, h, qo_sh, q1, q2, qm, c1, c2, s1, s2, d, HALF, EAGER, EXACT)
-        _store_rotated(ko_ptr, ko_off, h, ko_sh, k1, k2, km, c1, c2, s1, s2, d, HALF, EAGER, EXACT)
+    # Q's and K's tiles of a round are loaded before either is stored: the stores may alias the loads (inplace),
+    # so the compiler keeps program order, and loading K after storing Q would cost a second memory round trip
+    # in every program. One round holds every head of every seed shape; past Q's or K's last head the masks are
+    # all false.
+    for r in range(0, ROUNDS):
+        hq = (r * BLOCK_HQ + tl.arange(0, BLOCK_HQ)).to(tl.int64)
+        hk = (r * BLOCK_HK + tl.arange(0, BLOCK_HK)).to(tl.int64)
+        q1, q2, qm = _load_heads(q_ptr, q_off, hq, HQ, q_sh, d, d_mask, qw1, qw2, eps, HALF, NORM, EXACT)
+        k1, k2, km = _load_heads(k_ptr, k_off, hk, HKV, k_sh, d, d_mask, kw1, kw2, eps, HALF, NORM, EXACT)
+        _store_rotated(qo_ptr, qo_off, hq, qo_sh, q1, q2, qm, c1, c2, s1, s2, d, HALF, EAGER, EXACT)
+        _store_rotated(ko_ptr, ko_off, hk, ko_sh, k1, k2, km, c1, c2, s1, s2, d, HALF, EAGER, EXACT)
 
 
-def launch_shape(hq: int, hkv: int, head_dim: int, warp_size: int = WARP_SIZE) -> tuple[int, int, int]:
-    """``(BLOCK_D, BLOCK_H, num_warps)``: up to 2K elements per half-tile, so 32 heads of D=128 (every seed
-    shape, wide_heads included) take one pass, and warps sized so each thread owns 8 elements of a half-tile,
-    a 16-byte vector of bf16/fp16."""
+def launch_shape(hq: int, hkv: int, head_dim: int, warp_size: int = WARP_SIZE) -> tuple[int, int, int, int]:
+    """``(BLOCK_D, BLOCK_HQ, BLOCK_HK, num_warps)``: Q's and K's heads each in the smallest power of two that
+    holds them, up to 2K elements per half-tile (32 heads of D=128: every seed shape in one round, no masked
+    rows), and warps sized so each thread owns at least 8 elements of the smaller half-tile, a 16-byte vector of
+    bf16/fp16."""
     block_d = triton.next_power_of_2(head_dim // 2)
-    block_h = max(1, min(triton.next_power_of_2(max(hq, hkv, 1)), max(1, 2048 // block_d)))
-    return block_d, block_h, max(1, min(8, block_h * block_d // (8 * warp_size)))
+    cap = max(1, 2048 // block_d)
+    block_hq = min(triton.next_power_of_2(max(hq, 1)), cap)
+    block_hk = min(triton.next_power_of_2(max(hkv, 1)), cap)
+    return block_d, block_hq, block_hk, max(1, min(8, min(block_hq, block_hk) * block_d // (8 * warp_size)))
 
 
 def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, q_weight=None, k_weight=None,
@@ -125,7 +134,7 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = F
     B, HQ, S, D = q.shape
     HKV = k.shape[1]
     half = D // 2
-    block_d, block_h, num_warps = launch_shape(HQ, HKV, D)
+    block_d, block_hq, block_hk, num_warps = launch_shape(HQ, HKV, D)
     table = positions is not None
     # cos/sin broadcast over the batch: stride 0 re-reads batch 0; [S] positions likewise.
     c_sb = cos.stride(0) if cos.shape[0] > 1 and not table else 0
@@ -136,10 +145,10 @@ def qwen3_tts_rope(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = F
     with launch_lock():
         _tts_rope_kernel[(B * S,)](
             q, k, cos, sin, q_out, k_out, positions if table else q, qw, kw,
-            S, HQ, HKV, max(HQ, HKV), cos.shape[0], float(eps),
+            S, HQ, HKV, max(triton.cdiv(HQ, block_hq), triton.cdiv(HKV, block_hk)), cos.shape[0], float(eps),
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             c_sb, c_ss, s_sb, s_ss, p_sb, p_ss,
             q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
-            HALF=half, BLOCK_D=block_d, BLOCK_H=block_h, EAGER=bool(eager), TABLE=table, NORM=norm,
-            EXACT=INTERPRETED, num_warps=num_warps, enable_fp_fusion=not eager,
+            HALF=half, BLOCK_D=block_d, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, EAGER=bool(eager), TABLE=table,
+            NORM=norm, EXACT=INTERPRETED, num_warps=num_warps, enable_fp_fusion=not eager,
         )

@@ -106,11 +106,11 @@ def tts_kernel(target, dtype="bf16", head_dim=128, hq=32, hkv=8, eager=False, ta
     """The kernel with the launch shape the launcher picks on ``target`` (default: wide_heads, the widest tile);
     ``eager`` numerics (no FP fusion, as launched), cos/sin ``table`` of that dtype read at positions, the q/k
     ``norm``."""
-    block_d, block_h, warps = tts.launch_shape(hq, hkv, head_dim, target.warp_size)
+    block_d, block_hq, block_hk, warps = tts.launch_shape(hq, hkv, head_dim, target.warp_size)
     ptrs = tts_ptrs(dtype, table)
     strides = {n for n in tts._tts_rope_kernel.arg_names if "_s" in n and n not in ptrs}
-    consts = dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_H=block_h, EAGER=eager, TABLE=bool(table), NORM=norm,
-                  EXACT=False)
+    consts = dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, EAGER=eager,
+                  TABLE=bool(table), NORM=norm, EXACT=False)
     return compile_kernel(tts._tts_rope_kernel, ptrs, consts, strides, target, warps, enable_fp_fusion=not eager)
 
 
@@ -153,11 +153,11 @@ def variants(tname) -> int:
     n = 0
     for dt in ("fp16", "fp32", "bf16"):
         for head_dim in (64, 96, 256):
-            block_d, block_h, warps = tts.launch_shape(32, 8, head_dim, target.warp_size)
+            block_d, block_hq, block_hk, warps = tts.launch_shape(32, 8, head_dim, target.warp_size)
             for eager, table, norm, pos in ((False, "", False, "i64"), (True, "fp32", True, "i32")):
                 ptrs = tts_ptrs(dt, table, pos)
-                consts = dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_H=block_h, EAGER=eager, TABLE=bool(table),
-                              NORM=norm, EXACT=False)
+                consts = dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_HQ=block_hq, BLOCK_HK=block_hk,
+                              EAGER=eager, TABLE=bool(table), NORM=norm, EXACT=False)
                 compile_kernel(tts._tts_rope_kernel, ptrs, consts, set(), target, warps, enable_fp_fusion=not eager)
                 n += 1
     fp8 = arch_fp8_dtype(tname)
