@@ -2,7 +2,7 @@
 warp's path (bench/static/sass.py) for the exact launch fusedrope's launchers make (bench/static/nvidia.py), against
 the bytes the work must move, beside vLLM's own Triton kernel compiled the same way.
 
-    python bench/static/budget.py [--out DIR] [--quick] [--vllm-wheel WHEEL]
+    python bench/static/budget.py [--out DIR] [--quick] [--vllm-wheel WHEEL | --no-vllm]
 
 Writes DIR/budget.json (one row per kernel and shape) and DIR/README.md (the tables, the command, the constants).
 ``--quick`` counts the shapes the CI gate checks (tests/test_issue_budget.py). vLLM's kernel is read at run time
@@ -252,17 +252,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None, help="folder for budget.json and README.md")
     ap.add_argument("--quick", action="store_true", help="the CI gate's shapes only")
-    ap.add_argument("--vllm-wheel", default=None)
+    ap.add_argument("--vllm-wheel", default=None, help="vLLM's wheel or its kernel's file (default: .whl/'s)")
+    ap.add_argument("--no-vllm", action="store_true", help="leave vLLM's kernel out")
     args = ap.parse_args(argv)
-    wheel = find_vllm_wheel(args.vllm_wheel)
+    wheel = None if args.no_vllm else find_vllm_wheel(args.vllm_wheel)
+    prov = provenance(args, wheel)  # the tree as the count starts
     rows = run(args.quick, wheel)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "budget.json").write_text(json.dumps(dict(provenance=provenance(args, wheel), rows=rows), indent=1))
         import report
 
-        (out / "README.md").write_text(report.markdown(provenance(args, wheel), rows))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "budget.json").write_text(json.dumps(dict(provenance=prov, rows=rows), indent=1))
+        (out / "README.md").write_text(report.markdown(prov, rows))
     return 0
 
 
