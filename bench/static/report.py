@@ -32,8 +32,9 @@ def markdown(provenance: dict, rows: list[dict]) -> str:
         "# Issue budget, counted on the CPU",
         "",
         f"Command: `{provenance['command']}` at commit {provenance['commit']}"
-        f"{' (with uncommitted changes)' if provenance['dirty'] else ''}, {provenance['date']}, on {provenance['machine']}"
-        f" ({provenance['cpu']}); {provenance['nvcc']}; Triton {provenance['triton']}; torch {provenance['torch']}; "
+        f"{' (with uncommitted changes)' if provenance['dirty'] else ''}, {provenance['date']}, "
+        f"on {provenance['machine']} ({provenance['cpu']}); {provenance['nvcc']}; Triton {provenance['triton']}; "
+        f"torch {provenance['torch']}; "
         + (f"vLLM's kernel from {vllm}." if vllm else "vLLM's kernel not found: its rows are left out."),
         "",
         "Each row is one launch as fusedrope's launcher makes it for that shape, compiled for sm_90 and read from its "
