@@ -107,26 +107,20 @@ class Quant:
         import irgq_harness as H
 
         self.h = H
-        src = root / "kernels_cuda" / "inverse_rope_group_quant.cu"
-        self.functions = N.cubin_functions(src)
-        self.rec = N.Recorder(src, ROOT / "tests/support/cuda_emul/irgq_harness.cpp", lockstep=True)
+        self.rec = N.Recorder(root / "kernels_cuda" / "inverse_rope_group_quant.cu",
+                              ROOT / "tests/support/cuda_emul/irgq_harness.cpp", lockstep=True)
 
     def cuda(self, S, H, G, q, layout, kernel) -> N.Launch:
         o, pos, _, cos, sin, x, s = quant_tensors(S, H, G, q, layout)
-        status = self.h.emulate(self.rec.lib, o, pos, cos, sin, x, s, q, kernel=kernel)
-        if status:
-            raise RuntimeError(f"launcher status {status}")
-        return self.rec.last(self.functions)
+        return self.rec.launch(self.h.emulate(self.rec.lib, o, pos, cos, sin, x, s, q, kernel=kernel))
 
     @staticmethod
     def triton(S, H, G, q, layout) -> N.Launch:
         from fusedrope.inverse_rope_group_quant import triton as irq
 
         o, pos, _, cos, sin, x, s = quant_tensors(S, H, G, q, layout)
-        with N.recorded_triton_launches() as calls:
-            irq.inverse_rope_group_quant(o, pos, cos, sin, x, s, q, scale_layout="row" if layout == "row" else "col")
-        (fn, grid, args, kwargs), = calls
-        return N.triton_launch(fn, grid, args, kwargs)
+        layout = "row" if layout == "row" else "col"
+        return N.triton_launch_of(lambda: irq.inverse_rope_group_quant(o, pos, cos, sin, x, s, q, scale_layout=layout))
 
 
 def vllm_launch(kernel, S, H, G, q=128) -> N.Launch:
@@ -134,10 +128,7 @@ def vllm_launch(kernel, S, H, G, q=128) -> N.Launch:
     from fusedrope.benchmark import vllm_peer
 
     o, pos, cache, *_ = quant_tensors(S, H, G, q, "vllm")
-    with N.recorded_triton_launches() as calls:
-        vllm_peer.launch(kernel, o, pos, cache, *vllm_peer.outputs(o, G, q), G, q)
-    (fn, g, args, kwargs), = calls
-    return N.triton_launch(fn, g, args, kwargs)
+    return N.triton_launch_of(lambda: vllm_peer.launch(kernel, o, pos, cache, *vllm_peer.outputs(o, G, q), G, q))
 
 
 # ---- qwen3_tts_rope ---------------------------------------------------------------------------------------------
@@ -158,24 +149,17 @@ class Tts:
         import test_qwen3_tts_rope_cuda as t1
 
         self.t1 = t1
-        src = root / "kernels_cuda" / "qwen3_tts_rope.cu"
-        self.functions = N.cubin_functions(src)
-        self.rec = N.Recorder(src, ROOT / "tests/support/cuda_emul/harness.cpp", lockstep=False)
+        self.rec = N.Recorder(root / "kernels_cuda" / "qwen3_tts_rope.cu", ROOT / "tests/support/cuda_emul/harness.cpp",
+                              lockstep=False)
 
     def cuda(self, B, S, Hq, Hkv) -> N.Launch:
-        status = self.t1.emu_call(self.rec.lib, *tts_tensors(B, S, Hq, Hkv))
-        if status:
-            raise RuntimeError(f"launcher status {status}")
-        return self.rec.last(self.functions)
+        return self.rec.launch(self.t1.emu_call(self.rec.lib, *tts_tensors(B, S, Hq, Hkv)))
 
     @staticmethod
     def triton(B, S, Hq, Hkv) -> N.Launch:
         from fusedrope.qwen3_tts_rope import triton as tt
 
-        with N.recorded_triton_launches() as calls:
-            tt.qwen3_tts_rope(*tts_tensors(B, S, Hq, Hkv))
-        (fn, grid, args, kwargs), = calls
-        return N.triton_launch(fn, grid, args, kwargs)
+        return N.triton_launch_of(lambda: tt.qwen3_tts_rope(*tts_tensors(B, S, Hq, Hkv)))
 
 
 # ---- the run ------------------------------------------------------------------------------------------------------

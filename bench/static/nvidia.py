@@ -88,7 +88,8 @@ def cubin_functions(src: Path, extra=()) -> dict[str, tuple[str, dict]]:
 
 
 class Recorder:
-    """A launcher built in cuda_emul's record mode: ``call(...)`` runs the launcher, ``last()`` the launch it made."""
+    """A launcher built in cuda_emul's record mode (``lib``): call its entry point, then ``launch(status)`` is the
+    launch it made."""
 
     def __init__(self, kernel_src: Path, harness: Path, lockstep: bool):
         flags = ["-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-DCUDA_EMUL_RECORD",
@@ -111,12 +112,16 @@ class Recorder:
                 syms.setdefault(int(f[0], 16), f[2])
         self.anchor = next(a for a, n in syms.items() if n == "emul_record_anchor")
         self.symbols = syms
+        self.functions = cubin_functions(kernel_src)
 
-    def last(self, functions: dict) -> Launch:
+    def launch(self, status: int) -> Launch:
+        """The launch the launcher just recorded; ``status``, what the call returned, must be 0."""
+        if status:
+            raise RuntimeError(f"launcher status {status}")
         geo, buf, n = (ctypes.c_uint * 6)(), (ctypes.c_ubyte * 4096)(), ctypes.c_uint()
         self.lib.emul_record_launch(geo, buf, ctypes.byref(n))
         name = without_anonymous_namespace(self.symbols[self.anchor + self.lib.emul_record_kernel()])
-        sass, usage = functions[name]
+        sass, usage = self.functions[name]
         return Launch(name, sass, tuple(geo[:3]), tuple(geo[3:]), bytes(buf[:n.value]), usage.get("registers", 0),
                       usage.get("shared", 0))
 
@@ -138,6 +143,14 @@ def recorded_triton_launches():
         yield calls
     finally:
         JITFunction.run = real
+
+
+def triton_launch_of(call) -> Launch:
+    """The one Triton launch ``call()`` makes, compiled (:func:`triton_launch`)."""
+    with recorded_triton_launches() as calls:
+        call()
+    (fn, grid, args, kwargs), = calls
+    return triton_launch(fn, grid, args, kwargs)
 
 
 _PTX_SIZE = {"u64": 8, "b64": 8, "s64": 8, "u32": 4, "b32": 4, "s32": 4, "f32": 4, "u8": 1, "b8": 1, "u16": 2,
