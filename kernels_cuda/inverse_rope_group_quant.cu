@@ -233,19 +233,11 @@ __device__ __forceinline__ uint4 quant16_bf16(const uint4& a, const uint4& b, ui
   return make_uint4(q[0], q[1], q[2], q[3]);
 }
 
-// *p = v where `on`, as one predicated store (no branch around it: the head kernel's only branch is its exit).
+// *p = v where `on`, as one predicated store (no branch around it: the head kernel branches only per warp).
 __device__ __forceinline__ void store_if(bool on, uint4* p, const uint4& v) {
 #if defined(__CUDA_ARCH__)
   asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %0, 0;\n @q st.global.v4.b32 [%1], {%2, %3, %4, %5};\n}"
                :: "r"((int)on), "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-#else
-  if (on) *p = v;
-#endif
-}
-__device__ __forceinline__ void store_if(bool on, unsigned short* p, unsigned short v) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %0, 0;\n @q st.global.b16 [%1], %2;\n}"
-               :: "r"((int)on), "l"(p), "h"(v) : "memory");
 #else
   if (on) *p = v;
 #endif
@@ -272,62 +264,66 @@ __global__ void __launch_bounds__(kThreads) irgq_head_kernel(const KArgs a) {
   const unsigned s = blockIdx.x * kHeadTokens + warp;
   const unsigned head = blockIdx.z * a.heads_per_group + blockIdx.y;
   const bool body = lane < kFirstTailChunk;  // lanes holding a chunk without rope dims
-  // Past the last token: nothing in the row-major kernel; in the strided one, zero scales (padding rows), so
-  // those warps compute on the last token's values and store nothing else.
+  // Past the last token: nothing in the row-major kernel; in the strided one, zero scales (padding rows) only.
   const bool real = s < a.num_tokens;
   if (kScales == kRowMajorE8m0 && !real) return;
-  const unsigned tok = real ? s : a.num_tokens - 1;
   wait_for_previous_grid();
-  const unsigned row = tok * a.num_heads + head;  // (token, head): S * H < 2^32 (make_kargs)
-  // Every lane loads a chunk (the tail's four are unused: their values, maxima and stores are the pairs').
-  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.o) + kChunk * 2 * lane) +
-                     (unsigned long long)row * (kHeadDim / 8);
-  const uint4 v0 = src[0], v1 = src[1];
-  const uint32_t ed = (static_cast<const uint32_t*>(a.o) + (kHeadDim - kRopeDim) / 2 + lane)[
-      (unsigned long long)row * (kHeadDim / 2)];
-  // not __ldg: a read-only load may be hoisted above the wait for the previous grid, which may write positions
-  const long long pos = *reinterpret_cast<const long long*>(static_cast<const unsigned char*>(a.positions) +
-                                                            a.pos_stride_bytes * tok);
-  // clamped to [0, max_pos) (max_pos < 2^31): a negative position is past max_pos as unsigned, then 0
-  const unsigned below = (unsigned long long)pos < (unsigned long long)a.max_pos ? (unsigned)pos
-                                                                                 : (unsigned)a.max_pos - 1u;
-  const unsigned p = pos < 0 ? 0u : below;
-  const float c = cache_entry<kCache>(a.cos, p, (unsigned)a.cos_stride_bytes, lane);
-  const float n = cache_entry<kCache>(a.sin, p, (unsigned)a.sin_stride_bytes, lane);
-  allow_next_grid();
+  uint32_t byte = 0;  // this lane's quant block's scale byte; 0 in the padding rows
+  // The padding warps of the strided kernel go straight to the exchange. A vote: the compiler then knows the
+  // branch is warp-uniform, and puts no divergence path around the shuffles.
+  if (kScales == kRowMajorE8m0 || __all_sync(0xFFFFFFFFu, real)) {
+    const unsigned row = s * a.num_heads + head;  // (token, head): S * H < 2^32 (make_kargs)
+    // Every lane loads a chunk (the tail's four are unused: their values, maxima and stores are the pairs').
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(a.o) + kChunk * 2 * lane) +
+                       (unsigned long long)row * (kHeadDim / 8);
+    const uint4 v0 = src[0], v1 = src[1];
+    const uint32_t ed = (static_cast<const uint32_t*>(a.o) + (kHeadDim - kRopeDim) / 2 + lane)[
+        (unsigned long long)row * (kHeadDim / 2)];
+    // not __ldg: a read-only load may be hoisted above the wait for the previous grid, which may write positions
+    const long long pos = *reinterpret_cast<const long long*>(static_cast<const unsigned char*>(a.positions) +
+                                                              a.pos_stride_bytes * s);
+    // clamped to [0, max_pos) (max_pos < 2^31): a negative position is past max_pos as unsigned, then 0
+    const unsigned below = (unsigned long long)pos < (unsigned long long)a.max_pos ? (unsigned)pos
+                                                                                   : (unsigned)a.max_pos - 1u;
+    const unsigned p = pos < 0 ? 0u : below;
+    const float c = cache_entry<kCache>(a.cos, p, (unsigned)a.cos_stride_bytes, lane);
+    const float n = cache_entry<kCache>(a.sin, p, (unsigned)a.sin_stride_bytes, lane);
+    allow_next_grid();
 
-  // The rope pair, rotated back: e' = e*c + d*n, d' = d*c - e*n, each product and sum rounded once.
-  const float e = bits_to_float(ed << 16), d = bits_to_float(ed & 0xFFFF0000u);
-  const float e2 = add_rn(mul_rn(e, c), mul_rn(d, n)), d2 = sub_rn(mul_rn(d, c), mul_rn(e, n));
-  // Block maxima of |v| as integer bits: the chunks' over their kLanes lanes; the tail's block over the pairs
-  // (and, for Q >= 128, the chunks of the rope tail's block that hold no rope dims).
-  const uint32_t chunk_m = amax_bits_bf16(v0, v1);
-  uint32_t m = chunk_m;
+    // The rope pair, rotated back: e' = e*c + d*n, d' = d*c - e*n, each product and sum rounded once.
+    const float e = bits_to_float(ed << 16), d = bits_to_float(ed & 0xFFFF0000u);
+    const float e2 = add_rn(mul_rn(e, c), mul_rn(d, n)), d2 = sub_rn(mul_rn(d, c), mul_rn(e, n));
+    // Block maxima of |v| as integer bits: the chunks' over their kLanes lanes; the tail's block over the pairs
+    // (and, for Q >= 128, the chunks of the rope tail's block that hold no rope dims).
+    const uint32_t chunk_m = amax_bits_bf16(v0, v1);
+    uint32_t m = chunk_m;
 #pragma unroll
-  for (unsigned off = 1; off < kLanes; off <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-  uint32_t t = max(float_to_bits(e2) & 0x7FFFFFFFu, float_to_bits(d2) & 0x7FFFFFFFu);
-  if (kQ >= 128 && lane >= kTailBlockLane && body) t = max(t, chunk_m);
+    for (unsigned off = 1; off < kLanes; off <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+    uint32_t t = max(float_to_bits(e2) & 0x7FFFFFFFu, float_to_bits(d2) & 0x7FFFFFFFu);
+    if (kQ >= 128 && lane >= kTailBlockLane && body) t = max(t, chunk_m);
 #pragma unroll
-  for (unsigned off = 1; off < (kQ == 32 ? 16u : 32u); off <<= 1) t = max(t, __shfl_xor_sync(0xFFFFFFFFu, t, off));
-  // The chunk lanes from the rope tail's block on take its maximum, and so its scale, which the pairs then read
-  // from them: for Q = 32 its two blocks are pairs 0..15 (chunk lanes 28, 29) and 16..31 (30, 31).
-  const uint32_t t_other = kQ == 32 ? __shfl_xor_sync(0xFFFFFFFFu, t, 16) : t;
-  if (lane >= kTailBlockLane) m = kQ == 32 && lane < 30 ? t_other : t;
-  const uint32_t byte = e8m0_byte_carry(m, false);
-  const uint32_t inv = inv_scale_bits_or_nan(byte);
-  const float ti = bits_to_float(__shfl_sync(0xFFFFFFFFu, inv, kQ == 32 ? 28 + 2 * (lane / 16) : 31));
+    for (unsigned off = 1; off < (kQ == 32 ? 16u : 32u); off <<= 1) t = max(t, __shfl_xor_sync(0xFFFFFFFFu, t, off));
+    // The chunk lanes from the rope tail's block on take its maximum, and so its scale, which the pairs then read
+    // from them: for Q = 32 its two blocks are pairs 0..15 (chunk lanes 28, 29) and 16..31 (30, 31).
+    const uint32_t t_other = kQ == 32 ? __shfl_xor_sync(0xFFFFFFFFu, t, 16) : t;
+    if (lane >= kTailBlockLane) m = kQ == 32 && lane < 30 ? t_other : t;
+    byte = e8m0_byte_carry(m, false);
+    const uint32_t inv = inv_scale_bits_or_nan(byte);
+    const float ti = bits_to_float(__shfl_sync(0xFFFFFFFFu, inv, kQ == 32 ? 28 + 2 * (lane / 16) : 31));
 
-  unsigned char* x_row = static_cast<unsigned char*>(a.x_fp8) + a.x_stride_s_bytes * tok +
-                         a.x_stride_g_bytes * blockIdx.z + (unsigned long long)kHeadDim * blockIdx.y;
-  store_if(real && body, reinterpret_cast<uint4*>(x_row + kChunk * lane), quant16_bf16(v0, v1, inv));
-  store_if(real, reinterpret_cast<unsigned short*>(x_row + (kHeadDim - kRopeDim) + 2 * lane),
-           (unsigned short)e4m3x2(e2 * ti, d2 * ti));
-  if (kScales == kRowMajorE8m0 && lane % kLanes == 0) {
-    (static_cast<unsigned char*>(a.x_scale) + lane / kLanes)[(unsigned long long)row * kBlocks] = (unsigned char)byte;
+    unsigned char* x_row = static_cast<unsigned char*>(a.x_fp8) + a.x_stride_s_bytes * s +
+                           a.x_stride_g_bytes * blockIdx.z + (unsigned long long)kHeadDim * blockIdx.y;
+    store_if(body, reinterpret_cast<uint4*>(x_row + kChunk * lane), quant16_bf16(v0, v1, inv));
+    *reinterpret_cast<unsigned short*>(x_row + (kHeadDim - kRopeDim) + 2 * lane) =
+        (unsigned short)e4m3x2(e2 * ti, d2 * ti);
+    if (kScales == kRowMajorE8m0 && lane % kLanes == 0) {
+      (static_cast<unsigned char*>(a.x_scale) + lane / kLanes)[(unsigned long long)row * kBlocks] =
+          (unsigned char)byte;
+    }
   }
   if (kScales == kStridedScales) {  // every block's bytes of the 8 tokens, then runs of 8 tokens per block
     __shared__ unsigned char bytes[kBlocks][kHeadTokens];
-    if (lane % kLanes == 0) bytes[lane / kLanes][warp] = real ? (unsigned char)byte : 0;  // padding rows: 0
+    if (lane % kLanes == 0) bytes[lane / kLanes][warp] = (unsigned char)byte;
     __syncthreads();
 #pragma unroll
     for (unsigned i = threadIdx.x; i < kBlocks * kHeadTokens; i += kThreads) {

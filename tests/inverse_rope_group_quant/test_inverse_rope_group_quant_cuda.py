@@ -91,8 +91,9 @@ def test_generic_kernel_sm90_sass():
 
 
 def test_head_kernel_sm90_sass():
-    """A warp per (token, head): no branch (the layout is compile-time; the warps past the last token exit, the
-    row-major kernel's only other one); two 16-byte loads of o and a predicated 16-byte store per lane, one 4-byte
+    """A warp per (token, head): no branch on the layout (compile-time); the row-major kernel's warps past the last
+    token exit, the strided kernel's skip to the scale exchange (one uniform branch after a vote, so no divergence
+    path around the shuffles); two 16-byte loads of o and a predicated 16-byte store per lane, one 4-byte
     load of o and one of cos and sin (fp32) for the lane's rope pair, its 2-byte fp8 store; 9 packed E4M3
     conversions (8 for the chunk, packed bf16 scaling before them, 1 for the pair); the shuffles of the chunks'
     blocks (log2(Q/16)), of the rope tail's block (4 for Q = 32, else 5), the scale's broadcast to the pairs (and
@@ -102,10 +103,13 @@ def test_head_kernel_sm90_sass():
     funcs, usage = sass_functions(sass(cubin)), resource_usage(cubin)
     for name, (q, cache, scales) in _head(funcs).items():
         ops = opcodes(funcs[name])
-        # the strided-scale kernels branch after their barrier only: on the scale format and the padding rows
+        # after the barrier the strided-scale kernels branch on the scale format and the padding rows; the BRA
+        # after the row-major kernel's last EXIT is the end's trap loop
         upto = ops.index("BAR.SYNC.DEFER_BLOCKING") if scales == STRIDED else max(
-            i for i, o in enumerate(ops) if o == "EXIT")  # the BRA after the last EXIT: the end's trap loop
-        assert not [o for o in ops[:upto] if o.startswith("BRA")], f"{name}: branches {ops.count('BRA')}"
+            i for i, o in enumerate(ops) if o == "EXIT")
+        branches = [o for o in ops[:upto] if o.startswith("BRA") or o.startswith("WARPSYNC")]
+        assert branches == (["BRA"] if scales == STRIDED else []), f"{name}: {branches}"
+        assert ops.count("VOTE.ALL") == (scales == STRIDED), name
         assert _wide(ops, "LDG") == 2 and _wide(ops, "STG") == 1, name
         cache_loads = sum(o == ("LDG.E.CONSTANT" if cache == F32_CACHE else "LDG.E.U16.CONSTANT") for o in ops)
         assert cache_loads == 2 and ops.count("STG.E.U16") == 1, f"{name}: {cache_loads} cos/sin loads"

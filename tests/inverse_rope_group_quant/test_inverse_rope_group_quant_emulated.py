@@ -94,8 +94,9 @@ def test_seed_shapes_all_groups_both_layouts(lib, q):
             st = _run_checked(lib, o, p, c, s, G, q, transpose)
             grid, block = expected_launch(lib, 5, H, G)
             assert st["launches"] == 1 and (st["grid"], st["block"]) == (grid, block), st
-            if lib.launch.get("kernel"):  # the 5 tokens' warps shuffle, the 3 past them exit (row-major scales)
-                want = (5 if not transpose else 8) * 32 * H * head_shuffles(q)
+            if lib.launch.get("kernel"):  # the 5 tokens' warps shuffle; the 3 past them exit (row-major scales),
+                # or all 8 first vote on whether they hold a token (5 butterfly steps in the emulation)
+                want = 32 * H * (5 * head_shuffles(q) + (8 * 5 if transpose else 0))
             else:  # every work-item does log2(q/16) cross-lane steps for each of its u chunks, valid or not
                 want = grid * block * chunks_per_thread(lib) * int(math.log2(q // 16))
             assert st["exchanges"] == want, st
@@ -578,7 +579,7 @@ def test_padding_rows_of_column_major_scales_are_zeros(lib, S, rows, scale_dtype
 
 
 LAYOUT_MUTATIONS = [  # (vendor, text, replacement): the indexing of a kernel writing those layouts broken
-    ("cuda", "bytes[lane / kLanes][warp] = real ? (unsigned char)byte : 0;", "bytes[lane / kLanes][warp] = byte;"),
+    ("cuda", "uint32_t byte = 0;  // this lane's", "uint32_t byte = 127;  // this lane's"),
     ("cuda", "a.x_stride_g_bytes * blockIdx.z", "a.x_stride_s_bytes * blockIdx.z"),
     ("cuda", "const unsigned ts = blockIdx.x * kHeadTokens + i % kHeadTokens",
      "const unsigned ts = blockIdx.x * kHeadTokens + i % 4"),

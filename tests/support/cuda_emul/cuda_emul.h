@@ -272,6 +272,10 @@ inline unsigned int __shfl_sync(unsigned int, unsigned int var, int, int = 32) {
   ++emu_shuffles_out_of_lockstep;
   return var;
 }
+inline int __all_sync(unsigned int, int pred) {
+  ++emu_shuffles_out_of_lockstep;
+  return pred;
+}
 #else
 // Full-warp xor shuffle (width 32); a partial mask or width is reported, as is a lane whose partner did not
 // shuffle with it.
@@ -285,5 +289,13 @@ inline unsigned int __shfl_sync(unsigned int mask, unsigned int var, int src_lan
                                 const std::source_location loc = std::source_location::current()) {
   if (mask != 0xFFFFFFFFu || width != 32) lockstep::report("__shfl_sync with a partial mask or width", src_lane);
   return (unsigned int)lockstep::exchange(var, -1, 32, [&](int) { return src_lane & 31; }, var, loc);
+}
+// Full-warp vote: whether `pred` holds in every lane (a butterfly of exchanges).
+inline int __all_sync(unsigned int mask, int pred, const std::source_location loc = std::source_location::current()) {
+  if (mask != 0xFFFFFFFFu) lockstep::report("__all_sync with a partial mask", 0);
+  unsigned long long all = pred != 0;
+  for (int off = 1; off < 32; off <<= 1)
+    all &= lockstep::exchange(all, 0x100 | off, 32, [&](int l) { return l ^ off; }, all, loc);
+  return (int)all;
 }
 #endif
