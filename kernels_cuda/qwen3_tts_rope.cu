@@ -42,7 +42,7 @@ namespace fusedrope {
 namespace {
 
 constexpr int kUnroll = 4;       // passes whose loads are issued together
-constexpr int kMaxThreads = 256;  // warps_per_token * tokens_per_cta <= 8
+constexpr int kMaxThreads = 256;  // a bound on the launcher's blocks (32 x warps per token x tokens per block <= 128)
 constexpr unsigned kFullWarp = 0xffffffffu;
 
 // ---- element types: bits <-> fp32 ------------------------------------------------------------------------
@@ -201,7 +201,7 @@ __device__ __forceinline__ void normalize(Chunk<T, VEC> (&x1)[CPL], Chunk<T, VEC
 }
 
 // ---- the kernel ----------------------------------------------------------------------------------------------
-// blockDim = (32 * warps_per_token, tokens_per_cta). Token-strided loop over B*S tokens (grid may be capped).
+// blockDim = (32 * warps_per_token, tokens_per_cta). Token-strided loop over B*S tokens.
 // The modes' kernels say "at least one block per SM" (.minnctapersm 1): without it ptxas spilled one of them
 // (sm_80, fp32 table) at 80 registers. 0 emits no directive, so the plain kernels compile as before.
 template <typename T, int D, int VEC, bool kModes = false, typename CosT = T>
@@ -416,8 +416,7 @@ int qwen3_tts_rope_pick_vec(const TtsRopeParams& p) {
   return 1;
 }
 
-cudaError_t qwen3_tts_rope_launch(const TtsRopeParams& p, TtsRopeDtype dtype, cudaStream_t stream,
-                                  const TtsRopeLaunchConfig* config) {
+cudaError_t qwen3_tts_rope_launch(const TtsRopeParams& p, TtsRopeDtype dtype, cudaStream_t stream, bool pdl) {
   if (p.D != 64 && p.D != 128 && p.D != 256) return cudaErrorInvalidValue;
   if (p.B < 0 || p.S < 0 || p.Hq < 0 || p.Hkv < 0) return cudaErrorInvalidValue;
   const int64_t tokens = p.B * p.S, heads = p.Hq + p.Hkv;
@@ -429,33 +428,19 @@ cudaError_t qwen3_tts_rope_launch(const TtsRopeParams& p, TtsRopeDtype dtype, cu
       (p.q_weight == nullptr) != (p.k_weight == nullptr))
     return cudaErrorInvalidValue;
 
-  const TtsRopeLaunchConfig none{};
-  const TtsRopeLaunchConfig& cfg = config ? *config : none;
-  const int natural = qwen3_tts_rope_pick_vec(p);
-  int vec = natural;
-  if (cfg.vec) {  // a forced width may only be narrower than what the layout allows
-    if (cfg.vec != 8 && cfg.vec != 2 && cfg.vec != 1) return cudaErrorInvalidValue;
-    if (cfg.vec > natural) return cudaErrorInvalidValue;
-    vec = cfg.vec;
-  }
+  const int vec = qwen3_tts_rope_pick_vec(p);
 
   // Warps per token: enough that each warp's rows fit in one round of kUnroll passes (all its loads in
   // flight at once), at most 4. Tokens per block: 1 while the grid is small (spread over SMs: the tiny TTS
   // shapes are latency-bound), else about 4 warps per block.
   const int64_t passes = (heads + rows_per_pass(p.D, vec) - 1) / rows_per_pass(p.D, vec);
-  int wpt = int(std::min<int64_t>(4, std::max<int64_t>(1, (passes + kUnroll - 1) / kUnroll)));
-  int tpc = tokens * wpt <= 2048 ? 1 : std::max(1, 4 / wpt);
-  if (cfg.warps_per_token) wpt = cfg.warps_per_token;
-  if (cfg.tokens_per_cta) tpc = cfg.tokens_per_cta;
-  if (wpt < 1 || tpc < 1 || wpt > 8 || tpc > 8 || wpt * tpc * 32 > kMaxThreads) return cudaErrorInvalidValue;
-
-  int64_t blocks = std::min<int64_t>((tokens + tpc - 1) / tpc, INT32_MAX);
-  if (cfg.max_blocks > 0) blocks = std::min<int64_t>(blocks, cfg.max_blocks);  // the kernel loops over tokens
-  const dim3 grid{unsigned(blocks)}, block{unsigned(32 * wpt), unsigned(tpc)};
+  const int wpt = int(std::min<int64_t>(4, std::max<int64_t>(1, (passes + kUnroll - 1) / kUnroll)));
+  const int tpc = tokens * wpt <= 2048 ? 1 : std::max(1, 4 / wpt);
+  const dim3 grid{unsigned((tokens + tpc - 1) / tpc)}, block{unsigned(32 * wpt), unsigned(tpc)};
   cudaError_t err = cudaErrorInvalidValue;
   switch (dtype) {
-    case TtsRopeDtype::kBFloat16: err = launch_t<__nv_bfloat16>(vec, p, grid, block, cfg.pdl, stream); break;
-    case TtsRopeDtype::kFloat16: err = launch_t<__half>(vec, p, grid, block, cfg.pdl, stream); break;
+    case TtsRopeDtype::kBFloat16: err = launch_t<__nv_bfloat16>(vec, p, grid, block, pdl, stream); break;
+    case TtsRopeDtype::kFloat16: err = launch_t<__half>(vec, p, grid, block, pdl, stream); break;
   }
   if (err != cudaSuccess) (void)cudaGetLastError();  // do not leave the error for the next launch check
   return err;

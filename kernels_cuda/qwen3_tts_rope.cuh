@@ -18,7 +18,7 @@
 //              positions[b, s] (int32 or int64, strides p_sb, p_ss), clamped to [0, max_pos);
 //   q_weight   (and k_weight, [D] contiguous) every head row first becomes w * rnd(x * rsqrt(mean(x^2) + eps)),
 //              rnd() rounding to the dtype, as Qwen3's RMSNorm computes it (fp32 mean of squares);
-//   pdl        (TtsRopeLaunchConfig) a programmatic dependent launch, sm_90+.
+//   pdl        (the launcher's argument) a programmatic dependent launch, sm_90+.
 // Calls with any of them run kernels of their own (kModes), so the plain kernels are unchanged.
 #pragma once
 
@@ -55,28 +55,18 @@ struct TtsRopeParams {
   bool positions_int64 = false, table_fp32 = false, eager = false;
 };
 
-// Launch shape. 0 = let the launcher choose (the normal case); non-zero values force a choice, for tests
-// (e.g. the narrow paths on aligned data) and tuning on a GPU.
-struct TtsRopeLaunchConfig {
-  int vec = 0;              // elements per access along D: 8 (16-byte uint4), 2 (bf16x2 / half2) or 1
-  int warps_per_token = 0;  // warps sharing one (b, s) token's heads: 1..8
-  int tokens_per_cta = 0;   // tokens per thread block: 1..8, warps_per_token * tokens_per_cta <= 8
-  int max_blocks = 0;       // cap on the grid (the kernel loops over the remaining tokens); 0 = no cap
-  bool pdl = false;         // a programmatic dependent launch (sm_90+; cudaErrorNotSupported on an older image)
-};
-
 // Vector width the launcher would pick for these pointers and strides: 8 when all base pointers (q, k, cos,
 // sin, the outputs, the norm weights) are 16-byte aligned and every leading stride (of a dim with more than one
 // index) is a multiple of 8 elements, 2 when they are 4-byte aligned (8-byte for an fp32 table) with even
 // strides, else 1.
 int qwen3_tts_rope_pick_vec(const TtsRopeParams& p);
 
-// Enqueue the kernel on `stream`. Returns cudaSuccess, the launch error, or cudaErrorInvalidValue for
-// arguments the kernel does not serve (D not in {64, 128, 256}, B*S or Hq+Hkv >= 2^31, null pointers, a
-// forced config out of range, max_pos < 1 with positions, one norm weight without the other, eps < 0), or
-// cudaErrorNotSupported for pdl on a kernel image older than sm_90. Empty problems (B, S or Hq+Hkv = 0) return
-// cudaSuccess without a launch. Never synchronizes.
-cudaError_t qwen3_tts_rope_launch(const TtsRopeParams& p, TtsRopeDtype dtype, cudaStream_t stream,
-                                  const TtsRopeLaunchConfig* config = nullptr);
+// Enqueue the kernel on `stream`, its launch shape chosen from the problem (vector width from the pointers and
+// strides, warps per token from the heads, tokens per block from the tokens); `pdl` makes it a programmatic
+// dependent launch. Returns cudaSuccess, the launch error, or cudaErrorInvalidValue for arguments the kernel does
+// not serve (D not in {64, 128, 256}, B*S or Hq+Hkv >= 2^31, null pointers, max_pos < 1 with positions, one norm
+// weight without the other, eps < 0), or cudaErrorNotSupported for pdl on a kernel image older than sm_90. Empty
+// problems (B, S or Hq+Hkv = 0) return cudaSuccess without a launch. Never synchronizes.
+cudaError_t qwen3_tts_rope_launch(const TtsRopeParams& p, TtsRopeDtype dtype, cudaStream_t stream, bool pdl = false);
 
 }  // namespace fusedrope

@@ -3,15 +3,12 @@
 //   torch.ops.fusedrope_cuda.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, positions=None, eager=False,
 //                                                q_weight=None, k_weight=None, eps=0.0, pdl=False) -> ()
 //   torch.ops.fusedrope_cuda.qwen3_tts_rope(q, k, cos, sin) -> (q_out, k_out)   new contiguous outputs
-//   torch.ops.fusedrope_cuda.qwen3_tts_rope_out_config(q, k, cos, sin, q_out, k_out, positions, eager, q_weight,
-//       k_weight, eps, vec, warps_per_token, tokens_per_cta, max_blocks, pdl) -> ()
 //
 // Writes q_out / k_out through their own strides (pass q_out=q, k_out=k for in place). Launches on the current
 // stream of q's device, never synchronizes (CUDA-graph capturable). fusedrope/qwen3_tts_rope validates the
 // inputs before calling; the checks here are a second, defensive line with plain messages. The modes
 // (positions with cos/sin tables [max_pos, D], eager, the q/k norm weights) are described in qwen3_tts_rope.cuh.
-// pdl makes it a programmatic dependent launch (sm_90+). The `_config` variant forces the launch shape (0 =
-// automatic), for tests and tuning.
+// pdl makes it a programmatic dependent launch (sm_90+).
 //
 // Other sources of the same extension register their ops in the namespace with TORCH_LIBRARY_FRAGMENT too:
 // only one TORCH_LIBRARY block per namespace is allowed in a process.
@@ -93,8 +90,7 @@ void check_modes(const char* op, const at::Tensor& q, const at::Tensor& cos, con
 }
 
 void run(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
-         const at::Tensor& q_out, const at::Tensor& k_out, const fusedrope::TtsRopeLaunchConfig& cfg,
-         const Modes& m = Modes{}) {
+         const at::Tensor& q_out, const at::Tensor& k_out, bool pdl, const Modes& m = Modes{}) {
   TORCH_CHECK(q.defined() && q.is_cuda(), op, ": argument 'q' expected a CUDA tensor");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, op,
               ": argument 'q' expected dtype bfloat16 or float16, got ", q.scalar_type());
@@ -163,9 +159,8 @@ void run(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Ten
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
   const auto dtype = q.scalar_type() == at::kBFloat16 ? fusedrope::TtsRopeDtype::kBFloat16
                                                       : fusedrope::TtsRopeDtype::kFloat16;
-  const cudaError_t err = fusedrope::qwen3_tts_rope_launch(p, dtype, stream, &cfg);
-  const char* hint = err == cudaErrorInvalidValue ? " (arguments the kernel does not serve, or a forced launch "
-                                                    "config out of range)"
+  const cudaError_t err = fusedrope::qwen3_tts_rope_launch(p, dtype, stream, pdl);
+  const char* hint = err == cudaErrorInvalidValue ? " (arguments the kernel does not serve)"
                      : err == cudaErrorNotSupported ? " (pdl needs the kernel compiled for sm_90 or newer)"
                                                     : "";
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err), hint);
@@ -175,9 +170,7 @@ void qwen3_tts_rope_out(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         at::Tensor& q_out, at::Tensor& k_out, const c10::optional<at::Tensor>& positions, bool eager,
                         const c10::optional<at::Tensor>& q_weight, const c10::optional<at::Tensor>& k_weight,
                         double eps, bool pdl) {
-  fusedrope::TtsRopeLaunchConfig cfg;
-  cfg.pdl = pdl;
-  run(kOp, q, k, cos, sin, q_out, k_out, cfg, Modes{positions, q_weight, k_weight, eager, eps});
+  run(kOp, q, k, cos, sin, q_out, k_out, pdl, Modes{positions, q_weight, k_weight, eager, eps});
 }
 
 // Allocating the outputs here rather than in Python saves two Python calls per call, a large part of the
@@ -187,28 +180,8 @@ std::tuple<at::Tensor, at::Tensor> qwen3_tts_rope_new(const at::Tensor& q, const
   TORCH_CHECK(q.defined() && k.defined(), kOpNew, ": arguments 'q' and 'k' must be defined tensors");
   at::Tensor q_out = at::empty(q.sizes(), q.options());  // contiguous
   at::Tensor k_out = at::empty(k.sizes(), k.options());
-  run(kOpNew, q, k, cos, sin, q_out, k_out, fusedrope::TtsRopeLaunchConfig{});
+  run(kOpNew, q, k, cos, sin, q_out, k_out, false);
   return {q_out, k_out};
-}
-
-void qwen3_tts_rope_out_config(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                               const at::Tensor& sin, at::Tensor& q_out, at::Tensor& k_out,
-                               const c10::optional<at::Tensor>& positions, bool eager,
-                               const c10::optional<at::Tensor>& q_weight, const c10::optional<at::Tensor>& k_weight,
-                               double eps, int64_t vec, int64_t warps_per_token, int64_t tokens_per_cta,
-                               int64_t max_blocks, bool pdl) {
-  TORCH_CHECK(vec >= 0 && vec <= 8 && warps_per_token >= 0 && warps_per_token <= 8 && tokens_per_cta >= 0 &&
-                  tokens_per_cta <= 8 && max_blocks >= 0 && max_blocks <= INT32_MAX,
-              kOp, "_config: launch config out of range: vec=", msg::num(vec),
-              " warps_per_token=", msg::num(warps_per_token), " tokens_per_cta=", msg::num(tokens_per_cta),
-              " max_blocks=", msg::num(max_blocks));
-  fusedrope::TtsRopeLaunchConfig cfg;
-  cfg.vec = int(vec);
-  cfg.warps_per_token = int(warps_per_token);
-  cfg.tokens_per_cta = int(tokens_per_cta);
-  cfg.max_blocks = int(max_blocks);
-  cfg.pdl = pdl;
-  run(kOp, q, k, cos, sin, q_out, k_out, cfg, Modes{positions, q_weight, k_weight, eager, eps});
 }
 
 }  // namespace
@@ -219,14 +192,9 @@ TORCH_LIBRARY_FRAGMENT(fusedrope_cuda, m) {
       "Tensor? positions=None, bool eager=False, Tensor? q_weight=None, Tensor? k_weight=None, float eps=0.0, "
       "bool pdl=False) -> ()");
   m.def("qwen3_tts_rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
-  m.def(
-      "qwen3_tts_rope_out_config(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor(a!) q_out, Tensor(b!) k_out, "
-      "Tensor? positions=None, bool eager=False, Tensor? q_weight=None, Tensor? k_weight=None, float eps=0.0, "
-      "int vec=0, int warps_per_token=0, int tokens_per_cta=0, int max_blocks=0, bool pdl=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fusedrope_cuda, CUDA, m) {
   m.impl("qwen3_tts_rope_out", &qwen3_tts_rope_out);
   m.impl("qwen3_tts_rope", &qwen3_tts_rope_new);
-  m.impl("qwen3_tts_rope_out_config", &qwen3_tts_rope_out_config);
 }

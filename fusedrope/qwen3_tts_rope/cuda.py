@@ -51,20 +51,3 @@ def load() -> tuple:
     cuda_ext.load()
     ops = torch.ops.fusedrope_cuda
     return ops.qwen3_tts_rope_out.default, ops.qwen3_tts_rope.default
-
-
-def qwen3_tts_rope_config(q, k, cos, sin, q_out, k_out, positions=None, eager: bool = False, q_weight=None,
-                          k_weight=None, eps: float = 0.0, *, vec: int = 0, warps_per_token: int = 0,
-                          tokens_per_cta: int = 0, max_blocks: int = 0, pdl: bool = False) -> None:
-    """Like the backend's ``run`` with a forced launch shape (0 = automatic) and ``pdl``, for tests and tuning.
-
-    ``vec`` 8/2/1 forces the 16-byte / 4-byte / scalar path (it may not be wider than the layout allows);
-    ``warps_per_token`` and ``tokens_per_cta`` shape the blocks; ``max_blocks`` caps the grid; ``pdl`` makes it a
-    programmatic dependent launch (sm_90+).
-    """
-    from .. import cuda_ext
-
-    cuda_ext.load()
-    torch.ops.fusedrope_cuda.qwen3_tts_rope_out_config(q, k, cos, sin, q_out, k_out, positions, eager, q_weight,
-                                                       k_weight, float(eps), vec, warps_per_token, tokens_per_cta,
-                                                       max_blocks, pdl)

@@ -4,8 +4,8 @@
    128-bit global loads/stores, the narrow paths with 32-/16-bit ones, and no kernel touches local memory.
 2. The same source, compiled by the host C++ compiler against tests/support/cuda_emul (a bit-exact host model of the
    few CUDA intrinsics it uses, every thread run in turn), is run on CPU tensors and compared with the float64
-   oracle: every vector path, head_dim, dtype, stride pattern, in place, cos broadcast, forced launch shapes,
-   the token loop of a capped grid, and out-of-bounds writes (guard bytes around every output); built with
+   oracle: every vector path, head_dim, dtype, stride pattern, in place, cos broadcast, every launch shape the
+   launcher makes, and out-of-bounds writes (guard bytes around every output); built with
    AddressSanitizer and the alignment check, on tensors in exact-size allocations, it must not read or write
    out of bounds, nor make a misaligned vector access (a fault on the GPU), either.
 3. On this CPU machine the registry falls back from ``cuda`` and says why; the torch binding compiles against
@@ -199,17 +199,19 @@ def _pack_modes(q, k, cos, sin, q_out, k_out, positions=None, eager=False, q_wei
     return ptrs, ints, modes, mode_ints
 
 
-def emu_call(lib, q, k, cos, sin, q_out, k_out, vec=0, wpt=0, tpc=0, max_blocks=0, *, eps=0.0, pdl=False,
-             **modes) -> int:
+def emu_call(lib, q, k, cos, sin, q_out, k_out, *, eps=0.0, pdl=False, **modes) -> int:
     """The launcher on the host; ``modes``: positions, eager, q_weight, k_weight, max_pos (see _pack_modes)."""
     ptrs, ints, mode_ptrs, mode_ints = _pack_modes(q, k, cos, sin, q_out, k_out, **modes)
     dtype = {torch.bfloat16: 0, torch.float16: 1}[q.dtype]
-    cfg = (ctypes.c_int * 5)(vec, wpt, tpc, max_blocks, int(pdl))
-    return lib.emu_qwen3_tts_rope(ptrs, ints, dtype, cfg, mode_ptrs, mode_ints, ctypes.c_float(eps))
+    return lib.emu_qwen3_tts_rope(ptrs, ints, dtype, int(pdl), mode_ptrs, mode_ints, ctypes.c_float(eps))
 
 
 def emu_pick_vec(lib, q, k, cos, sin, q_out, k_out, **modes) -> int:
     return lib.emu_qwen3_tts_rope_pick_vec(*_pack_modes(q, k, cos, sin, q_out, k_out, **modes))
+
+
+# Outputs this many elements off 16 bytes take the launcher to each vector width (4-byte aligned: 2, odd: 1).
+OFFSET_OF_WIDTH = {8: 0, 2: 2, 1: 1}
 
 
 def guarded_like(t: torch.Tensor, offset: int = 0):
@@ -226,13 +228,13 @@ def check_guards(buf, view):
 check = assert_tts_rope_close  # within 1 ulp, correctly rounded except rare ties
 
 
-def run_emu(lib, q, k, cos, sin, expect_vec=None, offset=0, **cfg):
+def run_emu(lib, q, k, cos, sin, expect_vec=None, offset=0, **kw):
     q_out, qbuf = guarded_like(q, offset=offset)
     k_out, kbuf = guarded_like(k, offset=offset)
     if expect_vec is not None:
         assert emu_pick_vec(lib, q, k, cos, sin, q_out, k_out) == expect_vec
     before = lib.emu_launch_count()
-    assert emu_call(lib, q, k, cos, sin, q_out, k_out, **cfg) == 0
+    assert emu_call(lib, q, k, cos, sin, q_out, k_out, **kw) == 0
     assert lib.emu_launch_count() == before + (1 if q.shape[0] * q.shape[2] and q.shape[1] + k.shape[1] else 0)
     check_guards(qbuf, q_out)
     check_guards(kbuf, k_out)
@@ -253,7 +255,7 @@ def test_emulated_kernel_on_seed_matrix(emu, case):
 def test_emulated_every_path(emu, dtype, head_dim, vec, layout):
     case = TtsCase("paths", 2, 5, 7, 3, head_dim)
     q, k, cos, sin = make_tts_inputs(case, dtype, seed=head_dim + vec, layout=layout, random_cos_sin=True)
-    run_emu(emu, q, k, cos, sin, expect_vec=8, vec=vec)
+    run_emu(emu, q, k, cos, sin, expect_vec=vec, offset=OFFSET_OF_WIDTH[vec])
 
 
 def test_emulated_misaligned_and_odd_strides_pick_narrow_paths(emu):
@@ -272,34 +274,27 @@ def test_emulated_misaligned_and_odd_strides_pick_narrow_paths(emu):
     run_emu(emu, q, k2.contiguous(), cos, sin, expect_vec=2, offset=2)
 
 
-def test_emulated_forced_wider_path_than_layout_is_refused(emu):
-    q, k, cos, sin = make_tts_inputs(TtsCase("w", 1, 2, 2, 1))
-    q_out, _ = guarded_like(q, offset=1)
-    k_out, _ = guarded_like(k)
-    assert emu_call(emu, q, k, cos, sin, q_out, k_out, vec=8) == 1  # cudaErrorInvalidValue, nothing launched
-    assert emu_call(emu, q, k, cos, sin, q_out, k_out, vec=2) == 1
-    assert emu_call(emu, q, k, cos, sin, q_out, k_out, vec=4) == 1
+# (B, S, Hq, Hkv, D) -> the launcher's (warps per token, tokens per block): warps from the heads' passes (4 rows a
+# pass at D = 128, 8 at 64, 2 at 256), tokens per block from B*S x warps past 2048; none divides evenly
+LAUNCH_SHAPES = {(3, 7, 2, 1, 128): (1, 1), (3, 7, 13, 5, 128): (2, 1), (2, 9, 30, 10, 128): (3, 1),
+                 (2, 5, 48, 16, 128): (4, 1), (2, 9, 13, 5, 64): (1, 1), (2, 9, 7, 3, 256): (2, 1),
+                 (3, 701, 2, 1, 128): (1, 4), (3, 351, 13, 5, 128): (2, 2)}
 
 
-@pytest.mark.parametrize("wpt,tpc,max_blocks", [(1, 1, 0), (1, 4, 0), (2, 2, 0), (3, 1, 0), (4, 2, 0), (8, 1, 0),
-                                                (1, 8, 0), (2, 1, 3), (1, 3, 1), (4, 2, 2)])
-def test_emulated_launch_shapes_and_token_loop(emu, wpt, tpc, max_blocks):
-    case = TtsCase("shape", 3, 7, 13, 5, 128)  # 21 tokens, 18 heads: neither divides anything evenly
-    q, k, cos, sin = make_tts_inputs(case, seed=wpt * 10 + tpc, random_cos_sin=True)
-    run_emu(emu, q, k, cos, sin, wpt=wpt, tpc=tpc, max_blocks=max_blocks)
+@pytest.mark.parametrize("shape", list(LAUNCH_SHAPES), ids=lambda s: "x".join(map(str, s)))
+def test_emulated_launch_shapes(emu, shape):
+    """Every block shape the launcher makes, with partial last blocks, out of place and in place (in place, a
+    token visited twice would rotate twice)."""
+    wpt, tpc = LAUNCH_SHAPES[shape]
+    q, k, cos, sin = make_tts_inputs(TtsCase("shape", *shape), seed=sum(shape), random_cos_sin=True)
+    run_emu(emu, q, k, cos, sin, expect_vec=8)
     grid = (ctypes.c_uint * 6)()
     emu.emu_last_launch(grid)
-    assert (grid[3], grid[4]) == (32 * wpt, tpc)
-    blocks = -(-21 // tpc)
-    assert grid[0] == (min(blocks, max_blocks) if max_blocks else blocks)
-
-
-@pytest.mark.parametrize("wpt,tpc", [(0, 0), (9, 1), (1, 9), (4, 4), (-1, 1)])
-def test_emulated_bad_launch_config_is_refused(emu, wpt, tpc):
-    q, k, cos, sin = make_tts_inputs(TtsCase("bad", 1, 2, 2, 1))
-    q_out, k_out = torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous())
-    rc = emu_call(emu, q, k, cos, sin, q_out, k_out, wpt=wpt, tpc=tpc)
-    assert rc == (0 if (wpt, tpc) == (0, 0) else 1)
+    assert (grid[3], grid[4], grid[0]) == (32 * wpt, tpc, -(-shape[0] * shape[1] // tpc))
+    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
+    assert emu_call(emu, q, k, cos, sin, q, k) == 0
+    assert_ulp_close(q, q_ref, 1, "q")
+    assert_ulp_close(k, k_ref, 1, "k")
 
 
 def test_emulated_automatic_launch_shape(emu):
@@ -350,17 +345,17 @@ def test_emulated_table_seq_strides_are_each_checked_for_the_vector_path(emu, pa
     run_emu(emu, q, k, cos, sin, expect_vec=2)
 
 
-@pytest.mark.parametrize("vec,wpt,tpc,max_blocks", [(8, 0, 0, 0), (2, 0, 0, 0), (1, 0, 0, 0), (8, 1, 2, 1),
-                                                    (8, 2, 3, 2), (1, 3, 2, 1)])
-def test_emulated_inplace_through_strides(emu, vec, wpt, tpc, max_blocks):
-    """In place, every element must be rotated exactly once (a token visited twice would rotate twice)."""
+@pytest.mark.parametrize("offset", [0, 2, 1], ids=["vec8", "vec2", "vec1"])
+def test_emulated_inplace_through_strides(emu, offset):
+    """In place, every element must be rotated exactly once, at each vector width (q, k that many elements off)."""
     q, k, cos, sin = make_tts_inputs(TtsCase("ip", 2, 5, 4, 2), seed=7, random_cos_sin=True)
-    proj = q._base
+    buf = torch.empty(q._base.numel() + offset, dtype=q.dtype)[offset:].view(q._base.shape).copy_(q._base)
+    q, k = (buf.as_strided(t.shape, t.stride(), offset + t.storage_offset()) for t in (q, k))
     q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
-    assert emu_call(emu, q, k, cos, sin, q, k, vec=vec, wpt=wpt, tpc=tpc, max_blocks=max_blocks) == 0
+    assert emu_pick_vec(emu, q, k, cos, sin, q, k) == {0: 8, 2: 2, 1: 1}[offset]
+    assert emu_call(emu, q, k, cos, sin, q, k) == 0
     assert_ulp_close(q, q_ref, 1, "q")
     assert_ulp_close(k, k_ref, 1, "k")
-    assert q._base is proj
 
 
 def test_emulated_independent_halves_and_specials(emu):
@@ -384,7 +379,7 @@ def test_emulated_independent_halves_and_specials(emu):
 def test_emulated_subnormal_inputs(emu, dtype, vec):
     q, k, cos, sin = make_tts_inputs(TtsCase("sub", 2, 3, 4, 2), dtype, seed=21, random_cos_sin=True,
                                      subnormal=True)
-    q_out, _ = run_emu(emu, q, k, cos, sin, vec=vec)
+    q_out, _ = run_emu(emu, q, k, cos, sin, expect_vec=vec, offset=OFFSET_OF_WIDTH[vec])
     assert (q_out != 0).any() and (q_out.abs() < torch.finfo(dtype).tiny).any()
 
 
@@ -489,15 +484,15 @@ def reference_of(q, k, cos, sin, kw):
     return q_out, k_out
 
 
-def run_modes(lib, q, k, cos, sin, kw, inplace=False, **cfg):
+def run_modes(lib, q, k, cos, sin, kw, inplace=False, offset=0, pdl=False):
     """The kernel into poisoned, guarded outputs (or in place), no divergent shuffle; returns its outputs."""
     if inplace:
         q_out, k_out, bufs = q, k, ()
     else:
-        (q_out, qbuf), (k_out, kbuf) = guarded_like(q), guarded_like(k)
+        (q_out, qbuf), (k_out, kbuf) = guarded_like(q, offset), guarded_like(k, offset)
         bufs = ((qbuf, q_out), (kbuf, k_out))
     lockstep_stats(lib)
-    assert emu_call(lib, q, k, cos, sin, q_out, k_out, **cfg, **kw) == 0
+    assert emu_call(lib, q, k, cos, sin, q_out, k_out, pdl=pdl, **kw) == 0
     errors, exchanges, first = lockstep_stats(lib)
     assert errors == 0, first
     assert (exchanges > 0) == ("q_weight" in kw), exchanges  # the norm's butterfly, and nothing else, shuffles
@@ -525,7 +520,7 @@ def assert_matches_reference(got, want, norm):
 def test_emulated_modes_match_the_reference(emu_modes, mode, dtype, head_dim, vec):
     case = TtsCase("modes", 2, 5, 6, 2, head_dim)  # 7 heads: a pass that runs past the last head
     q, k, cos, sin, kw = mode_inputs(case, dtype, mode, seed=head_dim + vec)
-    got = run_modes(emu_modes, q, k, cos, sin, kw, vec=vec)
+    got = run_modes(emu_modes, q, k, cos, sin, kw, offset=OFFSET_OF_WIDTH[vec])
     assert_matches_reference(got, reference_of(q, k, cos, sin, kw), "q_weight" in kw)
 
 
@@ -541,13 +536,16 @@ def test_emulated_modes_are_switched_by_their_arguments(emu_modes):
         assert not torch.equal(run_modes(emu_modes, q2, k2, cos2, sin2, kw)[0], plain[0])
 
 
-@pytest.mark.parametrize("mode", ["norm-eager", "norm-fp32-table-eager", "fp32-table"])
-@pytest.mark.parametrize("wpt,tpc,max_blocks", [(1, 1, 0), (2, 2, 0), (3, 1, 0), (1, 4, 0), (2, 1, 3), (4, 2, 2)])
-def test_emulated_modes_launch_shapes_and_token_loop(emu_modes, mode, wpt, tpc, max_blocks):
-    """2-D blocks (tokens_per_cta) and a capped grid: the shuffles stay within each warp's rows."""
-    case = TtsCase("shape", 3, 7, 5, 5, 128)  # 15 tokens, 12 heads
-    q, k, cos, sin, kw = mode_inputs(case, torch.bfloat16, mode, seed=wpt * 10 + tpc)
-    got = run_modes(emu_modes, q, k, cos, sin, kw, wpt=wpt, tpc=tpc, max_blocks=max_blocks)
+MODE_SHAPES = [(m, s) for m in ("norm-eager", "norm-fp32-table-eager", "fp32-table")
+               for s in ((3, 7, 2, 1, 128), (2, 9, 30, 10, 128), (2, 5, 48, 16, 128))]
+MODE_SHAPES.append(("norm-eager", (3, 351, 13, 5, 128)))  # 2-D blocks once: a thousand tokens in lockstep
+
+
+@pytest.mark.parametrize("mode,shape", MODE_SHAPES, ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v)))
+def test_emulated_modes_launch_shapes(emu_modes, mode, shape):
+    """Warps sharing a token's heads and 2-D blocks (LAUNCH_SHAPES): the shuffles stay within each warp's rows."""
+    q, k, cos, sin, kw = mode_inputs(TtsCase("shape", *shape), torch.bfloat16, mode, seed=sum(shape))
+    got = run_modes(emu_modes, q, k, cos, sin, kw)
     assert_matches_reference(got, reference_of(q, k, cos, sin, kw), "q_weight" in kw)
 
 
@@ -569,9 +567,10 @@ def test_emulated_fp32_table_alignment_picks_the_width(emu_modes):
     for offset, want_vec in ((0, 8), (2, 2), (1, 1)):
         cb = torch.empty(cos.numel() + 4)[offset:offset + cos.numel()].view(cos.shape).copy_(cos)
         sb = torch.empty(sin.numel() + 4)[offset:offset + sin.numel()].view(sin.shape).copy_(sin)
-        for forced in (v for v in (8, 2, 1) if v > want_vec):
-            assert emu_call(emu_modes, q, k, cb, sb, q.contiguous(), k.contiguous(), vec=forced, **kw) == 1
-        got = run_modes(emu_modes, q, k, cb, sb, kw, vec=want_vec)
+        outs = (torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous()))
+        assert emu_pick_vec(emu_modes, q.contiguous(), k.contiguous(), cb, sb, *outs,
+                            **{n: kw[n] for n in ("positions", "eager")}) == want_vec
+        got = run_modes(emu_modes, q, k, cb, sb, kw)
         assert_matches_reference(got, reference_of(q, k, cos, sin, kw), False)
 
 
@@ -736,12 +735,10 @@ for case in (TTS_CASES[0], TTS_CASES[-1], TtsCase("x", 3, 7, 13, 5, 64), TtsCase
             q, k, cos, sin = make_tts_inputs(case, layout=layout, random_cos_sin=True, seed=off)
             if layout == "contiguous":
                 q, k, cos, sin = (exact(t, off) for t in (q, k, cos, sin))
-            for vec in (0, 2, 1):
-                qo, ko = exact(q.contiguous(), off), exact(k.contiguous(), off)
-                rc = T.emu_call(lib, q, k, cos, sin, qo, ko, vec=vec)
-                if rc == 0:
-                    T.check(qo, ko, q, k, cos, sin)
-                    n += 1
+            qo, ko = exact(q.contiguous(), off), exact(k.contiguous(), off)  # off 0, 1, 2: every vector width
+            assert T.emu_call(lib, q, k, cos, sin, qo, ko) == 0
+            T.check(qo, ko, q, k, cos, sin)
+            n += 1
 # cos expanded over B (batch stride 0), sin with a batch stride of S*D + 4: sin's rows for b >= 1 are not 16-byte
 # aligned (the alignment check aborts if the 16-byte path reads them)
 q, k, cos, sin = make_tts_inputs(TtsCase("tb", 2, 4, 4, 2), seed=3, random_cos_sin=True)
@@ -837,7 +834,6 @@ def test_emulated_output_strides_are_each_checked_for_the_vector_path(emu, which
     assert padded.stride(dim) % 8 == 4 and padded.stride(3) == 1
     assert emu_pick_vec(emu, q, k, cos, sin, q_out, k_out) == 2
     assert emu_call(emu, q, k, cos, sin, q_out, k_out) == 0
-    assert emu_call(emu, q, k, cos, sin, q_out, k_out, vec=8) == 1  # a forced 16-byte path is refused too
     check_guards(qbuf, q_out)
     check_guards(kbuf, k_out)
     check(q_out, k_out, q, k, cos, sin)

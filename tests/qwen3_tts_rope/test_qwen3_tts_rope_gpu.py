@@ -7,8 +7,8 @@ by itself when there is one: tests/conftest.py). ``gpu/run.sh`` runs these under
   projection at an odd element offset, tables with their own batch strides, 100 heads, S = 3000), outputs
   poisoned inside guard bytes that must stay untouched (compute-sanitizer does not see a write into the
   caching allocator's slack), and through the public function's own allocation;
-* forced launch shapes and vector widths of the CUDA kernel (a capped grid that loops over tokens), out of
-  place and in place;
+* every launch shape and vector width the CUDA kernel's launcher makes, the modes' kernels too, out of place and
+  in place;
 * bad inputs to the raw compiled op raise a RuntimeError naming it, in a child process, so that a crash is one
   failed case and not the end of the run;
 * CUDA-graph replay gives the same bytes as eager, out of place and in place.
@@ -100,52 +100,61 @@ def test_layouts_beyond_the_seed_matrix(backend, name):
     run_guarded(backend, *(to_device_keeping_layout(t, DEV) for t in LAYOUTS[name]))
 
 
-SHAPES = [dict(vec=8), dict(vec=2), dict(vec=1), dict(warps_per_token=1, tokens_per_cta=1),
-          dict(warps_per_token=4, tokens_per_cta=2), dict(warps_per_token=8, tokens_per_cta=1),
-          dict(warps_per_token=1, tokens_per_cta=8), dict(warps_per_token=3, tokens_per_cta=2, max_blocks=7),
-          dict(vec=1, warps_per_token=2, tokens_per_cta=4, max_blocks=1)]
+def _raw(q, k, cos, sin, q_out, k_out, **kw):
+    """The CUDA backend's compiled op: writes q_out, k_out (q, k themselves in place); ``kw``: the modes, pdl."""
+    from fusedrope import cuda_ext
+
+    cuda_ext.load()
+    torch.ops.fusedrope_cuda.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, **kw)
+
+
+def _guarded_outputs(q, k, offset):
+    """Poisoned outputs in guard bytes, ``offset`` elements off 16 bytes: 0, 2 and 1 take the 16-, 4- and 2-byte
+    paths."""
+    return [guarded_poison(t.shape, t.dtype, DEV, lead=64 + offset) for t in (q, k)]
 
 
 @needs_cuda_kernel
-@pytest.mark.parametrize("cfg", SHAPES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
-@pytest.mark.parametrize("case", [TtsCase("cfg", 3, 17, 16, 8), TtsCase("cfg64", 2, 9, 13, 5, 64),
-                                  TtsCase("cfg256", 2, 9, 7, 3, 256)], ids=lambda c: c.id)
-def test_forced_launch_shapes(case, cfg):
-    from fusedrope.qwen3_tts_rope.cuda import qwen3_tts_rope_config
-
-    q, k, cos, sin = make_tts_inputs(case, device=DEV, seed=11, random_cos_sin=True)
-    (q_out, q_buf), (k_out, k_buf) = (guarded_poison(t.shape, t.dtype, DEV) for t in (q, k))
-    qwen3_tts_rope_config(q, k, cos, sin, q_out, k_out, **cfg)
+@pytest.mark.parametrize("offset", [0, 2, 1], ids=["vec8", "vec2", "vec1"])
+@pytest.mark.parametrize("shape", [(3, 7, 2, 1, 128), (3, 17, 16, 8, 128), (2, 9, 30, 10, 128), (2, 5, 48, 16, 128),
+                                   (2, 9, 13, 5, 64), (2, 9, 7, 3, 256), (3, 701, 2, 1, 128), (3, 351, 13, 5, 128)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_launch_shapes(shape, offset):
+    """Every block shape the launcher makes (tests/qwen3_tts_rope/test_qwen3_tts_rope_cuda.py's LAUNCH_SHAPES)
+    at every vector width, out of place and in place."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("shape", *shape), device=DEV, seed=11, random_cos_sin=True)
+    (q_out, q_buf), (k_out, k_buf) = _guarded_outputs(q, k, offset)
+    _raw(q, k, cos, sin, q_out, k_out)
     assert bytes_written_outside(q_buf, q_out) + bytes_written_outside(k_buf, k_out) == 0
     assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
     qi, ki = q.clone(), k.clone()
-    qwen3_tts_rope_config(qi, ki, cos, sin, qi, ki, **cfg)  # in place
+    _raw(qi, ki, cos, sin, qi, ki)
     assert_tts_rope_close(qi, ki, q, k, cos, sin)
 
 
 @needs_cuda_kernel
-@pytest.mark.parametrize("cfg", SHAPES[:3] + SHAPES[-2:] + [dict(pdl=True), dict(pdl=True, vec=1)],
-                         ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("launch", [dict(offset=0), dict(offset=2), dict(offset=1), dict(offset=0, pdl=True),
+                                    dict(offset=1, pdl=True), dict(offset=0, shape=(3, 351, 13, 5, 128))],
+                         ids=["vec8", "vec2", "vec1", "pdl", "pdl-vec1", "tpc2"])
 @pytest.mark.parametrize("mode", ["eager", "fp32-table", "norm-eager", "norm-fp32-table-eager"])
-def test_forced_launch_shapes_of_the_modes(mode, cfg):
+def test_launch_shapes_of_the_modes(mode, launch):
     """The modes' kernels (opt-in) against the reference on the GPU, out of place and in place, every width,
-    capped grids and programmatic dependent launches."""
+    2-D blocks and programmatic dependent launches."""
     from test_qwen3_tts_rope_cuda import assert_matches_reference, mode_inputs, reference_of
 
-    from fusedrope.qwen3_tts_rope.cuda import qwen3_tts_rope_config
-
-    if cfg.get("pdl") and torch.cuda.get_device_capability(DEV) < (9, 0):
+    pdl, shape = launch.get("pdl", False), launch.get("shape", (3, 17, 16, 8, 128))
+    if pdl and torch.cuda.get_device_capability(DEV) < (9, 0):
         pytest.skip("pdl needs sm_90")
-    q, k, cos, sin, kw = mode_inputs(TtsCase("modes", 3, 17, 16, 8), torch.bfloat16, mode, seed=21)
+    q, k, cos, sin, kw = mode_inputs(TtsCase("modes", *shape), torch.bfloat16, mode, seed=21)
     q, k, cos, sin = (to_device_keeping_layout(t, DEV) for t in (q, k, cos, sin))
     kw = {n: t.to(DEV) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
     want = reference_of(q, k, cos, sin, kw)
-    (q_out, q_buf), (k_out, k_buf) = (guarded_poison(t.shape, t.dtype, DEV) for t in (q, k))
-    qwen3_tts_rope_config(q, k, cos, sin, q_out, k_out, **kw, **cfg)
+    (q_out, q_buf), (k_out, k_buf) = _guarded_outputs(q, k, launch["offset"])
+    _raw(q, k, cos, sin, q_out, k_out, **kw, pdl=pdl)
     assert bytes_written_outside(q_buf, q_out) + bytes_written_outside(k_buf, k_out) == 0
     assert_matches_reference((q_out, k_out), want, "q_weight" in kw)
     qi, ki = q.clone(), k.clone()
-    qwen3_tts_rope_config(qi, ki, cos, sin, qi, ki, **kw, **cfg)
+    _raw(qi, ki, cos, sin, qi, ki, **kw, pdl=pdl)
     assert torch.equal(qi, q_out) and torch.equal(ki, k_out)
 
 
@@ -153,15 +162,13 @@ def test_forced_launch_shapes_of_the_modes(mode, cfg):
 def test_pdl_launch_waits_for_the_kernel_that_writes_its_input():
     """A programmatic dependent launch right after the kernel that writes q, k (and the norm weights): every time
     the bytes of the same call launched plainly."""
-    from fusedrope.qwen3_tts_rope.cuda import qwen3_tts_rope_config
-
     if torch.cuda.get_device_capability(DEV) < (9, 0):
         pytest.skip("pdl needs sm_90")
     q, k, cos, sin = make_tts_inputs(TtsCase("pdl", 32, 32, 32, 8), device=DEV, seed=31, random_cos_sin=True)
     w = torch.rand(q.shape[-1], device=DEV, dtype=q.dtype) + 0.5
     norm = dict(q_weight=w, k_weight=w.flip(0), eps=1e-6)
     want = [torch.empty_like(q), torch.empty_like(k)]
-    qwen3_tts_rope_config(q, k, cos, sin, *want, **norm)
+    _raw(q, k, cos, sin, *want, **norm)
     plain = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="cuda")
     qd, kd, wd = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(w)
     got = [torch.empty_like(q), torch.empty_like(k)]
@@ -169,8 +176,7 @@ def test_pdl_launch_waits_for_the_kernel_that_writes_its_input():
         for dst in (qd, kd, wd, *got):
             dst.zero_()
         torch.add(q, 0, out=qd), torch.add(k, 0, out=kd), torch.add(w, 0, out=wd)  # the writers, just before
-        qwen3_tts_rope_config(qd, kd, cos, sin, *got, q_weight=wd, k_weight=wd.flip(0).contiguous(), eps=1e-6,
-                              pdl=True)
+        _raw(qd, kd, cos, sin, *got, q_weight=wd, k_weight=wd.flip(0).contiguous(), eps=1e-6, pdl=True)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         qd.zero_()
         torch.add(q, 0, out=qd)  # and the public function's enable_pdl, on the plain op
@@ -182,29 +188,24 @@ def test_pdl_launch_waits_for_the_kernel_that_writes_its_input():
 # bad inputs to the raw op, in a child process: a crash (the H200 once segfaulted on one) fails that case only
 # ------------------------------------------------------------------------------------------------------------
 def reject_cases() -> dict:
-    """Bad inputs to ``torch.ops.fusedrope_cuda.qwen3_tts_rope_out*`` (reached only through misuse)."""
+    """Bad inputs to ``torch.ops.fusedrope_cuda.qwen3_tts_rope_out`` (reached only through misuse)."""
     from fusedrope import cuda_ext
 
     cuda_ext.load()
     ops = torch.ops.fusedrope_cuda
     q, k, cos, sin = make_tts_inputs(TtsCase("bad", 2, 3, 4, 2), device=DEV)
     qo, ko = torch.empty_like(q), torch.empty_like(k)
-    misaligned = torch.empty(q.numel() + 1, device=DEV, dtype=q.dtype)[1:].view(q.shape)
     return {"fp32": lambda: ops.qwen3_tts_rope_out(*(t.float() for t in (q, k, cos, sin, qo, ko))),
             "cpu_k": lambda: ops.qwen3_tts_rope_out(q, k.cpu(), cos, sin, qo, ko),
             "D96": lambda: ops.qwen3_tts_rope_out(*(t[..., :96] for t in (q, k, cos, sin, qo, ko))),
             "k_batch_mismatch": lambda: ops.qwen3_tts_rope_out(q, k[:1], cos, sin, qo, ko[:1]),
-            "config_out_of_range": lambda: ops.qwen3_tts_rope_out_config(q, k, cos, sin, qo, ko, vec=3,
-                                                                         warps_per_token=9),
-            "wide_vec_on_misaligned": lambda: ops.qwen3_tts_rope_out_config(q, k, cos, sin, misaligned, ko, vec=8),
             "one_norm_weight": lambda: ops.qwen3_tts_rope_out(q, k, cos, sin, qo, ko, q_weight=cos[0, 0]),
             "positions_3d": lambda: ops.qwen3_tts_rope_out(q, k, cos[0], sin[0], qo, ko,
                                                            positions=torch.zeros(1, 2, 3, dtype=torch.int64,
                                                                                  device=DEV))}
 
 
-REJECTS = ("fp32", "cpu_k", "D96", "k_batch_mismatch", "config_out_of_range", "wide_vec_on_misaligned",
-           "one_norm_weight", "positions_3d")
+REJECTS = ("fp32", "cpu_k", "D96", "k_batch_mismatch", "one_norm_weight", "positions_3d")
 @pytest.fixture(scope="module")
 def rejected():
     return run_child(Path(__file__).stem, HERE)

@@ -27,14 +27,11 @@ fusedrope::TtsRopeParams params(void** ptrs, const int64_t* ints, void** modes, 
 
 extern "C" {
 
-// cfg: vec, warps_per_token, tokens_per_cta, max_blocks, pdl.
-int emu_qwen3_tts_rope(void** ptrs, const int64_t* ints, int dtype, const int* cfg, void** modes,
-                       const int64_t* mode_ints, float eps) {
+int emu_qwen3_tts_rope(void** ptrs, const int64_t* ints, int dtype, int pdl, void** modes, const int64_t* mode_ints,
+                       float eps) {
   const fusedrope::TtsRopeParams p = params(ptrs, ints, modes, mode_ints, eps);
-  fusedrope::TtsRopeLaunchConfig c;
-  c.vec = cfg[0]; c.warps_per_token = cfg[1]; c.tokens_per_cta = cfg[2]; c.max_blocks = cfg[3]; c.pdl = cfg[4];
   const auto dt = static_cast<fusedrope::TtsRopeDtype>(dtype);
-  return static_cast<int>(fusedrope::qwen3_tts_rope_launch(p, dt, nullptr, &c));
+  return static_cast<int>(fusedrope::qwen3_tts_rope_launch(p, dt, nullptr, pdl != 0));
 }
 
 int emu_qwen3_tts_rope_pick_vec(void** ptrs, const int64_t* ints, void** modes, const int64_t* mode_ints) {
