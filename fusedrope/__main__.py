@@ -5,6 +5,7 @@ and a short timing table.
     fusedrope            # the report (same as `report`)
     fusedrope build      # build the compiled checks and the CUDA / HIP kernels ahead of time (--checks: only those)
     fusedrope bench      # benchmark both ops: the seed tables, JSON/CSV/markdown and plots
+    fusedrope status     # what backend="auto" passes over, and why
 """
 
 from __future__ import annotations
@@ -303,6 +304,7 @@ def main(argv=None) -> int:
                                                 "an op none of whose cases is named runs all of them)")
     be.add_argument("--budget-s", type=_positive(float), default=None,
                     help="start no new case after this many seconds")
+    sub.add_parser("status", help="what backend='auto' passes over and why (docs/status.md's table)")
     pl = sub.add_parser("plot", help="PNG plots from saved results.json files (bench/results/...)")
     pl.add_argument("results", nargs="+", help="results.json files (the bench CLI's or the gpu/ scripts')")
     pl.add_argument("--out", help="folder for the PNGs (default: each file's own folder)")
@@ -315,6 +317,11 @@ def main(argv=None) -> int:
         return bench(args, argv)
     if args.command == "plot":
         return plot(args)
+    if args.command == "status":
+        from fusedrope.backends import status_table
+
+        print(status_table(), end="")
+        return 0
     args.no_timing = args.no_timing or getattr(args, "report_no_timing", False)
     return report(args)
 

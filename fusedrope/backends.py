@@ -162,3 +162,48 @@ def explain_key(reg: OpRegistry, key: tuple, backend: str = "auto") -> Explanati
         out.chosen = None
         out.append(Decision("(error)", False, str(e).splitlines()[0]))
     return out
+
+
+def _status_calls() -> dict:
+    """Per op, the calls the status table describes: a name and the arguments of one small such call (CPU tensors:
+    ``opt_in`` reads the call's facts, not its device)."""
+    import torch
+
+    from .testing import QuantCase, TtsCase, make_quant_inputs, make_tts_inputs
+
+    q, k, cos, sin = make_tts_inputs(TtsCase("status", 1, 2, 2, 1))
+    w, table, pos = torch.ones(128, dtype=q.dtype), cos[0], torch.arange(2)
+    o, p, cc, sc = make_quant_inputs(QuantCase(2, 8, 1))
+    return {
+        "qwen3_tts_rope": [
+            ("plain", "qwen3_tts_rope", (q, k, cos, sin), {}),
+            ('numerics="eager"', "qwen3_tts_rope", (q, k, cos, sin), {"numerics": "eager"}),
+            ("positions=", "qwen3_tts_rope", (q, k, table, table), {"positions": pos}),
+            ("qwen3_tts_qk_norm_rope", "qwen3_tts_qk_norm_rope", (q, k, w, w, cos, sin), {}),
+            ("enable_pdl=True", "qwen3_tts_rope", (q, k, cos, sin), {"enable_pdl": True}),
+        ],
+        "inverse_rope_group_quant": [
+            ("row-major scales", "inverse_rope_group_quant", (o, p, cc, sc, 1), {}),
+            ('scale_layout="col"', "inverse_rope_group_quant", (o, p, cc, sc, 1), {"scale_layout": "col"}),
+            ("enable_pdl=True", "inverse_rope_group_quant", (o, p, cc, sc, 1), {"enable_pdl": True}),
+        ],
+    }
+
+
+def status_table() -> str:
+    """What ``backend="auto"`` passes over, and why: a markdown table of every built-in backend's ``opt_in`` reason
+    for the calls it serves (docs/status.md is this table). Backends without one run where they serve a call."""
+    rows = ["| op | backend | calls `auto` passes over | why (the backend's `opt_in` reason) |", "|---|---|---|---|"]
+    for op, calls in _status_calls().items():
+        reg = registry(op)
+        for b in (b for b in reg.backends if b.name in BACKENDS and b.opt_in is not _yes):
+            reasons: dict = {}
+            for name, fn, args, kwargs in calls:
+                explainer = getattr(import_module(_EXPLAINERS[fn][0], __package__), _EXPLAINERS[fn][1])
+                facts = reg.facts(*explainer(*args, **kwargs)[0])
+                if (why := b.opt_in(facts)) is not None:
+                    reasons.setdefault(why, []).append(name)
+            for why, names in reasons.items():
+                which = "every call" if len(names) == len(calls) else ", ".join(f"`{n}`" for n in names)
+                rows.append(f"| `{op}` | `{b.name}` | {which} | {why} |")
+    return "\n".join(rows) + "\n"

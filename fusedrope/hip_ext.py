@@ -20,9 +20,8 @@ what is HIP's.
 Status: the HIP kernel is compiled and ISA-checked on CPU for gfx942 and gfx950
 (tests/inverse_rope_group_quant/test_inverse_rope_group_quant_hip.py) and
 runs whole in CPU lockstep emulation, built as for each
-(tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py); the kernel, this
-module and the torch binding have never run on AMD hardware or a ROCm machine from this repository
-(docs/kernels_hip.md).
+(tests/inverse_rope_group_quant/test_inverse_rope_group_quant_emulated.py); the backend is opt-in
+(docs/status.md, docs/kernels_hip.md).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch
 from ._validation import BackendUnavailableError
 
 ENV_BACKEND = "FUSEDROPE_BACKEND"
-# the built-in backends, fastest first (cuda_head: op 2's head kernel, opt-in until a GPU run confirms it)
+# the built-in backends, fastest first (cuda_head: op 2's head kernel; what is opt-in: docs/status.md)
 BACKENDS = ("cuda", "cuda_head", "hip", "triton", "reference")
 
 Reason = Optional[str]

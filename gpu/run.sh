@@ -22,9 +22,9 @@
 #   bench      python -m fusedrope bench with BENCH_ARGS (default: op 1 on four seed cases: numerics='eager',
 #              cos/sin tables read by the kernel against gathered ones, the fused q/k norm+RoPE against the
 #              model's eager chain, torch.compile of it and two torch RMSNorms then the op, beside cuda and triton,
-#              and the cuda kernels of those modes and of enable_pdl (opt-in until this run decides them);
-#              then op 2's seed matrix, S sweep first: the candidate head kernel (cuda_head, opt-in until this
-#              run decides it) against the default generic kernel (cuda), Triton, vLLM's own kernel (vllm, from
+#              and the cuda kernels of those modes and of enable_pdl (opt-in: docs/status.md);
+#              then op 2's seed matrix, S sweep first: the candidate head kernel (cuda_head, opt-in:
+#              docs/status.md) against the default generic kernel (cuda), Triton, vLLM's own kernel (vllm, from
 #              the carried .whl/), the unfused baseline and the launch floor, with PDL and a bf16 cache on both
 #              kernels, the engines' layouts through the public op (auto:col, auto:group_major, auto:mfma_tile,
 #              auto:bf16, auto:pdl, auto:vllm) and on the kernels (cuda:col, cuda_head:col,

@@ -3,8 +3,8 @@
 // Two kernels. The generic kernel (the default): a thread owns a chunk of 16 consecutive elements of o, two
 // 16-byte loads and one 16-byte store of fp8; a quant block of Q elements is Q/16 adjacent lanes, reduced with
 // log2(Q/16) xor shuffles; the layout (alignment, cache dtype, fp8 format, scale strides) is read per call, and
-// the four lanes of a head's rope tail rotate eight pairs each while the other 28 wait. The head kernel (opt-in
-// until a GPU run confirms it, kernels_cuda/README.md): a warp per (token, head), every lane rotating one of the
+// the four lanes of a head's rope tail rotate eight pairs each while the other 28 wait. The head kernel (backend
+// cuda_head, opt-in: docs/status.md): a warp per (token, head), every lane rotating one of the
 // head's 32 rope pairs, the layout compile-time; it alone writes group-major or padded x_fp8 and padding rows.
 // Its issue budget is measured on the CPU by bench/static/budget.py (docs/benchmarks.md).
 //

@@ -33,3 +33,10 @@ def test_docstring_examples(name):
     module = importlib.import_module(name)
     failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert tried > 0 and failures == 0
+
+
+def test_status_page_is_the_registry_s_table():
+    """docs/status.md holds the opt-in table the registry gives now (regenerate: python -m fusedrope status)."""
+    from fusedrope.backends import status_table
+
+    assert status_table() in (ROOT / "docs" / "status.md").read_text()

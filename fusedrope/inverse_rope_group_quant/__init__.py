@@ -85,7 +85,7 @@ REGISTRY.register(Backend("cuda_head", supports=lambda facts: _cuda().head_suppo
                           opt_in=lambda facts: _cuda().head_opt_in(facts)))
 REGISTRY.register(Backend("hip", supports=lambda facts: _hip().supports(facts), load=lambda: _hip().load(),
                           available=lambda device: hip_toolkit_reason(device) or _hip().available(device),
-                          opt_in=lambda facts: "never run on AMD hardware"))
+                          opt_in=lambda facts: "never run on AMD hardware (docs/kernels_hip.md: what decides it)"))
 REGISTRY.register(Backend("triton", available=triton_available, load=_load_triton))
 REGISTRY.register(Backend("reference", reference.inverse_rope_group_quant))
 
@@ -348,7 +348,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
         the scales returned are an empty tensor.
     enable_pdl : bool, optional
         A programmatic dependent launch of the CUDA kernel (sm_90+), which may start while the stream's previous
-        kernel finishes. None (the default) means off until a GPU run confirms it (kernels_cuda/README.md);
+        kernel finishes. None (the default) is off (kernels_cuda/README.md says what would turn it on);
         other backends ignore it.
     backend : str, default "auto"
         ``"auto"``, ``"cuda"``, ``"hip"`` (opt-in: ``auto`` passes over it), ``"triton"``, ``"reference"`` or

@@ -9,7 +9,7 @@ bf16/fp16/fp32 caches, int64/int32 positions, the float8_e8m0fnu, uint8 and floa
   or column-major scales, any alignment.
 * ``cuda_head``: the head kernel (a warp per (token, head), every lane rotating one rope pair), also group-major
   or padded x_fp8 and zeroed padding rows of column-major scales; bf16 ``o``, int64 positions, bf16 or fp32
-  caches. Opt-in (:func:`head_opt_in`) until a GPU run confirms it; where a call's alignment is outside it, the
+  caches. Opt-in (:func:`head_opt_in`, docs/status.md); where a call's alignment is outside it, the
   launcher takes the generic kernel for the layouts that one writes.
 
 float8_e4m3fnuz (an AMD format), mfma_tile scales (gfx950's), packed int32 UE8M0 scales and quantize=False go to
@@ -88,8 +88,8 @@ def head_supports(facts) -> Optional[str]:
 
 
 def head_opt_in(facts) -> Optional[str]:
-    """Why ``auto`` passes over ``cuda_head``: the kernel has not run on a GPU (kernels_cuda/README.md)."""
-    return "the head kernel has not run on a GPU yet (kernels_cuda/README.md): backend='cuda_head' runs it"
+    """Why ``auto`` passes over ``cuda_head`` (docs/status.md)."""
+    return "the head kernel has not run on a GPU (kernels_cuda/README.md: what decides it)"
 
 
 def available(device: torch.device) -> Optional[str]:

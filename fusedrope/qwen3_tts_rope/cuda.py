@@ -17,8 +17,9 @@ from .._validation import dtype_name
 
 DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128, 256)
-# The modes run kernels of their own, which auto takes once a GPU run has confirmed them (kernels_cuda/README.md).
-MODES_OPT_IN = "eager, positions= and norm kernels: opt-in until their GPU run (kernels_cuda/README.md)"
+# The modes run kernels of their own, opt-in (docs/status.md).
+MODES_OPT_IN = ("the eager, positions= and norm kernels have not run on a GPU "
+                "(kernels_cuda/README.md: what decides them)")
 
 
 def supports(facts) -> Optional[str]:

@@ -6,7 +6,7 @@ GPU by itself when there is one: tests/conftest.py). ``gpu/run.sh`` runs these u
   against the reference on the CPU), over layouts the compiled kernels read through their narrow paths (o,
   x_fp8 or cache rows off 16-byte alignment, strided int32 positions, padded column-major scales), and with
   NaN, Inf and all-zero blocks; outputs poisoned inside guard bytes that must stay untouched;
-* ``cuda_head``, the head kernel (opt-in until this run confirms it), in all of the above, and the layouts only it
+* ``cuda_head``, the head kernel (opt-in: docs/status.md), in all of the above, and the layouts only it
   writes (group-major and padded x_fp8, zeroed padding rows of column-major scales) through the public op; both
   kernels through the raw op with ``pdl`` and ``kernel`` forced, each held to the same contract;
 * the raw op with no token or no head returns without a launch; a programmatic dependent launch reads what the

@@ -34,7 +34,7 @@ def amd(request, monkeypatch):
 
     monkeypatch.setattr(impls["hip"], "available", lambda device: None)
     monkeypatch.setattr(impls["hip"], "run", kernel)
-    monkeypatch.setenv(fusedrope.ENV_BACKEND, "hip")  # opt-in until it has run on AMD hardware
+    monkeypatch.setenv(fusedrope.ENV_BACKEND, "hip")  # opt-in (docs/status.md)
     REGISTRY.clear_cache()
     request.addfinalizer(REGISTRY.clear_cache)  # no simulated decision outlives the test
     return type("Amd", (), {"arch": arch, "calls": calls})
