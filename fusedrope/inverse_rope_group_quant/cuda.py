@@ -54,8 +54,8 @@ def head_layout(facts) -> Optional[str]:
     return "padding rows of x_scale" if facts.scale_pad else None
 
 
-def _common(facts) -> Optional[str]:
-    arch = gpu_arch(facts.device)
+def _common(facts, arch: Optional[str] = None) -> Optional[str]:
+    arch = arch or gpu_arch(facts.device)
     if sm_number(arch) < 80:
         return f"cuda kernel needs an NVIDIA GPU of sm_80 or newer, this device is {arch or facts.device}"
     reason = envelope_reason("cuda kernel", facts)
@@ -68,16 +68,16 @@ def _common(facts) -> Optional[str]:
     return reason
 
 
-def supports(facts) -> Optional[str]:
-    """The generic kernel (backend ``cuda``)."""
-    reason = _common(facts)
+def supports(facts, arch: Optional[str] = None) -> Optional[str]:
+    """The generic kernel (backend ``cuda``) on facts.device (or a GPU of ``arch``, e.g. "sm_90")."""
+    reason = _common(facts, arch)
     layout = reason is None and head_layout(facts)
     return reason or (layout and f"{layout} is written by the head kernel only: backend='cuda_head'")
 
 
-def head_supports(facts) -> Optional[str]:
-    """The head kernel (backend ``cuda_head``)."""
-    reason = _common(facts)
+def head_supports(facts, arch: Optional[str] = None) -> Optional[str]:
+    """The head kernel (backend ``cuda_head``), as :func:`supports`."""
+    reason = _common(facts, arch)
     if reason is None and facts.o_dtype != torch.bfloat16:
         return f"cuda_head kernel reads bfloat16 o, got {dtype_name(facts.o_dtype)}"
     if reason is None and facts.positions_dtype != torch.int64:

@@ -18,8 +18,9 @@ from .._validation import dtype_name
 from .cuda import CompiledOp, envelope_reason
 
 
-def supports(facts) -> Optional[str]:
-    arch = gpu_arch(facts.device)
+def supports(facts, arch: Optional[str] = None) -> Optional[str]:
+    """The HIP kernel on facts.device (or a GPU of ``arch``, e.g. "gfx942")."""
+    arch = arch or gpu_arch(facts.device)
     if arch not in HIP_ARCHS:
         return f"hip kernel runs on {'/'.join(HIP_ARCHS)}, this device is {arch or facts.device}"
     native = arch_fp8_dtype(arch)

@@ -33,12 +33,9 @@ SHAPES = [  # (H, G) of DeepSeek-V4 TP8, and shapes that are not DeepSeek's (gro
 ]
 
 
-REGISTRY_IMPL = {b.name: b for b in REGISTRY.backends}
-
-
 def skip_unless_available(backend):
     """Skip the test, with the registry's reason, where ``backend`` cannot run on this machine's device."""
-    reason = REGISTRY.availability(REGISTRY_IMPL[backend], DEVICE)
+    reason = REGISTRY.availability(REGISTRY.backend(backend), DEVICE)
     if reason:
         pytest.skip(f"{backend}: {reason}")
 
@@ -46,7 +43,7 @@ def skip_unless_available(backend):
 def skip_unless_served(backend, facts):
     """Skip the test, with the registry's reason, where ``backend`` does not serve these inputs (e.g. the
     compiled kernels serve head_dim 512 / rope_dim 64 only)."""
-    reason = REGISTRY.decide(REGISTRY_IMPL[backend], facts)
+    reason = REGISTRY.decide(REGISTRY.backend(backend), facts)
     if reason:
         pytest.skip(f"{backend} does not serve these inputs: {reason}")
 
@@ -525,7 +522,7 @@ def test_one_block_per_group_scale_buffer_with_any_size1_stride(backend, transpo
     Every block lands where the layout says, and no byte past the buffer's elements is written."""
     case = QuantCase(3, 2, 2, head_dim=128, quant_group_size=128)  # Dg = 128 -> Ks = 1
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=21)
-    if REGISTRY.decide(REGISTRY_IMPL[backend], validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None,
+    if REGISTRY.decide(REGISTRY.backend(backend), validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None,
                                                          FP8_HERE, None)[0]):
         pytest.skip(f"{backend} does not serve head_dim 128")
     want_fp8, want_scale = reference(o, pos, cos, sin, case, transpose_scale)
@@ -848,7 +845,7 @@ def _no_launch(*args, **kwargs):
 @pytest.mark.parametrize("transpose_scale", [False, True])
 def test_empty_inputs_launch_nothing(backend, S, H, transpose_scale, monkeypatch):
     o, pos, cos, sin = make_quant_inputs(QuantCase(S, H, 2), device=DEVICE)
-    impl = REGISTRY_IMPL[backend]
+    impl = REGISTRY.backend(backend)
     facts = validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None, FP8_HERE, None)[0]
     skip_unless_served(backend, facts)
     monkeypatch.setattr(impl, "run", _no_launch)

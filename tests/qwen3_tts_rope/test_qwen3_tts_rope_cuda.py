@@ -3,9 +3,10 @@
 1. nvcc compiles kernels_cuda/qwen3_tts_rope.cu for sm_80 and sm_90; the SASS of the 16-byte path moves data with
    128-bit global loads/stores, the narrow paths with 32-/16-bit ones, and no kernel touches local memory.
 2. The same source, compiled by the host C++ compiler against tests/support/cuda_emul (a bit-exact host model of the
-   few CUDA intrinsics it uses, every thread run in turn), is run on CPU tensors and compared with the float64
-   oracle: every vector path, head_dim, dtype, stride pattern, in place, cos broadcast, every launch shape the
-   launcher makes, and out-of-bounds writes (guard bytes around every output); built with
+   few CUDA intrinsics it uses, every thread run in turn; tests/support/tts_emulator.py), runs the whole contract
+   suite of tests/qwen3_tts_rope as the backend ``cuda_emulated``. Here, what the contract does not reach: every
+   vector path the launcher picks and why, every launch shape it makes, the modes at every width with their
+   threads in lockstep, the launcher's own refusals and empty calls, and out-of-bounds writes; built with
    AddressSanitizer and the alignment check, on tensors in exact-size allocations, it must not read or write
    out of bounds, nor make a misaligned vector access (a fault on the GPU), either.
 3. On this CPU machine the registry falls back from ``cuda`` and says why; the torch binding compiles against
@@ -18,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -35,8 +35,9 @@ from fusedrope.testing import (TTS_CASES, TtsCase, assert_tts_rope_close, assert
                                guarded_poison, make_tts_inputs, own_batch_strides)
 
 import kernel_asm as K
-from compile_cache import (ASAN_FLAGS, CUDA_CPU_WHEEL_STUBS, build_once, content_key, cuda_include_dir, host_cxx,
-                           torch_syntax_check)
+from compile_cache import ASAN_FLAGS, CUDA_CPU_WHEEL_STUBS, cuda_include_dir, host_cxx, torch_syntax_check
+from tts_emulator import build as _emulator
+from tts_emulator import emu_call, emu_pick_vec, lockstep_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "kernels_cuda" / "qwen3_tts_rope.cu"
@@ -142,72 +143,9 @@ def test_modes_kernels_keep_the_access_widths_and_shuffle_only_in_the_norm(arch)
 # ----------------------------------------------------------------------------------------------------------
 # 2. The kernel source on the host, through tests/support/cuda_emul
 # ----------------------------------------------------------------------------------------------------------
-def _emulator(lockstep: bool) -> ctypes.CDLL:
-    """The kernel source and tests/support/cuda_emul/harness.cpp built for the host (cached by content): threads
-    one after another, or each block's in lockstep (the modes' kernels shuffle)."""
-    cxx = host_cxx()
-    if cxx is None:
-        pytest.skip("no host C++ compiler (g++ or clang++) to run the kernel source in host emulation")
-    flags = (["-std=c++20", "-pthread", "-ffp-contract=off", "-DCUDA_EMUL_LOCKSTEP=1", "-I", str(EMUL.parent)]
-             if lockstep else ["-std=c++17"])
-    cmd = [cxx, *flags, "-O1", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
-           "-I", str(EMUL), "-x", "c++", str(EMUL / "harness.cpp"), f'-DKERNEL_SOURCE="{SRC}"']
-    deps = [SRC, SRC.with_suffix(".cuh"), SRC.with_name("pdl.cuh"), *EMUL.glob("*"), EMUL.parent / "lockstep.h",
-            EMUL.parent / "emul_stats.inc"]
-    key = content_key(sorted(deps), *cmd)
-    out = Path(tempfile.gettempdir()) / f"fusedrope-emu-{'lockstep-' * lockstep}{os.getuid()}-{key}.so"
-
-    def on_error(stderr: str) -> None:
-        pytest.fail(f"host-emulation build failed:\n{stderr[-4000:]}")
-
-    lib = ctypes.CDLL(str(build_once(cmd, out, on_error)))
-    lib.emu_qwen3_tts_rope.restype = ctypes.c_int
-    lib.emu_qwen3_tts_rope_pick_vec.restype = ctypes.c_int
-    lib.emu_launch_count.restype = ctypes.c_longlong
-    if lockstep:
-        lib.emul_stats.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_char_p, ctypes.c_int]
-    return lib
-
-
 @pytest.fixture(scope="module")
 def emu():
     return _emulator(lockstep=False)
-
-
-def _pack(q, k, cos, sin, q_out, k_out):
-    ptrs = (ctypes.c_void_p * 6)(*(t.data_ptr() for t in (q, k, cos, sin, q_out, k_out)))
-    cb = 0 if cos.shape[0] == 1 else cos.stride(0)
-    sb = 0 if sin.shape[0] == 1 else sin.stride(0)
-    B, Hq, S, D = q.shape
-    ints = (ctypes.c_int64 * 21)(*q.stride()[:3], *k.stride()[:3], cb, cos.stride(1), sb, sin.stride(1),
-                                 *q_out.stride()[:3], *k_out.stride()[:3], B, S, Hq, k.shape[1], D)
-    return ptrs, ints
-
-
-def _pack_modes(q, k, cos, sin, q_out, k_out, positions=None, eager=False, q_weight=None, k_weight=None,
-                max_pos=None) -> tuple:
-    """``_pack`` and the modes, as the torch binding passes them (``max_pos`` overrides the table's)."""
-    ptrs, ints = _pack(q, k, cos, sin, q_out, k_out)
-    table = positions is not None
-    if table:  # rows of the tables: c_ss / s_ss
-        ints[6], ints[7], ints[8], ints[9] = 0, cos.stride(0), 0, sin.stride(0)
-    p_sb, p_ss = ((positions.stride(0) if positions.dim() == 2 else 0), positions.stride(-1)) if table else (0, 0)
-    modes = (ctypes.c_void_p * 3)(*(None if t is None else t.data_ptr() for t in (positions, q_weight, k_weight)))
-    mode_ints = (ctypes.c_int64 * 6)(p_sb, p_ss, (cos.shape[0] if max_pos is None else max_pos) if table else 0,
-                                     table and positions.dtype == torch.int64, table and cos.dtype == torch.float32,
-                                     eager)
-    return ptrs, ints, modes, mode_ints
-
-
-def emu_call(lib, q, k, cos, sin, q_out, k_out, *, eps=0.0, pdl=False, **modes) -> int:
-    """The launcher on the host; ``modes``: positions, eager, q_weight, k_weight, max_pos (see _pack_modes)."""
-    ptrs, ints, mode_ptrs, mode_ints = _pack_modes(q, k, cos, sin, q_out, k_out, **modes)
-    dtype = {torch.bfloat16: 0, torch.float16: 1}[q.dtype]
-    return lib.emu_qwen3_tts_rope(ptrs, ints, dtype, int(pdl), mode_ptrs, mode_ints, ctypes.c_float(eps))
-
-
-def emu_pick_vec(lib, q, k, cos, sin, q_out, k_out, **modes) -> int:
-    return lib.emu_qwen3_tts_rope_pick_vec(*_pack_modes(q, k, cos, sin, q_out, k_out, **modes))
 
 
 # Outputs this many elements off 16 bytes take the launcher to each vector width (4-byte aligned: 2, odd: 1).
@@ -309,16 +247,6 @@ def test_emulated_automatic_launch_shape(emu):
         emu.emu_last_launch(grid)
         assert (grid[3], grid[4]) == want_block, case.id
         assert grid[0] == case.batch * case.seq_len
-
-
-@pytest.mark.parametrize("cos_batch", [1, None])
-def test_emulated_cos_broadcast(emu, cos_batch):
-    q, k, cos, sin = make_tts_inputs(TtsCase("bc", 3, 4, 4, 2), cos_batch=cos_batch, seed=5)
-    run_emu(emu, q, k, cos, sin, expect_vec=8)
-    if cos_batch == 1:  # same bytes as the expanded cos/sin
-        a = run_emu(emu, q, k, cos, sin)
-        b = run_emu(emu, q, k, cos.expand(3, -1, -1), sin.expand(3, -1, -1))
-        assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("expanded", ["cos", "sin"])
@@ -429,14 +357,6 @@ def emu_modes():
     return _emulator(lockstep=True)
 
 
-def lockstep_stats(lib) -> tuple[int, int, str]:
-    """(errors, exchanges, first error) since the last call: a divergent shuffle is an error."""
-    out, msg = (ctypes.c_longlong * 5)(), ctypes.create_string_buffer(256)
-    lib.emul_stats(out, msg, 256)
-    lib.emul_reset()
-    return out[0], out[4], msg.value.decode()
-
-
 def _tables(max_pos, head_dim, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     return tuple((torch.rand(max_pos, head_dim, generator=g) * 2 - 1).to(dtype) for _ in range(2))
@@ -524,18 +444,6 @@ def test_emulated_modes_match_the_reference(emu_modes, mode, dtype, head_dim, ve
     assert_matches_reference(got, reference_of(q, k, cos, sin, kw), "q_weight" in kw)
 
 
-def test_emulated_modes_are_switched_by_their_arguments(emu_modes):
-    """Each mode changes the result (so a kernel ignoring it fails the test above)."""
-    case = TtsCase("switch", 2, 4, 5, 2, 128)
-    q, k, cos, sin, _ = mode_inputs(case, torch.bfloat16, "eager", seed=3)
-    plain = run_modes(emu_modes, q, k, cos, sin, dict(eager=False))
-    eager = run_modes(emu_modes, q, k, cos, sin, dict(eager=True))
-    assert (plain[0] != eager[0]).float().mean() > 0.01
-    for mode in ("table", "norm"):
-        q2, k2, cos2, sin2, kw = mode_inputs(case, torch.bfloat16, mode, seed=3)
-        assert not torch.equal(run_modes(emu_modes, q2, k2, cos2, sin2, kw)[0], plain[0])
-
-
 MODE_SHAPES = [(m, s) for m in ("norm-eager", "norm-fp32-table-eager", "fp32-table")
                for s in ((3, 7, 2, 1, 128), (2, 9, 30, 10, 128), (2, 5, 48, 16, 128))]
 MODE_SHAPES.append(("norm-eager", (3, 351, 13, 5, 128)))  # 2-D blocks once: a thousand tokens in lockstep
@@ -547,16 +455,6 @@ def test_emulated_modes_launch_shapes(emu_modes, mode, shape):
     q, k, cos, sin, kw = mode_inputs(TtsCase("shape", *shape), torch.bfloat16, mode, seed=sum(shape))
     got = run_modes(emu_modes, q, k, cos, sin, kw)
     assert_matches_reference(got, reference_of(q, k, cos, sin, kw), "q_weight" in kw)
-
-
-@pytest.mark.parametrize("mode", ["norm-eager", "table-eager"])
-def test_emulated_modes_in_place(emu_modes, mode):
-    case = TtsCase("inplace", 2, 5, 4, 3, 64)
-    q, k, cos, sin, kw = mode_inputs(case, torch.float16, mode, seed=31)
-    want = run_modes(emu_modes, q, k, cos, sin, kw)
-    qi, ki = q.clone(), k.clone()  # the projection layout, written through its strides
-    run_modes(emu_modes, qi, ki, cos, sin, kw, inplace=True)
-    assert torch.equal(qi, want[0]) and torch.equal(ki, want[1])
 
 
 def test_emulated_fp32_table_alignment_picks_the_width(emu_modes):
