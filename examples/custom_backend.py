@@ -29,7 +29,15 @@ def my_qwen3_tts_rope(q, k, cos, sin, q_out, k_out):
 
 
 def supports(facts):
-    """``facts``: fusedrope.qwen3_tts_rope.Facts (device, dtype, head_dim, inplace)."""
+    """``facts``: ``fusedrope.qwen3_tts_rope.Facts(device, dtype, head_dim, inplace, eager, table, norm, pdl)``, the
+    call's device, q's dtype, ``D``, ``inplace=True``, ``numerics="eager"``, ``positions=`` given, the norm
+    (``qwen3_tts_qk_norm_rope``) and ``enable_pdl=True``; a registered backend is asked only about calls with the
+    last four False (the others go to the built-in backends). Returns None to serve the call, else why not.
+
+    A backend of ``inverse_rope_group_quant`` reads ``fusedrope.inverse_rope_group_quant.Facts(device, o_dtype,
+    head_dim, rope_dim, quant_group_size, cache_dtype, positions_dtype, fp8_dtype, scale_dtype, scale_layout,
+    quantize, x_contiguous, pdl, scale_pad)``, asked only with ``scale_layout`` "row" or "col", ``quantize`` and
+    ``x_contiguous`` True and ``scale_pad`` False (docs/design.md says what each field is)."""
     return None if facts.dtype in (torch.bfloat16, torch.float16) else "serves bf16 and fp16 only"
 
 
