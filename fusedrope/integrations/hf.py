@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import fast_checks, qwen3_tts_rope
-from ..qwen3_tts_rope import DTYPES as _DTYPES
+from .. import qwen3_tts_rope
+from ..qwen3_tts_rope import _modes, validate
 from ..qwen3_tts_rope.modes import qwen3_tts_qk_norm_rope
 
 __all__ = ["apply_rotary_pos_emb", "patch_qk_norm_rope", "Patch", "QWEN3_NORMS"]
@@ -39,21 +39,22 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
-def _servable(q, k, cos, sin, heads: int) -> bool:
-    """Whether fusedrope gives the formula's result for these arguments (heads at dim ``heads``, 1 or 2):
-    q/k 4-D, cos/sin ``[B or 1, S, D]``, one dtype it serves, one device, last dims contiguous, no autograd,
-    memory that holds the values (:func:`fusedrope._validation.readable`: no negative view, dual or wrapper)."""
-    ts = (q, k, cos, sin)
-    if not all(isinstance(t, torch.Tensor) for t in ts):
+_EAGER = _modes(None, "eager", None, None, 0.0, None)
+
+
+def _servable(q, k, cos, sin, heads: int, modes=_EAGER) -> bool:
+    """Whether fusedrope gives the formula's result for these arguments (heads at dim ``heads``, 1 or 2): the op's
+    own checks accept them with ``modes`` (``numerics="eager"``, and the norm's weights), and no autograd needs
+    their graph."""
+    try:
+        if _autograd(q, k, cos, sin, *(t for t in modes[2:4] if t is not None)):
+            return False
+        if heads == 2:
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        validate(q, k, cos, sin, False, modes, torch.compiler.is_compiling())
+    except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         return False
-    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
-        return False
-    B, S, D = q.shape[0], q.shape[3 - heads], q.shape[3]
-    dtype, device = q.dtype, q.device
-    return (k.shape[0] == B and k.shape[3 - heads] == S and k.shape[3] == D and D % 2 == 0 and D > 0
-            and cos.shape[0] in (1, B) and tuple(cos.shape[1:]) == (S, D) and dtype in _DTYPES
-            and all(t.dtype is dtype and t.device == device and t.stride(-1) == 1 for t in ts)
-            and not _autograd(*ts) and (torch.compiler.is_compiling() or fast_checks.checks.readable(*ts)))
+    return True
 
 
 def _unsqueeze_dim(args: tuple, kwargs: dict) -> int:
@@ -327,9 +328,8 @@ def _fused_rope(original):
         call.deferred = set()
         attn = call.attn
         qw, kw, eps = attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm)
-        if (_unsqueeze_dim(args, kwargs) == 1 and _servable(q, k, cos, sin, 1) and eps == _eps(attn.k_norm)
-                and all(w.dtype is q.dtype and w.device == q.device and w.shape == q.shape[3:] for w in (qw, kw))
-                and not _autograd(qw, kw) and fast_checks.checks.readable(qw, kw)):
+        if (_unsqueeze_dim(args, kwargs) == 1 and eps == _eps(attn.k_norm)
+                and _servable(q, k, cos, sin, 1, _modes(None, "eager", qw, kw, eps, None))):
             return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=attn.__dict__[_MARK].backend)
         # the block's own norms (over the last dim, which the transpose left in place), then its own RoPE
         return original(_own(attn.q_norm, q), _own(attn.k_norm, k), cos, sin, *args, **kwargs)

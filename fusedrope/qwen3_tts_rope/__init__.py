@@ -106,16 +106,11 @@ def validate(q, k, cos, sin, inplace: bool = False, modes=None, traced: bool = F
 
 
 def _diagnose(q, k, cos, sin, traced: bool = False) -> None:
-    """The precise error for inputs :func:`validate`'s expression refused; valid tensor subclasses pass."""
-    reference.check_shapes(q, k, cos, sin)
-    named = {"k": k, "cos": cos, "sin": sin}
-    V.check_dtype(OP, "q", q, DTYPES)
-    V.check_same_dtype(OP, "q", q, named)
-    V.check_same_device(OP, "q", q, named)
-    for name, t in (("q", q), *named.items()):
-        V.check_last_dim_contiguous(OP, name, t)
-    if not traced:
-        V.check_readable(OP, {"q": q, **named})
+    """The precise error for inputs :func:`validate`'s expression refused (:func:`.modes.diagnose`, every call's
+    one checker); valid tensor subclasses pass."""
+    from .modes import diagnose
+
+    diagnose(q, k, cos, sin, None, "fp32", None, None, 0.0, None, traced)
     if all(type(t) is _Tensor for t in (q, k, cos, sin)):  # plain tensors the expression refused: it is wrong
         raise AssertionError("validate() refused inputs that _diagnose() accepts")  # pragma: no cover
 

@@ -52,7 +52,7 @@ def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_wei
     except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         ok = False
     if not ok:
-        _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl, traced)
+        diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl, traced)
     if table and getenv(V.ENV_CHECK_POSITIONS).lower() not in V.SWITCH_OFF:
         V.check_positions_on_host(OP, positions, cos.shape[0])
     if inplace:
@@ -60,8 +60,9 @@ def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_wei
     return q.device, q.dtype, q.shape[3], inplace is True, numerics == "eager", table, norm, pdl is True
 
 
-def _diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl, traced=False) -> None:
-    """The precise error for inputs :func:`validate_modes`' expression refused; valid tensor subclasses pass."""
+def diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl, traced=False) -> None:
+    """The op's one checker: the precise error, naming the argument, for inputs a fast check refused (the plain
+    :func:`validate`'s expression, :func:`validate_modes`'); valid inputs and valid tensor subclasses pass."""
     if numerics not in NUMERICS:
         V.fail(OP, "numerics", "'fp32' or 'eager'", repr(numerics))
     if pdl is not None:

@@ -446,7 +446,8 @@ def test_emulated_modes_match_the_reference(emu_modes, mode, dtype, head_dim, ve
 
 MODE_SHAPES = [(m, s) for m in ("norm-eager", "norm-fp32-table-eager", "fp32-table")
                for s in ((3, 7, 2, 1, 128), (2, 9, 30, 10, 128), (2, 5, 48, 16, 128))]
-MODE_SHAPES.append(("norm-eager", (3, 351, 13, 5, 128)))  # 2-D blocks once: a thousand tokens in lockstep
+MODE_SHAPES.append(pytest.param("norm-eager", (3, 351, 13, 5, 128), marks=pytest.mark.slow))  # 2-D blocks once:
+# a thousand tokens in lockstep
 
 
 @pytest.mark.parametrize("mode,shape", MODE_SHAPES, ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v)))
