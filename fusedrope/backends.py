@@ -71,7 +71,7 @@ def explain(op, *args, **kwargs) -> Explanation:
     name = op if isinstance(op, str) else getattr(op, "__name__", str(op))
     if name not in _EXPLAINERS:
         raise ValueError(f"explain: argument 'op' expected one of {sorted(_EXPLAINERS)}, got {name!r}")
-    explainer = getattr(import_module(_EXPLAINERS[name][0], __package__), _EXPLAINERS[name][1])
+    explainer = _explainer(name)
     try:
         inspect.signature(explainer).bind(*args, **kwargs)
     except TypeError as e:  # name the op, not the internal helper
@@ -86,6 +86,11 @@ _EXPLAINERS = {
     "qwen3_tts_qk_norm_rope": (".qwen3_tts_rope.modes", "explain_norm_args", "qwen3_tts_rope"),
     "inverse_rope_group_quant": (".inverse_rope_group_quant", "explain_args", "inverse_rope_group_quant"),
 }
+
+
+def _explainer(name: str) -> Callable:
+    """The function that checks a call of ``name`` (a key of :data:`_EXPLAINERS`) as the op does."""
+    return getattr(import_module(_EXPLAINERS[name][0], __package__), _EXPLAINERS[name][1])
 
 
 def register_backend(op: str, name: str, run: Callable, *, supports: Optional[Callable] = None,
@@ -199,8 +204,7 @@ def status_table() -> str:
         for b in (b for b in reg.backends if b.name in BACKENDS and b.opt_in is not _yes):
             reasons: dict = {}
             for name, fn, args, kwargs in calls:
-                explainer = getattr(import_module(_EXPLAINERS[fn][0], __package__), _EXPLAINERS[fn][1])
-                facts = reg.facts(*explainer(*args, **kwargs)[0])
+                facts = reg.facts(*_explainer(fn)(*args, **kwargs)[0])
                 if (why := b.opt_in(facts)) is not None:
                     reasons.setdefault(why, []).append(name)
             for why, names in reasons.items():
