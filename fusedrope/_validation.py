@@ -143,6 +143,22 @@ def refuse_grad(op: str, what: str, tensors: dict, instead: str) -> None:
                                f"under torch.no_grad() or torch.inference_mode(), or {instead}")
 
 
+class NoDerivative(torch.autograd.Function):
+    """``apply(op, out_a, out_b, *inputs)``: the new outputs of inputs that require grad, whose backward raises
+    (no backend has a derivative) instead of the graph being cut silently. Eager only: Dynamo cannot trace a
+    backward that raises, so a traced call refuses grad instead (:func:`refuse_grad`)."""
+
+    @staticmethod
+    def forward(ctx, op, out_a, out_b, *inputs):
+        ctx.op = op
+        return out_a, out_b
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.op} has no autograd formula: call it under torch.no_grad() or "
+                           "torch.inference_mode(), or on detached inputs")
+
+
 def needs_grad(*tensors) -> bool:
     """Grad mode is on and an argument requires grad (non-tensors are left to validation)."""
     if not torch.is_grad_enabled():

@@ -1,8 +1,9 @@
 """Both ops' plain-call checks and output allocation compiled (csrc/fast_checks.cpp), from the build that
 ``python -m fusedrope build`` or the kernels' first-use build makes: loaded on the first call, which never compiles
 them, and only once its bytes match the digest the build wrote beside it (a truncated or corrupted library would
-kill the process as it loads). ``checks.<op>(args)`` returns ``(selection key, new outputs)``, or None and the
-Python path runs, as every call does without a build; ``checks.readable`` is :func:`_validation.readable`."""
+kill the process as it loads). ``checks.<op>(Facts, args)`` returns ``(selection key, new outputs)``, the key an
+instance of the op's ``Facts``, or None and the Python path runs, as every call does without a build;
+``checks.readable`` is :func:`_validation.readable`."""
 
 import hashlib
 import importlib.util

@@ -21,9 +21,10 @@ ENV = "FUSEDROPE_CUDA_TORCH_PYTHON"
 SCRIPT = r"""
 import json, torch
 from fusedrope import cuda_ext, fast_checks
+from fusedrope.qwen3_tts_rope import Facts
 path = cuda_ext.build(verbose=False)
 q = torch.randn(1, 2, 3, 8, dtype=torch.bfloat16); c = torch.randn(1, 3, 8, dtype=torch.bfloat16)
-key, q_out, k_out = fast_checks.checks.qwen3_tts_rope(q, q[:, :1], c, c)  # the checks came with the build
+key, q_out, k_out = fast_checks.checks.qwen3_tts_rope(Facts, q, q[:, :1], c, c)  # the checks came with the build
 names = ("qwen3_tts_rope", "qwen3_tts_rope_out", "inverse_rope_group_quant_out")
 ops = {n: str(getattr(torch.ops.fusedrope_cuda, n).default._schema) for n in names}
 print(json.dumps({"path": path, "torch": torch.__version__, "cuda": torch.version.cuda, "ops": ops,

@@ -92,8 +92,9 @@ def test_qwen3_tts_rope_bad_input(name):
         fusedrope.qwen3_tts_rope(args["q"], args["k"], args["cos"], args["sin"], backend="reference")
     if not all(isinstance(a, torch.Tensor) for a in args.values()):
         return  # the torch op's schema rejects non-tensors itself
+    q, k = args["q"], args["k"]
     with pytest.raises(exc, match=re.escape(msg)):  # the torch op validates the same way
-        torch.ops.fusedrope.qwen3_tts_rope(args["q"], args["k"], args["cos"], args["sin"], "reference")
+        torch.ops.fusedrope.qwen3_tts_rope_out(q, k, args["cos"], args["sin"], q.clone(), k.clone(), "reference")
 
 
 @pytest.mark.parametrize("name, dim", [("k", 1), ("q", 1), ("q", 0)])
@@ -108,7 +109,8 @@ def test_qwen3_tts_rope_inplace_into_broadcast_tensor(name, dim):
     with pytest.raises(ValueError, match="^qwen3_tts_rope: " + msg):
         fusedrope.qwen3_tts_rope(**args, inplace=True)
     with pytest.raises(ValueError, match=msg):  # the in-place torch op validates the same way
-        torch.ops.fusedrope.qwen3_tts_rope_(args["q"], args["k"], args["cos"], args["sin"], "reference")
+        torch.ops.fusedrope.qwen3_tts_rope_out(args["q"], args["k"], args["cos"], args["sin"], args["q"], args["k"],
+                                               "reference")
     assert torch.equal(args[name], before)  # refused before anything was written
 
 

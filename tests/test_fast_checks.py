@@ -2,9 +2,11 @@
 valid plain calls the Python path would run, with its selection key and outputs laid out as it allocates them,
 and return None for everything else, bad input included (the Python path then names what is wrong)."""
 
+import functools
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 
 import fusedrope
 from fusedrope import fast_checks
-from fusedrope.qwen3_tts_rope import validate as tts_validate
+from fusedrope.qwen3_tts_rope import Facts as TTS_FACTS, validate as tts_validate
 from fusedrope.testing import QuantCase, deepseek_rope_cache, make_quant_inputs, to_device_keeping_layout
 from conftest import gpu
 from test_errors import QUANT_CASES, QUANT_UNREADABLE, TTS_CASES, TTS_UNREADABLE, UNREADABLE
@@ -33,7 +35,10 @@ def compiled():
         except RuntimeError as e:
             pytest.skip(f"the compiled checks cannot be built here: {e}")
         module = fast_checks.load()
-    return module
+    # each op passes its Facts class first, which the key is made of
+    return types.SimpleNamespace(qwen3_tts_rope=functools.partial(module.qwen3_tts_rope, TTS_FACTS),
+                                 inverse_rope_group_quant=functools.partial(module.inverse_rope_group_quant,
+                                                                            QUANT.Facts), readable=module.readable)
 
 
 @pytest.fixture
@@ -50,7 +55,7 @@ def python_quant(args):
     """The Python path's key and new outputs for a plain call."""
     key, fp8, scale = QUANT.validate(*args, None, None, None, None)
     o, _, _, _, num_groups, group_size, _ = args
-    return key, QUANT._outputs(o, num_groups, group_size, key[9], fp8, scale, True, None, None)
+    return key, QUANT._outputs(o, num_groups, group_size, key.scale_layout, fp8, scale, True, None, None)
 
 
 # -- bad input: always left to the Python checks, which raise ---------------------------------------------------
@@ -174,7 +179,7 @@ def test_on_the_gpu_both_paths_give_the_same_bytes(compiled, op, monkeypatch):
     for name, args in cases.items():
         args = tuple(to_device_keeping_layout(a, dev) if isinstance(a, torch.Tensor) else a for a in args)
         key, *outputs = check(*args)
-        assert key[0] == dev and all(o.device == dev for o in outputs), name
+        assert key.device == dev and all(o.device == dev for o in outputs), name
         monkeypatch.setattr(fast_checks, "checks", compiled)
         fast = fn(*args)
         monkeypatch.setattr(fast_checks, "checks", fast_checks.Python)
@@ -299,7 +304,7 @@ def test_without_a_loadable_build_every_call_takes_the_python_path(compiled, mon
             monkeypatch.setattr(fast_checks, "library_path", lambda: path)
             assert fast_checks.load(again=True) is fast_checks.Python
             q, k, cos, sin = _tts()
-            assert fast_checks.checks.qwen3_tts_rope(q, k, cos, sin) is None
+            assert fast_checks.checks.qwen3_tts_rope(TTS_FACTS, q, k, cos, sin) is None
             torch.testing.assert_close(fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference"),
                                        fusedrope.reference.qwen3_tts_rope_oracle(q, k, cos, sin), check_dtype=False,
                                        atol=1e-2, rtol=1e-2)

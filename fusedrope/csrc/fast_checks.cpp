@@ -1,6 +1,6 @@
 // Both ops' plain calls checked and their outputs allocated, compiled: the host cost of a call is mostly reading
 // four tensors' shapes, strides, dtypes and devices, which from Python costs more than allocating the outputs.
-// Each function returns (selection key, new outputs) when the arguments pass every check the Python validation
+// Each function returns (selection key: the op's Facts, passed first; new outputs) when the arguments pass every check the Python validation
 // makes (the `validate` functions of fusedrope/qwen3_tts_rope and fusedrope/inverse_rope_group_quant) and there is
 // work to do, and None for anything else, valid or not: the Python path then runs and names what is wrong. So
 // None is always safe; accepting is the claim tests/test_fast_checks.py holds against the Python validation.
@@ -78,10 +78,26 @@ fail:
   return nullptr;
 }
 
-// qwen3_tts_rope(q, k, cos, sin): ((device, dtype, D, False), q_out, k_out) or None.
-PyObject* qwen3_tts_rope(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+// The op's Facts (a NamedTuple class, passed first) of these items, as tuple.__new__(Facts, items) makes it
+// (without the Python-level __new__); null, and the items released, when one is null.
+PyObject* facts(PyObject* type, std::initializer_list<PyObject*> items) {
+  PyObject* values = tuple(items);
+  PyObject* args = values ? PyTuple_Pack(1, values) : nullptr;
+  PyObject* key = args ? PyTuple_Type.tp_new(reinterpret_cast<PyTypeObject*>(type), args, nullptr) : nullptr;
+  Py_XDECREF(args);
+  Py_XDECREF(values);
+  return key;
+}
+
+bool facts_type(PyObject* type) {
+  return PyType_Check(type) && PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type), &PyTuple_Type);
+}
+
+// qwen3_tts_rope(Facts, q, k, cos, sin): (Facts(device, dtype, D, False, ...), q_out, k_out) or None.
+PyObject* qwen3_tts_rope(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 4) Py_RETURN_NONE;
+  if (nargs != 5 || !facts_type(argv[0])) Py_RETURN_NONE;
+  PyObject* const* args = argv + 1;
   const at::Tensor *q = plain(args[0]), *k = plain(args[1]), *cos = plain(args[2]), *sin = plain(args[3]);
   if (!q || !k || !cos || !sin || q->dim() != 4 || k->dim() != 4 || cos->dim() != 3 || sin->dim() != 3)
     Py_RETURN_NONE;
@@ -99,7 +115,8 @@ PyObject* qwen3_tts_rope(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!ok || (q->numel() == 0 && k->numel() == 0)) Py_RETURN_NONE;
   auto q_out = at::empty_like(*q, at::TensorOptions(), at::MemoryFormat::Contiguous);
   auto k_out = at::empty_like(*k, at::TensorOptions(), at::MemoryFormat::Contiguous);
-  return tuple({tuple({THPDevice_New(dev), dtype_object(dt), PyLong_FromLongLong(D), item(Py_False)}),
+  return tuple({facts(argv[0], {THPDevice_New(dev), dtype_object(dt), PyLong_FromLongLong(D), item(Py_False),
+                                item(Py_False), item(Py_False), item(Py_False), item(Py_False)}),
                 THPVariable_Wrap(std::move(q_out)), THPVariable_Wrap(std::move(k_out))});
   END_HANDLE_TH_ERRORS
 }
@@ -126,11 +143,12 @@ bool caches_apart(const at::Tensor& cos, const at::Tensor& sin) {
   return true;
 }
 
-// inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale)
-// with no buffers and the other arguments at their defaults: (key, x_fp8, x_scale) or None.
-PyObject* inverse_rope_group_quant(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+// inverse_rope_group_quant(Facts, o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+// transpose_scale) with no buffers and the other arguments at their defaults: (Facts(...), x_fp8, x_scale) or None.
+PyObject* inverse_rope_group_quant(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  if (nargs != 7) Py_RETURN_NONE;
+  if (nargs != 8 || !facts_type(argv[0])) Py_RETURN_NONE;
+  PyObject* const* args = argv + 1;
   const at::Tensor *o = plain(args[0]), *pos = plain(args[1]), *cos = plain(args[2]), *sin = plain(args[3]);
   int64_t groups = 0, group_size = 0;
   PyObject* transpose = args[6];
@@ -165,7 +183,7 @@ PyObject* inverse_rope_group_quant(PyObject*, PyObject* const* args, Py_ssize_t 
   if ((!row_name && !(row_name = PyUnicode_InternFromString("row"))) ||
       (!col_name && !(col_name = PyUnicode_InternFromString("col"))))
     return nullptr;
-  PyObject* key = tuple(
+  PyObject* key = facts(argv[0],
       {THPDevice_New(dev), dtype_object(o->scalar_type()), PyLong_FromLongLong(D), PyLong_FromLongLong(2 * half),
       PyLong_FromLongLong(group_size), dtype_object(cos->scalar_type()), dtype_object(pos->scalar_type()),
       dtype_object(at::kFloat8_e4m3fn), dtype_object(at::kFloat8_e8m0fnu), item(col ? col_name : row_name),
@@ -176,10 +194,10 @@ PyObject* inverse_rope_group_quant(PyObject*, PyObject* const* args, Py_ssize_t 
 
 PyMethodDef methods[] = {
     {"qwen3_tts_rope", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(qwen3_tts_rope)), METH_FASTCALL,
-     "(q, k, cos, sin) -> (selection key, q_out, k_out) of a plain call, or None"},
+     "(Facts, q, k, cos, sin) -> (selection key, q_out, k_out) of a plain call, or None"},
     {"inverse_rope_group_quant",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(inverse_rope_group_quant)), METH_FASTCALL,
-     "(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale) -> (selection key, "
+     "(Facts, o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale) -> (selection key, "
      "x_fp8, x_scale) of a plain call, or None"},
     {"readable", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(readable_all)), METH_FASTCALL,
      "(*tensors) -> True when each is None or a tensor whose memory holds its values, without a tangent"},

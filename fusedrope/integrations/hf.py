@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import qwen3_tts_rope
-from ..qwen3_tts_rope import _modes, validate
+from ..qwen3_tts_rope import Modes, validate
 from ..qwen3_tts_rope.modes import qwen3_tts_qk_norm_rope
 
 __all__ = ["apply_rotary_pos_emb", "patch_qk_norm_rope", "Patch", "QWEN3_NORMS"]
@@ -39,15 +39,15 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
-_EAGER = _modes(None, "eager", None, None, 0.0, None)
+_EAGER = Modes(numerics="eager")
 
 
-def _servable(q, k, cos, sin, heads: int, modes=_EAGER) -> bool:
+def _servable(q, k, cos, sin, heads: int, modes: Modes = _EAGER) -> bool:
     """Whether fusedrope gives the formula's result for these arguments (heads at dim ``heads``, 1 or 2): the op's
     own checks accept them with ``modes`` (``numerics="eager"``, and the norm's weights), and no autograd needs
     their graph."""
     try:
-        if _autograd(q, k, cos, sin, *(t for t in modes[2:4] if t is not None)):
+        if _autograd(q, k, cos, sin, *modes.tensors().values()):
             return False
         if heads == 2:
             q, k = q.transpose(1, 2), k.transpose(1, 2)
@@ -329,7 +329,7 @@ def _fused_rope(original):
         attn = call.attn
         qw, kw, eps = attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm)
         if (_unsqueeze_dim(args, kwargs) == 1 and eps == _eps(attn.k_norm)
-                and _servable(q, k, cos, sin, 1, _modes(None, "eager", qw, kw, eps, None))):
+                and _servable(q, k, cos, sin, 1, Modes(None, "eager", qw, kw, eps))):
             return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=attn.__dict__[_MARK].backend)
         # the block's own norms (over the last dim, which the transpose left in place), then its own RoPE
         return original(_own(attn.q_norm, q), _own(attn.k_norm, k), cos, sin, *args, **kwargs)

@@ -102,8 +102,8 @@ def _outputs(o, num_groups, quant_group_size, layout, fp8_dtype, scale_dtype, qu
 def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
              x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout=None, quantize=True, enable_pdl=None,
              traced=False) -> tuple:
-    """Check every argument; return ``(key, x dtype, scale dtype)``; ``key`` (the :class:`Facts` as a plain
-    tuple) keys backend selection.
+    """Check every argument; return ``(key, x dtype, scale dtype)``; ``key``, the call's :class:`Facts`, keys
+    backend selection.
 
     The hot path is one boolean expression over the usual call (no output buffers, or buffers laid out as the op
     writes them); anything else, bad input included, takes :func:`_validate_all`, which accepts a superset and
@@ -158,8 +158,9 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
     if not ok:
         return _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
                              x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl, traced)
-    key = (dev, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_t, scale_t, layout,
-           quantize, x_contiguous, enable_pdl is True, layout == "col" and x_scale is not None and 0 < S < len(x_scale))
+    key = Facts(dev, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_t, scale_t, layout,
+                quantize, x_contiguous, enable_pdl is True,
+                layout == "col" and x_scale is not None and 0 < S < len(x_scale))
     return key, fp8_t, scale_t
 
 
@@ -220,9 +221,9 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
     if not traced:
         C.check_readable(OP, {"o": o, "positions": positions, "cos_cache": cos_cache, "sin_cache": sin_cache,
                               "x_fp8": x_fp8, "x_scale": x_scale})
-    key = (o.device, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_dtype,
-           scale_dtype, layout, quantize, x_fp8 is None or x_fp8.is_contiguous(), enable_pdl is True,
-           x_scale is not None and pad)
+    key = Facts(o.device, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_dtype,
+                scale_dtype, layout, quantize, x_fp8 is None or x_fp8.is_contiguous(), enable_pdl is True,
+                x_scale is not None and pad)
     return key, fp8_dtype, scale_dtype
 
 
@@ -275,7 +276,7 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
     key, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                                            transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout,
                                            quantize, enable_pdl)
-    layout = key[9]
+    layout = key.scale_layout
     impl = REGISTRY.select(key, backend)
     mine = _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale)  # the caller's buffers, checked
     x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, layout, fp8_dtype, scale_dtype, quantize, x_fp8,
@@ -288,7 +289,7 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
             want = buffer_scale_strides(x_scale, layout, scale_dtype)
             scale_out = x_scale if x_scale.stride() == want else x_scale.as_strided(x_scale.shape, want)
         impl.run(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size, scale_layout=layout,
-                 pdl=key[12])
+                 pdl=key.pdl)
         if mine:  # written through raw pointers: tell autograd the caller's buffers changed
             increment_version(tuple(mine.values()))
     if x_scale is None:  # quantize=False into the caller's x
@@ -384,52 +385,45 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     compiling = torch.compiler.is_compiling()
     if x_fp8 is None and x_scale is None and fp8_dtype is None and scale_dtype is None and scale_layout is None \
             and quantize is True and enable_pdl is None and not compiling:  # a plain call: compiled checks, if built
-        fast = fast_checks.checks.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
+        fast = fast_checks.checks.inverse_rope_group_quant(Facts, o, positions, cos_cache, sin_cache, num_groups,
                                                            quant_group_size, transpose_scale)
         if fast is not None:  # valid, work to do, no grad to keep; the caches apart; the outputs new
             key, x_fp8, x_scale = fast
             impl = REGISTRY.select(key, backend)
             _check_positions(o, positions, cos_cache)
-            impl.run(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, scale_layout=key[9],
-                     pdl=False)
+            impl.run(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size,
+                     scale_layout=key.scale_layout, pdl=False)
             return x_fp8, x_scale
-    grad = not compiling and C.needs_grad(o, cos_cache, sin_cache)
     spec = (scale_layout, quantize, enable_pdl)
-    if compiling or grad:
-        # The errors and messages eager gives (traced, before torch's schema check, which would refuse a
-        # non-int group argument with its own message).
-        key, checked_fp8, checked_scale = validate(o, positions, cos_cache, sin_cache, num_groups,
-                                                   quant_group_size, transpose_scale, x_fp8, x_scale, fp8_dtype,
-                                                   scale_dtype, *spec, compiling)
-        if grad and (x_fp8 is not None or x_scale is not None):
+    grad = C.needs_grad(o, cos_cache, sin_cache)
+    buffers = x_fp8 is not None or x_scale is not None
+    if not compiling:
+        if grad and buffers:
             with torch.no_grad():  # quantised bytes written into buffers: no autograd history, on any backend
                 return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
                             x_fp8, x_scale, fp8_dtype, scale_dtype, backend, *spec)
-        # Traced, or inputs that require grad: the torch op, whose outputs raise on backward (no derivative)
-        # instead of silently cutting the graph.
-        if x_fp8 is not None or x_scale is not None:
-            as_e8m0 = False
-            if x_fp8 is None or (x_scale is None and quantize) or fp8_dtype is not None or scale_dtype is not None:
-                # the _out op reads the buffers' dtypes (checked against the arguments above): allocate the
-                # buffer the caller left out, as eager does; an e8m0 one as its uint8 bytes, since inductor has
-                # no e8m0 code generation for a tensor an op mutates
-                fp8_dtype, scale_dtype = checked_fp8, checked_scale
-                as_e8m0 = x_scale is None and scale_dtype == torch.float8_e8m0fnu
-                x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, key[9], fp8_dtype,
-                                          torch.uint8 if as_e8m0 else scale_dtype, quantize, x_fp8, x_scale)
-            no_scale = x_scale is None  # quantize=False: the schema wants a tensor
-            scale_arg = o.new_empty(0, dtype=torch.uint8) if no_scale else x_scale
-            torch.ops.fusedrope.inverse_rope_group_quant_out(o, positions, cos_cache, sin_cache, num_groups,
-                                                             quant_group_size, transpose_scale, x_fp8, scale_arg,
-                                                             backend, *spec)
-            if no_scale:
-                return x_fp8, o.new_empty(0, dtype=torch.float8_e8m0fnu)
-            return x_fp8, x_scale.view(torch.float8_e8m0fnu) if as_e8m0 else x_scale
-        return torch.ops.fusedrope.inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups,
-                                                            quant_group_size, transpose_scale, fp8_dtype,
-                                                            scale_dtype, backend, *spec)
-    return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-                x_scale, fp8_dtype, scale_dtype, backend, *spec)
+        out = _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
+                   x_scale, fp8_dtype, scale_dtype, backend, *spec)
+        return C.NoDerivative.apply(OP, *out, o, cos_cache, sin_cache) if grad else out
+    # Traced: the torch op, into outputs allocated here. The errors and messages eager gives come first, before
+    # torch's schema check (which would refuse a non-int group argument with its own message).
+    key, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                                           transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype, *spec, True)
+    if grad and not buffers:  # eager's C.NoDerivative, which Dynamo cannot trace: refused when traced
+        C.refuse_grad(OP, "torch.compile of this op has", {"o": o, "cos_cache": cos_cache, "sin_cache": sin_cache},
+                      "detach the inputs")
+    # a new e8m0 scale as its uint8 bytes: inductor has no e8m0 code generation for a tensor an op mutates
+    as_e8m0 = x_scale is None and scale_dtype == torch.float8_e8m0fnu
+    x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, key.scale_layout, fp8_dtype,
+                              torch.uint8 if as_e8m0 else scale_dtype, quantize, x_fp8, x_scale)
+    no_scale = x_scale is None  # quantize=False: the schema wants a tensor
+    torch.ops.fusedrope.inverse_rope_group_quant_out(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
+                                                     transpose_scale, x_fp8,
+                                                     o.new_empty(0, dtype=torch.uint8) if no_scale else x_scale,
+                                                     backend, *spec)
+    if no_scale:
+        return x_fp8, o.new_empty(0, dtype=torch.float8_e8m0fnu)
+    return x_fp8, x_scale.view(torch.float8_e8m0fnu) if as_e8m0 else x_scale
 
 
 def explain_args(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128, transpose_scale=False,
@@ -441,27 +435,7 @@ def explain_args(o, positions, cos_cache, sin_cache, num_groups, quant_group_siz
     return key, backend
 
 
-# -- torch ops ------------------------------------------------------------------------------------------
-@torch.library.custom_op("fusedrope::inverse_rope_group_quant", mutates_args=())
-def _op(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
-        num_groups: int, quant_group_size: int = 128, transpose_scale: bool = False,
-        fp8_dtype: Optional[torch.dtype] = None, scale_dtype: Optional[torch.dtype] = None,
-        backend: str = "auto", scale_layout: Optional[str] = None, quantize: bool = True,
-        enable_pdl: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, None, None,
-                fp8_dtype, scale_dtype, backend, scale_layout, quantize, enable_pdl)
-
-
-@_op.register_fake
-def _op_fake(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128, transpose_scale=False,
-             fp8_dtype=None, scale_dtype=None, backend="auto", scale_layout=None, quantize=True, enable_pdl=None):
-    key, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
-                                           transpose_scale, None, None, fp8_dtype, scale_dtype, scale_layout,
-                                           quantize, enable_pdl)
-    # The same strides as the real op (column-major scale included), or compiled callers read garbage.
-    return empty_outputs(o, num_groups, quant_group_size, key[9], fp8_dtype, scale_dtype, quantize)
-
-
+# -- the torch op: writes into the outputs it is given -----------------------------------------------------------
 @torch.library.custom_op("fusedrope::inverse_rope_group_quant_out", mutates_args=("x_fp8", "x_scale"))
 def _op_out(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
             num_groups: int, quant_group_size: int, transpose_scale: bool, x_fp8: torch.Tensor,

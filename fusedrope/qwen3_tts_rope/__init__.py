@@ -8,6 +8,7 @@ Backends: ``cuda`` (:mod:`.cuda`, the hand-written kernel), ``triton`` (:mod:`.t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import torch
@@ -70,16 +71,55 @@ REGISTRY.register(Backend("triton", available=triton_available, load=_load_trito
 REGISTRY.register(Backend("reference", reference.qwen3_tts_rope))
 
 
+# -- the call description -------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Modes:
+    """What a call asks beyond fp32 math on cos/sin rows, one named field per mode (None for a plain call:
+    :func:`describe`). :class:`Facts` derives from it; a built-in backend's ``run`` takes :meth:`run_args`."""
+
+    positions: Optional[torch.Tensor] = None  # cos/sin are tables read at these positions
+    numerics: str = "fp32"
+    q_norm_weight: Optional[torch.Tensor] = None  # qwen3_tts_qk_norm_rope
+    k_norm_weight: Optional[torch.Tensor] = None
+    eps: float = 0.0
+    enable_pdl: Optional[bool] = None
+
+    def tensors(self) -> dict:
+        """The tensors among the modes, by argument name."""
+        return {n: t for n, t in (("positions", self.positions), ("q_norm_weight", self.q_norm_weight),
+                                  ("k_norm_weight", self.k_norm_weight)) if t is not None}
+
+    def run_args(self) -> tuple:
+        """A built-in backend's run arguments after the outputs."""
+        return (self.positions, self.numerics == "eager", self.q_norm_weight, self.k_norm_weight, float(self.eps),
+                self.enable_pdl is True)
+
+    def op_args(self) -> tuple:
+        """The torch op's arguments after ``backend``."""
+        return self.positions, self.numerics, self.q_norm_weight, self.k_norm_weight, self.eps, self.enable_pdl
+
+
+PLAIN = Modes()
+
+
+def describe(positions=None, numerics="fp32", q_norm_weight=None, k_norm_weight=None, eps=0.0, enable_pdl=None):
+    """The one normaliser of a call's modes: None for a plain call (the hot path), else its :class:`Modes`."""
+    if positions is None and numerics == "fp32" and q_norm_weight is None and enable_pdl is None:
+        return None
+    return Modes(positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl)
+
+
 # -- validation ----------------------------------------------------------------------------------------------
-def validate(q, k, cos, sin, inplace: bool = False, modes=None, traced: bool = False) -> tuple:
+def validate(q, k, cos, sin, inplace: bool = False, modes: Optional[Modes] = None, traced: bool = False) -> Facts:
     """Check the inputs (and, for ``inplace``, that q and k can be written); return the selection key, the
-    :class:`Facts` as a plain tuple. Valid inputs take one boolean expression (this is the hot path: every
-    attribute read counts); the others, :func:`_diagnose`'s precise error. ``modes``: :mod:`.modes`. ``traced``:
-    Dynamo traces this call, whose tensors have no memory to read (nor can it trace :func:`V.readable`)."""
-    if modes is not None:  # numerics="eager", positions= or the norm: checked in .modes, loaded on first use
+    call's :class:`Facts`. Valid inputs take one boolean expression (this is the hot path: every attribute read
+    counts); the others, :func:`.modes.diagnose`'s precise error. ``modes``: :class:`Modes` (checked in
+    :mod:`.modes`). ``traced``: Dynamo traces this call, whose tensors have no memory to read (nor can it trace
+    :func:`V.readable`)."""
+    if modes is not None:  # loaded on first use
         from .modes import validate_modes
 
-        return validate_modes(q, k, cos, sin, inplace, *modes, traced=traced)
+        return validate_modes(q, k, cos, sin, inplace, modes, traced)
     try:
         cos_shape = cos.shape
         B, _, S, D = q.shape
@@ -102,7 +142,7 @@ def validate(q, k, cos, sin, inplace: bool = False, modes=None, traced: bool = F
         dt, dev, D = q.dtype, q.device, q.shape[3]  # a tensor subclass (FakeTensor, Parameter) that is valid
     if inplace:
         _check_inplace(q, k, cos, sin)
-    return dev, dt, D, inplace is True
+    return Facts(dev, dt, D, inplace is True)
 
 
 def _diagnose(q, k, cos, sin, traced: bool = False) -> None:
@@ -110,7 +150,7 @@ def _diagnose(q, k, cos, sin, traced: bool = False) -> None:
     one checker); valid tensor subclasses pass."""
     from .modes import diagnose
 
-    diagnose(q, k, cos, sin, None, "fp32", None, None, 0.0, None, traced)
+    diagnose(q, k, cos, sin, PLAIN, traced)
     if all(type(t) is _Tensor for t in (q, k, cos, sin)):  # plain tensors the expression refused: it is wrong
         raise AssertionError("validate() refused inputs that _diagnose() accepts")  # pragma: no cover
 
@@ -143,19 +183,9 @@ def _check_outputs(q, k, cos, sin, q_out, k_out, modes=None) -> dict:
         if not ok:
             _diagnose_output(name, out, src, src_name)
         given[name] = out
-    V.check_apart(OP, given, {"q": q, "k": k, "cos": cos, "sin": sin, **_mode_tensors(modes)})
+    V.check_apart(OP, given, {"q": q, "k": k, "cos": cos, "sin": sin, **(modes or PLAIN).tensors()})
     V.check_writable_here(OP, given)
     return given
-
-
-def _mode_tensors(modes) -> dict:  # the tensors among the modes, by name
-    names = ("positions", "", "q_norm_weight", "k_norm_weight")
-    return {n: t for n, t in zip(names, modes or ()) if n and t is not None}
-
-
-def _backend_args(modes) -> tuple:  # a built-in backend's run arguments after the outputs
-    positions, numerics, q_weight, k_weight, eps, pdl = modes
-    return positions, numerics == "eager", q_weight, k_weight, float(eps), pdl is True
 
 
 def _diagnose_output(name, out, src, src_name) -> None:
@@ -181,7 +211,7 @@ def _check_call(q, k, cos, sin, inplace, q_out, k_out, modes=None, traced: bool 
     if inplace:
         V.fail(OP, "q_out" if q_out is not None else "k_out", "None with inplace=True (which writes into q and k)",
                "a tensor")
-    mine = _mode_tensors(modes)
+    mine = (modes or PLAIN).tensors()
     if V.needs_grad(q, k, cos, sin, q_out, k_out, *mine.values()):  # torch's out= refuses autograd too
         V.refuse_grad(OP, "q_out= / k_out= have", dict(q=q, k=k, cos=cos, sin=sin, q_out=q_out, k_out=k_out, **mine),
                       "without buffers")
@@ -196,15 +226,16 @@ def _new_out(t: torch.Tensor) -> torch.Tensor:
     return _empty_like(t, memory_format=_CONTIGUOUS)
 
 
-def _into_new_outputs(impl: Backend, q, k, cos, sin, alloc: bool = True, modes=None):
-    """New contiguous outputs written by ``impl``; allocated by its compiled op where it has one and ``alloc``
-    (in C++: two Python calls fewer). Nothing runs for empty inputs."""
+def _into_new_outputs(impl: Backend, q, k, cos, sin, modes=None, alloc: bool = True):
+    """New contiguous outputs written by ``impl``; allocated by its compiled op where it has one and ``alloc`` (in
+    C++: two Python calls fewer; not for inputs that require grad, whose outputs would get an autograd
+    placeholder). Nothing runs for empty inputs."""
     work = q.numel() or k.numel()
     if alloc and work and impl.run_alloc is not None and modes is None:
         return impl.run_alloc(q, k, cos, sin)
-    q_out, k_out = _empty_like(q, memory_format=_CONTIGUOUS), _empty_like(k, memory_format=_CONTIGUOUS)
+    q_out, k_out = _new_out(q), _new_out(k)
     if work:
-        impl.run(q, k, cos, sin, q_out, k_out, *(_backend_args(modes) if modes else ()))
+        impl.run(q, k, cos, sin, q_out, k_out, *(modes.run_args() if modes else ()))
     return q_out, k_out
 
 
@@ -279,7 +310,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
     """
     if inplace is False and q_out is None and k_out is None and positions is None and numerics == "fp32" \
             and enable_pdl is None and not _is_compiling():
-        fast = fast_checks.checks.qwen3_tts_rope(q, k, cos, sin)  # valid, work to do, no grad to keep
+        fast = fast_checks.checks.qwen3_tts_rope(Facts, q, k, cos, sin)  # valid, work to do, no grad to keep
         if fast is not None:
             key, q_out, k_out = fast
             REGISTRY.select(key, backend).run(q, k, cos, sin, q_out, k_out)
@@ -287,45 +318,43 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
         key = validate(q, k, cos, sin)
         if not (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad) or not _grad_enabled():
             return _into_new_outputs(REGISTRY.select(key, backend), q, k, cos, sin)
-    modes = _modes(positions, numerics, None, None, 0.0, enable_pdl)
-    return _call(q, k, cos, sin, modes, inplace, q_out, k_out, backend)
+    return _call(q, k, cos, sin, describe(positions, numerics, None, None, 0.0, enable_pdl), inplace, q_out, k_out,
+                 backend)
 
 
-def _call(q, k, cos, sin, modes, inplace, q_out, k_out, backend):
-    """Both public functions past qwen3_tts_rope's hot path: ``modes`` None or ``(positions, numerics,
-    q_norm_weight, k_norm_weight, eps, enable_pdl)``."""
-    m = modes or ()  # plain calls pass no modes to the torch ops: a float eps in a dynamic graph restarts tracing
+def _call(q, k, cos, sin, modes: Optional[Modes], inplace, q_out, k_out, backend):
+    """Both public functions past qwen3_tts_rope's hot path."""
+    new = inplace is False and q_out is None and k_out is None
+    inputs = (q, k, cos, sin, *(modes or PLAIN).tensors().values())
+    grad = V.needs_grad(*inputs)
     if not _is_compiling():
-        if inplace is False and q_out is None and k_out is None:
-            key = validate(q, k, cos, sin, False, modes)
-            if not V.needs_grad(q, k, cos, sin, *_mode_tensors(modes).values()):
-                return _into_new_outputs(REGISTRY.select(key, backend), q, k, cos, sin, modes=modes)
-            # Inputs that require grad: the torch op, whose outputs raise on backward (no derivative) instead of
-            # silently cutting the graph; the backend name is checked first, for the same errors as without grad.
-            REGISTRY.select(key, backend)
-            return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend, *m)
-        return _run(q, k, cos, sin, inplace, q_out, k_out, backend, modes)
-    # Traced: the torch ops. Their fakes validate, but storage overlap cannot be traced here, so the cheap checks
+        if not new:
+            return _run(q, k, cos, sin, inplace, q_out, k_out, backend, modes)
+        out = _into_new_outputs(REGISTRY.select(validate(q, k, cos, sin, False, modes), backend), q, k, cos, sin,
+                                modes, not grad)
+        return V.NoDerivative.apply(OP, *out, *inputs) if grad else out
+    # Traced: the torch op, whose fake validates; storage overlap cannot be traced here, so the cheap checks
     # eager gives first come first.
-    if q_out is None and k_out is None:
-        if inplace is not False and inplace is not True:
-            V.check_bool(OP, "inplace", inplace)
-        if not inplace:
-            return torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, backend, *m)
-        mine = {"q": q, "k": k, "cos": cos, "sin": sin, **_mode_tensors(modes)}
-        if V.needs_grad(*mine.values()):
-            V.refuse_grad(OP, "inplace=True has", mine, "use inplace=False")
-        torch.ops.fusedrope.qwen3_tts_rope_(q, k, cos, sin, backend, *m)
-        return q, k
-    _check_call(q, k, cos, sin, inplace, q_out, k_out, modes, True)  # the buffers: the _out op's fake checks them
-    q_out = _new_out(q) if q_out is None else q_out
-    k_out = _new_out(k) if k_out is None else k_out
-    torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, backend, *m)
+    if inplace is not False and inplace is not True:
+        V.check_bool(OP, "inplace", inplace)
+    if inplace and q_out is None and k_out is None:
+        mine = {"q": q, "k": k, "cos": cos, "sin": sin, **(modes or PLAIN).tensors()}
+        V.refuse_grad(OP, "inplace=True has", mine, "use inplace=False")
+        q_out, k_out = q, k
+    else:
+        _check_call(q, k, cos, sin, inplace, q_out, k_out, modes, True)
+        if new and grad:  # eager's V.NoDerivative, which Dynamo cannot trace: refused when traced
+            V.refuse_grad(OP, "torch.compile of this op has", {"q": q, "k": k, "cos": cos, "sin": sin},
+                          "detach the inputs")
+        q_out = _new_out(q) if q_out is None else q_out
+        k_out = _new_out(k) if k_out is None else k_out
+    # plain calls pass no modes: a float eps in a dynamic graph restarts tracing
+    torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, backend, *(modes.op_args() if modes else ()))
     return q_out, k_out
 
 
 def _run(q, k, cos, sin, inplace, q_out, k_out, backend, modes=None):
-    """In place, or into the caller's buffers (eager; also what the torch ops run)."""
+    """In place, or into the caller's buffers (eager; also what the torch op runs)."""
     impl = REGISTRY.select(_check_call(q, k, cos, sin, inplace, q_out, k_out, modes), backend)
     if inplace:
         q_out, k_out = q, k
@@ -335,63 +364,37 @@ def _run(q, k, cos, sin, inplace, q_out, k_out, backend, modes=None):
     q_out = _new_out(q) if q_out is None else q_out
     k_out = _new_out(k) if k_out is None else k_out
     if q.numel() or k.numel():
-        impl.run(q, k, cos, sin, q_out, k_out, *(_backend_args(modes) if modes else ()))
+        impl.run(q, k, cos, sin, q_out, k_out, *(modes.run_args() if modes else ()))
         increment_version(written)  # written through raw pointers: saved copies are now stale
     return q_out, k_out
 
 
-# -- torch ops: opaque to torch.compile, capturable in CUDA graphs -----------------------------------------
-# Each takes the modes after ``backend``: (positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl).
-def _modes(positions, numerics, q_weight, k_weight, eps, pdl):
-    return None if positions is None and numerics == "fp32" and q_weight is None and pdl is None else (
-        positions, numerics, q_weight, k_weight, eps, pdl)
-
-
+# -- the torch op: opaque to torch.compile, capturable in CUDA graphs ------------------------------------------
+# It writes into q_out and k_out, which are q and k themselves for inplace=True (as flashinfer's rope ops do);
+# the modes follow ``backend`` as Modes.op_args gives them.
 _Opt = Optional[torch.Tensor]
 
 
-@torch.library.custom_op("fusedrope::qwen3_tts_rope", mutates_args=())
-def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str = "auto",
-        positions: _Opt = None, numerics: str = "fp32", q_weight: _Opt = None, k_weight: _Opt = None,
-        eps: float = 0.0, pdl: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    modes = _modes(positions, numerics, q_weight, k_weight, eps, pdl)
-    impl = REGISTRY.select(validate(q, k, cos, sin, False, modes), backend)
-    # inputs that require grad: outputs of a compiled op would come back with an autograd placeholder
-    return _into_new_outputs(impl, q, k, cos, sin, not (q.requires_grad or k.requires_grad), modes)
+@torch.library.custom_op("fusedrope::qwen3_tts_rope_out", mutates_args=("q_out", "k_out"))
+def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
+        k_out: torch.Tensor, backend: str = "auto", positions: _Opt = None, numerics: str = "fp32",
+        q_weight: _Opt = None, k_weight: _Opt = None, eps: float = 0.0, pdl: Optional[bool] = None) -> None:
+    for name, t in (("q_out", q_out), ("k_out", k_out)):
+        V.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
+    modes = describe(positions, numerics, q_weight, k_weight, eps, pdl)
+    if q_out is q and k_out is k:
+        _run(q, k, cos, sin, True, None, None, backend, modes)
+    elif q_out is q or k_out is k:  # one in place: functionalization may hand one output over as its input
+        new = _run(q, k, cos, sin, False, None if q_out is q else q_out, None if k_out is k else k_out, backend,
+                   modes)
+        (q, k)[k_out is k].copy_(new[k_out is k])
+    else:
+        _run(q, k, cos, sin, False, q_out, k_out, backend, modes)
 
 
 @_op.register_fake
-def _op_fake(q, k, cos, sin, backend="auto", positions=None, numerics="fp32", q_weight=None, k_weight=None, eps=0.0,
-             pdl=None):
-    validate(q, k, cos, sin, False, _modes(positions, numerics, q_weight, k_weight, eps, pdl))
-    return _new_out(q), _new_out(k)
-
-
-@torch.library.custom_op("fusedrope::qwen3_tts_rope_", mutates_args=("q", "k"))
-def _op_inplace(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str = "auto",
-                positions: _Opt = None, numerics: str = "fp32", q_weight: _Opt = None, k_weight: _Opt = None,
-                eps: float = 0.0, pdl: Optional[bool] = None) -> None:
-    _run(q, k, cos, sin, True, None, None, backend, _modes(positions, numerics, q_weight, k_weight, eps, pdl))
-
-
-@_op_inplace.register_fake
-def _op_inplace_fake(q, k, cos, sin, backend="auto", positions=None, numerics="fp32", q_weight=None, k_weight=None,
-                     eps=0.0, pdl=None):
-    validate(q, k, cos, sin, True, _modes(positions, numerics, q_weight, k_weight, eps, pdl))
-
-
-@torch.library.custom_op("fusedrope::qwen3_tts_rope_out", mutates_args=("q_out", "k_out"))
-def _op_out(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
-            k_out: torch.Tensor, backend: str = "auto", positions: _Opt = None, numerics: str = "fp32",
-            q_weight: _Opt = None, k_weight: _Opt = None, eps: float = 0.0, pdl: Optional[bool] = None) -> None:
-    for name, t in (("q_out", q_out), ("k_out", k_out)):
-        V.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
-    _run(q, k, cos, sin, False, q_out, k_out, backend, _modes(positions, numerics, q_weight, k_weight, eps, pdl))
-
-
-@_op_out.register_fake
-def _op_out_fake(q, k, cos, sin, q_out, k_out, backend="auto", positions=None, numerics="fp32", q_weight=None,
-                 k_weight=None, eps=0.0, pdl=None):
-    modes = _modes(positions, numerics, q_weight, k_weight, eps, pdl)
-    validate(q, k, cos, sin, False, modes)
-    _check_outputs(q, k, cos, sin, q_out, k_out, modes)
+def _op_fake(q, k, cos, sin, q_out, k_out, backend="auto", positions=None, numerics="fp32", q_weight=None,
+             k_weight=None, eps=0.0, pdl=None):
+    modes = describe(positions, numerics, q_weight, k_weight, eps, pdl)
+    validate(q, k, cos, sin, False, modes, True)
+    _check_outputs(q, k, cos, sin, None if q_out is q else q_out, None if k_out is k else k_out, modes)

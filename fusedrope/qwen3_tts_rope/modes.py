@@ -10,21 +10,22 @@ import torch
 from .. import _validation as V, fast_checks
 from ..registry import getenv
 from . import DTYPES, OP, reference
+from . import Facts, Modes, describe
 from . import _call as call
-from . import _check_call, _check_outputs, _modes
+from . import _check_call, _check_outputs
 from . import _check_inplace as check_inplace
-from . import _mode_tensors as mode_tensors
 
 NUMERICS = ("fp32", "eager")
 POSITION_DTYPES = (torch.int64, torch.int32)
 _Tensor, _F32 = torch.Tensor, torch.float32
 
 
-def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_weight, eps, pdl, traced=False) -> tuple:
-    """:func:`validate` for calls with ``numerics="eager"``, ``positions=``, the norm (``q_weight`` not None) or
-    ``enable_pdl``: ``positions [B, S]`` or ``[S]`` int32/int64, with cos/sin tables ``[max_pos, D]`` in q's dtype
-    or fp32; norm weights ``[D]`` in q's dtype; ``eps`` a number >= 0; ``pdl`` None or a bool. Valid inputs take one
-    expression, as in validate."""
+def validate_modes(q, k, cos, sin, inplace, modes: Modes, traced=False) -> Facts:
+    """:func:`validate` for calls with ``numerics="eager"``, ``positions=``, the norm (``q_norm_weight`` not None)
+    or ``enable_pdl``: ``positions [B, S]`` or ``[S]`` int32/int64, with cos/sin tables ``[max_pos, D]`` in q's
+    dtype or fp32; norm weights ``[D]`` in q's dtype; ``eps`` a number >= 0; ``enable_pdl`` None or a bool. Valid
+    inputs take one expression, as in validate."""
+    positions, numerics, q_weight, k_weight, eps, pdl = modes.op_args()
     table, norm = positions is not None, q_weight is not None
     try:
         B, _, S, D = q.shape
@@ -52,17 +53,18 @@ def validate_modes(q, k, cos, sin, inplace, positions, numerics, q_weight, k_wei
     except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         ok = False
     if not ok:
-        diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl, traced)
+        diagnose(q, k, cos, sin, modes, traced)
     if table and getenv(V.ENV_CHECK_POSITIONS).lower() not in V.SWITCH_OFF:
         V.check_positions_on_host(OP, positions, cos.shape[0])
     if inplace:
-        check_inplace(q, k, cos, sin, mode_tensors((positions, numerics, q_weight, k_weight, eps)))
-    return q.device, q.dtype, q.shape[3], inplace is True, numerics == "eager", table, norm, pdl is True
+        check_inplace(q, k, cos, sin, modes.tensors())
+    return Facts(q.device, q.dtype, q.shape[3], inplace is True, numerics == "eager", table, norm, pdl is True)
 
 
-def diagnose(q, k, cos, sin, positions, numerics, q_weight, k_weight, eps, pdl, traced=False) -> None:
+def diagnose(q, k, cos, sin, modes: Modes, traced=False) -> None:
     """The op's one checker: the precise error, naming the argument, for inputs a fast check refused (the plain
     :func:`validate`'s expression, :func:`validate_modes`'); valid inputs and valid tensor subclasses pass."""
+    positions, numerics, q_weight, k_weight, eps, pdl = modes.op_args()
     if numerics not in NUMERICS:
         V.fail(OP, "numerics", "'fp32' or 'eager'", repr(numerics))
     if pdl is not None:
@@ -133,15 +135,15 @@ def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: fl
     """
     if q_norm_weight is None or k_norm_weight is None:
         V.check_tensor(OP, "q_norm_weight" if q_norm_weight is None else "k_norm_weight", None)
-    return call(q, k, cos, sin, (positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl), inplace, q_out,
-                k_out, backend)
+    return call(q, k, cos, sin, Modes(positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl), inplace,
+                q_out, k_out, backend)
 
 
 # -- what fusedrope.explain asks: the selection key and backend of a call, after every check the call makes ---------
 def explain_args(q, k, cos, sin, *, numerics: str = "fp32", positions=None, inplace: bool = False, q_out=None,
                  k_out=None, backend: str = "auto", enable_pdl=None):
     """For :func:`qwen3_tts_rope`."""
-    return _explain(q, k, cos, sin, _modes(positions, numerics, None, None, 0.0, enable_pdl), inplace, q_out, k_out,
+    return _explain(q, k, cos, sin, describe(positions, numerics, None, None, 0.0, enable_pdl), inplace, q_out, k_out,
                     backend)
 
 
@@ -149,8 +151,8 @@ def explain_norm_args(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: float =
                       positions=None, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto",
                       enable_pdl=None):
     """For :func:`qwen3_tts_qk_norm_rope`."""
-    return _explain(q, k, cos, sin, (positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl), inplace,
-                    q_out, k_out, backend)
+    return _explain(q, k, cos, sin, Modes(positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl),
+                    inplace, q_out, k_out, backend)
 
 
 def _explain(q, k, cos, sin, modes, inplace, q_out, k_out, backend):

@@ -462,16 +462,14 @@ def test_torch_compile_with_one_buffer_allocates_the_other_as_eager_does(given):
 OPCHECKS = ("test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
 
 
-def test_opcheck_both_torch_ops():
+def test_opcheck_the_torch_op():
     case = SHAPES[3]
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=14)
     for ts in (False, True):
         for sd in (torch.uint8, torch.int32):  # int32 column-major: a view of its padded storage
-            torch.library.opcheck(torch.ops.fusedrope.inverse_rope_group_quant.default,
-                                  (o, pos, cos, sin, 2, 32, ts, None, sd, "reference"), test_utils=OPCHECKS)
-        x, s = fusedrope.empty_quant_outputs(o, 2, 32, ts, scale_dtype=torch.uint8)
-        torch.library.opcheck(torch.ops.fusedrope.inverse_rope_group_quant_out.default,
-                              (o, pos, cos, sin, 2, 32, ts, x, s, "reference"), test_utils=OPCHECKS)
+            x, s = fusedrope.empty_quant_outputs(o, 2, 32, ts, scale_dtype=sd)
+            torch.library.opcheck(torch.ops.fusedrope.inverse_rope_group_quant_out.default,
+                                  (o, pos, cos, sin, 2, 32, ts, x, s, "reference"), test_utils=OPCHECKS)
 
 
 def test_selection_facts_are_cached_per_layout():

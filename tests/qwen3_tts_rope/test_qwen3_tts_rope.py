@@ -231,13 +231,19 @@ def test_public_outputs_are_new_and_contiguous(backend):
 
 
 def test_torch_op_matches_function():
+    """The one torch op writes into the outputs it is given: new buffers, or q and k themselves (in place)."""
     q, k, cos, sin = make_tts_inputs(TtsCase("op", 2, 3, 4, 2), device=DEVICE, seed=9)
-    q_op, k_op = torch.ops.fusedrope.qwen3_tts_rope(q, k, cos, sin, "reference")
     q_fn, k_fn = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
+    q_op, k_op = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+    torch.ops.fusedrope.qwen3_tts_rope_out(q, k, cos, sin, q_op, k_op, "reference")
     assert torch.equal(q_op, q_fn) and torch.equal(k_op, k_fn)
-    torch.library.opcheck(torch.ops.fusedrope.qwen3_tts_rope.default, (q, k, cos, sin, "reference"))
-    torch.library.opcheck(torch.ops.fusedrope.qwen3_tts_rope_.default,
-                          (q.clone(), k.clone(), cos, sin, "reference"))
+    q_in, k_in = q.clone(), k.clone()
+    torch.ops.fusedrope.qwen3_tts_rope_out(q_in, k_in, cos, sin, q_in, k_in, "reference")
+    assert torch.equal(q_in, q_fn) and torch.equal(k_in, k_fn)
+    op = torch.ops.fusedrope.qwen3_tts_rope_out.default
+    torch.library.opcheck(op, (q, k, cos, sin, torch.empty_like(q), torch.empty_like(k), "reference"))
+    q_in, k_in = q.clone(), k.clone()
+    torch.library.opcheck(op, (q_in, k_in, cos, sin, q_in, k_in, "reference"))
 
 
 @pytest.mark.parametrize("inplace", [False, True])
@@ -365,6 +371,15 @@ def test_inputs_that_require_grad_give_outputs_that_refuse_backward(backend):
     assert q_out.requires_grad
     with pytest.raises(RuntimeError, match="no autograd formula"):
         q_out.float().sum().backward()
+
+
+def test_traced_call_of_inputs_that_require_grad_is_refused():
+    """Dynamo cannot trace the eager outputs' raising backward: a traced call refuses instead, naming the input."""
+    q, k, cos, sin = make_tts_inputs(TTS_CASES[0], device=DEVICE)
+    torch._dynamo.reset()
+    step = torch.compile(lambda q: fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference"), fullgraph=True)
+    with pytest.raises(RuntimeError, match="torch.compile of this op has no autograd formula, and argument 'q'"):
+        step(q.clone().requires_grad_())
 
 
 def test_oracle_is_exact_where_fp32_is_not():
