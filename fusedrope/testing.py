@@ -813,7 +813,7 @@ def _tts_backend_cases(device):
 
 def _quant_backend_cases(device):
     import fusedrope
-    from .inverse_rope_group_quant import validate
+    from .inverse_rope_group_quant import QuantModes, validate
 
     def case(name, c, fp8=torch.float8_e4m3fn, scale=torch.float8_e8m0fnu, transpose=False):
         args = (*make_quant_inputs(c, device=device, seed=c.num_tokens, edge_cases=True), c.num_groups,
@@ -830,7 +830,7 @@ def _quant_backend_cases(device):
                 assert bytes_written_outside(buf, out, 0x55) == 0, "wrote outside its output"
             new = fusedrope.inverse_rope_group_quant(*args, fp8_dtype=fp8, scale_dtype=scale, backend=backend)
             assert_quant_close(*new, *ref, rope_blocks(c), "new outputs")
-        return f"{name}-{c.id}", validate(*args, None, None, fp8, scale)[0], check
+        return f"{name}-{c.id}", validate(*args, modes=QuantModes(fp8, scale))[0], check
 
     out = []
     for h, g in QUANT_HEAD_GROUPS.values():

@@ -53,7 +53,7 @@ def quant_args(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=
 
 def python_quant(args):
     """The Python path's key and new outputs for a plain call."""
-    key, fp8, scale = QUANT.validate(*args, None, None, None, None)
+    key, fp8, scale = QUANT.validate(*args)
     o, _, _, _, num_groups, group_size, _ = args
     return key, QUANT._outputs(o, num_groups, group_size, key.scale_layout, fp8, scale, True, None, None)
 
@@ -286,7 +286,7 @@ def test_quant_checks_agree_with_python_on_any_metadata(compiled, data):
     args = quant_args(o, positions, cos, sin, draw(st.sampled_from([1, 2, 3, 4, 0, -1])),
                       draw(st.sampled_from([32, 64, 128, 256, 16])), draw(st.sampled_from([False, True, 0])))
     try:
-        want = QUANT.validate(*args, None, None, None, None)[0]
+        want = QUANT.validate(*args)[0]
         QUANT._refuse_one_cache(cos, sin)
     except (TypeError, ValueError):
         want = None

@@ -3,7 +3,7 @@ rounded to o's dtype, then a separate per-group e8m0 quant launch. Both in Trito
 
 from __future__ import annotations
 
-from ..inverse_rope_group_quant import validate
+from ..inverse_rope_group_quant import QuantModes, validate
 from ..inverse_rope_group_quant.buffers import empty_quant_outputs
 
 
@@ -16,7 +16,7 @@ def unfused_inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_gro
     from ..inverse_rope_group_quant import triton as k
 
     _, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
-                                             transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype)
+                                             transpose_scale, x_fp8, x_scale, QuantModes(fp8_dtype, scale_dtype))
     if x_fp8 is None or x_scale is None:
         x_fp8, x_scale = empty_quant_outputs(o, num_groups, quant_group_size, transpose_scale,
                                                  fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)

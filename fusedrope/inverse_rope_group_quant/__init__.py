@@ -8,6 +8,7 @@ Backends: ``cuda`` (:mod:`.cuda`) and ``hip`` (:mod:`.hip`, opt-in), the hand-wr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 import torch
@@ -21,7 +22,8 @@ from .outputs import (FP8_DTYPES, MFMA_SCALE_DTYPES, OP, PACKED_UE8M0, QUANT_GRO
                       SCALE_LAYOUTS, buffer_scale_strides, empty_outputs, group_widths, resolve_dtypes, resolve_layout,
                       rows_apart, scale_strides, shapes)
 
-__all__ = ["inverse_rope_group_quant", "validate", "REGISTRY", "Facts", "scale_strides", "buffer_scale_strides"]
+__all__ = ["inverse_rope_group_quant", "validate", "REGISTRY", "Facts", "QuantModes", "scale_strides",
+           "buffer_scale_strides"]
 O_DTYPES = (torch.bfloat16, torch.float16)
 CACHE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 POSITION_DTYPES = (torch.int64, torch.int32)
@@ -45,6 +47,22 @@ class Facts(NamedTuple):
     x_contiguous: bool  # the output row-major contiguous (else rows of Dg apart, e.g. group-major)
     pdl: bool  # enable_pdl: a launch hint compiled kernels may take
     scale_pad: bool = False  # a "col" x_scale with token rows past o's (TMA padding), written as zeros
+
+
+@dataclass(frozen=True)
+class QuantModes:
+    """What a call asks beyond the defaults, one named field per keyword argument of the public function (the
+    positional ones stay arguments). :class:`Facts` derives from it, resolved: the dtypes, and ``scale_layout``
+    from ``transpose_scale``."""
+
+    fp8_dtype: Optional[torch.dtype] = None
+    scale_dtype: Optional[torch.dtype] = None
+    scale_layout: Optional[str] = None
+    quantize: bool = True
+    enable_pdl: Optional[bool] = None
+
+
+PLAIN = QuantModes()
 
 
 def _user_protocol(run, supports):
@@ -99,15 +117,16 @@ def _outputs(o, num_groups, quant_group_size, layout, fp8_dtype, scale_dtype, qu
     return x_fp8, x_scale
 
 
-def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-             x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout=None, quantize=True, enable_pdl=None,
-             traced=False) -> tuple:
+def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8=None,
+             x_scale=None, modes: QuantModes = PLAIN, traced=False) -> tuple:
     """Check every argument; return ``(key, x dtype, scale dtype)``; ``key``, the call's :class:`Facts`, keys
     backend selection.
 
     The hot path is one boolean expression over the usual call (no output buffers, or buffers laid out as the op
     writes them); anything else, bad input included, takes :func:`_validate_all`, which accepts a superset and
     raises the precise message. ``traced``: Dynamo traces this call (whose tensors have no memory to read)."""
+    fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl = (modes.fp8_dtype, modes.scale_dtype,
+                                                                  modes.scale_layout, modes.quantize, modes.enable_pdl)
     try:
         S, H, D = o.shape
         max_pos, half = cos_cache.shape
@@ -157,17 +176,18 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
         ok = False
     if not ok:
         return _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                             x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl, traced)
+                             x_fp8, x_scale, modes, traced)
     key = Facts(dev, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_t, scale_t, layout,
                 quantize, x_contiguous, enable_pdl is True,
                 layout == "col" and x_scale is not None and 0 < S < len(x_scale))
     return key, fp8_t, scale_t
 
 
-def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                  x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout=None, quantize=True, enable_pdl=None,
-                  traced=False) -> tuple:
+def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8=None,
+                  x_scale=None, modes: QuantModes = PLAIN, traced=False) -> tuple:
     """Every check, one at a time, each with its message (:func:`validate`'s slow path)."""
+    fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl = (modes.fp8_dtype, modes.scale_dtype,
+                                                                  modes.scale_layout, modes.quantize, modes.enable_pdl)
     C.check_tensor(OP, "o", o, 3, "[S, H, head_dim]")
     layout = resolve_layout(transpose_scale, scale_layout, quantize)
     if enable_pdl is not None:
@@ -272,11 +292,10 @@ def _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale) -> dict:
 
 
 def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8, x_scale,
-         fp8_dtype, scale_dtype, backend, scale_layout=None, quantize=True, enable_pdl=None):
+         backend, modes: QuantModes = PLAIN):
     key, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
-                                           transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype, scale_layout,
-                                           quantize, enable_pdl)
-    layout = key.scale_layout
+                                           transpose_scale, x_fp8, x_scale, modes)
+    layout, quantize = key.scale_layout, key.quantize
     impl = REGISTRY.select(key, backend)
     mine = _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale)  # the caller's buffers, checked
     x_fp8, x_scale = _outputs(o, num_groups, quant_group_size, layout, fp8_dtype, scale_dtype, quantize, x_fp8,
@@ -394,21 +413,21 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
             impl.run(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size,
                      scale_layout=key.scale_layout, pdl=False)
             return x_fp8, x_scale
-    spec = (scale_layout, quantize, enable_pdl)
+    modes = QuantModes(fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)
     grad = C.needs_grad(o, cos_cache, sin_cache)
     buffers = x_fp8 is not None or x_scale is not None
     if not compiling:
         if grad and buffers:
             with torch.no_grad():  # quantised bytes written into buffers: no autograd history, on any backend
                 return _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale,
-                            x_fp8, x_scale, fp8_dtype, scale_dtype, backend, *spec)
+                            x_fp8, x_scale, backend, modes)
         out = _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-                   x_scale, fp8_dtype, scale_dtype, backend, *spec)
+                   x_scale, backend, modes)
         return C.NoDerivative.apply(OP, *out, o, cos_cache, sin_cache) if grad else out
     # Traced: the torch op, into outputs allocated here. The errors and messages eager gives come first, before
     # torch's schema check (which would refuse a non-int group argument with its own message).
     key, fp8_dtype, scale_dtype = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
-                                           transpose_scale, x_fp8, x_scale, fp8_dtype, scale_dtype, *spec, True)
+                                           transpose_scale, x_fp8, x_scale, modes, True)
     if grad and not buffers:  # eager's C.NoDerivative, which Dynamo cannot trace: refused when traced
         C.refuse_grad(OP, "torch.compile of this op has", {"o": o, "cos_cache": cos_cache, "sin_cache": sin_cache},
                       "detach the inputs")
@@ -420,7 +439,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     torch.ops.fusedrope.inverse_rope_group_quant_out(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                                                      transpose_scale, x_fp8,
                                                      o.new_empty(0, dtype=torch.uint8) if no_scale else x_scale,
-                                                     backend, *spec)
+                                                     backend, scale_layout, quantize, enable_pdl)
     if no_scale:
         return x_fp8, o.new_empty(0, dtype=torch.float8_e8m0fnu)
     return x_fp8, x_scale.view(torch.float8_e8m0fnu) if as_e8m0 else x_scale
@@ -430,7 +449,7 @@ def explain_args(o, positions, cos_cache, sin_cache, num_groups, quant_group_siz
                  x_fp8=None, x_scale=None, *, fp8_dtype=None, scale_dtype=None, scale_layout=None, quantize=True,
                  enable_pdl=None, backend="auto"):
     key = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-                   x_scale, fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)[0]
+                   x_scale, QuantModes(fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl))[0]
     _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale)  # explain raises what the call would
     return key, backend
 
@@ -443,12 +462,13 @@ def _op_out(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, s
             enable_pdl: Optional[bool] = None) -> None:
     for name, t in (("x_fp8", x_fp8), ("x_scale", x_scale)):
         C.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
+    modes = QuantModes(None, None, scale_layout, quantize, enable_pdl)  # the dtypes: the buffers'
     _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-         x_scale if quantize is not False else None, None, None, backend, scale_layout, quantize, enable_pdl)
+         x_scale if quantize is not False else None, backend, modes)
 
 
 @_op_out.register_fake
 def _op_out_fake(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
                  x_scale, backend="auto", scale_layout=None, quantize=True, enable_pdl=None):
     validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-             x_scale if quantize is not False else None, None, None, scale_layout, quantize, enable_pdl)
+             x_scale if quantize is not False else None, QuantModes(None, None, scale_layout, quantize, enable_pdl))

@@ -15,7 +15,7 @@ from fusedrope import reference as R
 from fusedrope._device import native_fp8_dtype
 from fusedrope.benchmark.unfused import unfused_inverse_rope_group_quant
 from fusedrope._validation import ENV_CHECK_POSITIONS
-from fusedrope.inverse_rope_group_quant import REGISTRY, scale_strides, validate
+from fusedrope.inverse_rope_group_quant import REGISTRY, QuantModes, scale_strides, validate
 from fusedrope.testing import (QuantCase, assert_quant_close, assert_ulp_close, bytes_written_outside,
                                deepseek_rope_cache, guarded_poison, make_quant_inputs, poison_like, rope_blocks,
                                scale_bytes)
@@ -53,8 +53,8 @@ def run(backend, o, positions, cos, sin, case, transpose_scale=False, fp8_dtype=
     """The backend on poisoned caller-provided buffers, through the public function."""
     x_fp8, x_scale = fusedrope.empty_quant_outputs(o, case.num_groups, case.quant_group_size, transpose_scale,
                                                    fp8_dtype=fp8_dtype, scale_dtype=scale_dtype)
-    facts = validate(o, positions, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, x_fp8, x_scale,
-                     None, None)[0]
+    facts = validate(o, positions, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, x_fp8,
+                     x_scale)[0]
     skip_unless_served(backend, facts)
     x_fp8, x_scale = poison_like(x_fp8), poison_like(x_scale)
     out = fusedrope.inverse_rope_group_quant(o, positions, cos, sin, case.num_groups, case.quant_group_size,
@@ -475,7 +475,7 @@ def test_opcheck_the_torch_op():
 def test_selection_facts_are_cached_per_layout():
     case = SHAPES[0]
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=15)
-    facts = validate(o, pos, cos, sin, 2, 128, True, None, None, None, None)[0]
+    facts = validate(o, pos, cos, sin, 2, 128, True)[0]
     assert REGISTRY.select(facts) is REGISTRY.select(facts)
 
 
@@ -521,7 +521,7 @@ def test_one_block_per_group_scale_buffer_with_any_size1_stride(backend, transpo
     case = QuantCase(3, 2, 2, head_dim=128, quant_group_size=128)  # Dg = 128 -> Ks = 1
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=21)
     if REGISTRY.decide(REGISTRY.backend(backend), validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None,
-                                                         FP8_HERE, None)[0]):
+                                                         QuantModes(FP8_HERE))[0]):
         pytest.skip(f"{backend} does not serve head_dim 128")
     want_fp8, want_scale = reference(o, pos, cos, sin, case, transpose_scale)
     S, G = 3, 2
@@ -547,23 +547,23 @@ def test_no_tokens_with_any_scale_buffer_strides(backend):
 
 def _valid_calls():
     o, pos, cos, sin = make_quant_inputs(QuantCase(3, 16, 2), device=DEVICE)
-    yield (o, pos, cos, sin, 2, 128, False, None, None, None, None)
-    yield (o, pos, cos, sin, 2, 32, True, None, None, torch.float8_e4m3fnuz, torch.int32)
+    yield (o, pos, cos, sin, 2, 128, False, None, None, QuantModes())
+    yield (o, pos, cos, sin, 2, 32, True, None, None, QuantModes(torch.float8_e4m3fnuz, torch.int32))
     for ts in (False, True):
         for sd in (torch.float8_e8m0fnu, torch.uint8, torch.float32, torch.int32):
             bufs = fusedrope.empty_quant_outputs(o, 2, 64, ts, scale_dtype=sd)
-            yield (o, pos, cos, sin, 2, 64, ts, *bufs, None, None)
-            yield (o, pos, cos, sin, 2, 64, ts, *bufs, torch.float8_e4m3fn, sd)
-    yield (o, pos, cos[:, :8], sin[:, :8], 16, 256, False, None, None, None, None)
-    yield (o[:0], pos[:0], cos, sin, 1, 128, False, None, None, None, None)
+            yield (o, pos, cos, sin, 2, 64, ts, *bufs)
+            yield (o, pos, cos, sin, 2, 64, ts, *bufs, QuantModes(torch.float8_e4m3fn, sd))
+    yield (o, pos, cos[:, :8], sin[:, :8], 16, 256, False)
+    yield (o[:0], pos[:0], cos, sin, 1, 128, False)
     # column-major scales in a max-size buffer: the token dim padded to 8
     x, s = fusedrope.empty_quant_outputs(torch.empty(8, 16, 512, dtype=torch.bfloat16, device=DEVICE), 2, 64, True,
                                          scale_dtype=torch.float32)
-    yield (o, pos, cos, sin, 2, 64, True, x[:3], s[:3], None, None)
+    yield (o, pos, cos, sin, 2, 64, True, x[:3], s[:3])
     # the whole head rotated: rope_dim == head_dim
     o, pos, cos, sin = make_quant_inputs(QuantCase(3, 4, 2, head_dim=64, rope_dim=64, quant_group_size=32),
                                          device=DEVICE)
-    yield (o, pos, cos, sin, 2, 32, False, None, None, None, None)
+    yield (o, pos, cos, sin, 2, 32, False)
 
 
 def test_fast_validation_agrees_with_every_check(monkeypatch):
@@ -785,8 +785,8 @@ def test_outputs_inside_poisoned_buffers_write_nothing_outside(backend, case, le
     """x_fp8 and x_scale are views at an offset inside bigger buffers: every byte before, after and between
     the view's elements (the packed column-major layout's padding tokens) keeps its guard value."""
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=33)
-    facts = validate(o, pos, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, None, None, FP8_HERE,
-                     scale_dtype)[0]
+    facts = validate(o, pos, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, None, None,
+                     QuantModes(FP8_HERE, scale_dtype))[0]
     skip_unless_served(backend, facts)
     fp_shape, sc_shape = fusedrope.quant_output_shapes(case.num_tokens, case.num_heads, case.head_dim,
                                                        case.num_groups, case.quant_group_size, scale_dtype)
@@ -820,7 +820,7 @@ def test_column_major_scales_with_padded_tokens(backend, scale_dtype, case):
     if scale_dtype == torch.int32 and case.head_dim * case.num_heads // G // q % 4:
         pytest.skip("packed UE8M0 needs a multiple of 4 blocks per group")
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=35)
-    facts = validate(o, pos, cos, sin, G, q, True, None, None, FP8_HERE, scale_dtype)[0]
+    facts = validate(o, pos, cos, sin, G, q, True, None, None, QuantModes(FP8_HERE, scale_dtype))[0]
     skip_unless_served(backend, facts)
     x_fp8, _ = fusedrope.empty_quant_outputs(o, G, q, True, fp8_dtype=FP8_HERE, scale_dtype=scale_dtype)
     S, G, Ks = fusedrope.quant_output_shapes(*o.shape, G, q, scale_dtype)[1]
@@ -844,7 +844,7 @@ def _no_launch(*args, **kwargs):
 def test_empty_inputs_launch_nothing(backend, S, H, transpose_scale, monkeypatch):
     o, pos, cos, sin = make_quant_inputs(QuantCase(S, H, 2), device=DEVICE)
     impl = REGISTRY.backend(backend)
-    facts = validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None, FP8_HERE, None)[0]
+    facts = validate(o, pos, cos, sin, 2, 128, transpose_scale, None, None, QuantModes(FP8_HERE, None))[0]
     skip_unless_served(backend, facts)
     monkeypatch.setattr(impl, "run", _no_launch)
     monkeypatch.setattr(impl, "run_alloc", _no_launch)
@@ -859,7 +859,8 @@ def test_empty_inputs_launch_nothing(backend, S, H, transpose_scale, monkeypatch
         assert s.shape == (S, 2, dg // 128) and s.dtype == torch.float8_e8m0fnu
         if bufs is not None:
             assert x is bufs[0] and s is bufs[1]
-    other = validate(o, pos, cos, sin, 2, 32, transpose_scale, None, None, torch.float8_e4m3fnuz, torch.int32)[0]
+    other = validate(o, pos, cos, sin, 2, 32, transpose_scale, None, None,
+                     QuantModes(torch.float8_e4m3fnuz, torch.int32))[0]
     if REGISTRY.decide(impl, other):  # e.g. the compiled kernels write no packed int32 scales
         return
     x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 32, transpose_scale, backend=backend,

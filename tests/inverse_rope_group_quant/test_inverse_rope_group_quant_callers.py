@@ -257,10 +257,10 @@ def test_a_column_major_scale_buffer_with_more_rows_gets_zeros_past_o(backend, s
     with pytest.raises(ValueError, match=r"argument 'x_scale' expected shape \[0, 2, (\d+)\], got \[4, 2, \1\]"):
         fusedrope.inverse_rope_group_quant(o[:0], pos, cache[:, :32], cache[:, 32:], G, scale_layout="col",
                                            x_scale=padded[:4])  # an empty o runs nothing, so nothing would zero
-    key = fusedrope.inverse_rope_group_quant.__globals__["validate"](
-        o, pos, cache[:, :32], cache[:, 32:], G, 128, False, torch.empty_like(want_x), padded, None, None, "col")[0]
-    from fusedrope.inverse_rope_group_quant import Facts, cuda
-    assert Facts(*key).scale_pad and cuda.head_layout(Facts(*key)) == "padding rows of x_scale"
+    from fusedrope.inverse_rope_group_quant import QuantModes, cuda, validate
+    key = validate(o, pos, cache[:, :32], cache[:, 32:], G, 128, False, torch.empty_like(want_x), padded,
+                   QuantModes(scale_layout="col"))[0]
+    assert key.scale_pad and cuda.head_layout(key) == "padding rows of x_scale"
 
 
 def test_one_cos_sin_cache_passed_as_both_is_refused():
