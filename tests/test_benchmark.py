@@ -3,7 +3,6 @@
 itself runs only on a GPU)."""
 
 import csv
-import doctest
 import json
 import os
 import subprocess
@@ -103,33 +102,19 @@ def _row(contender, **kw):
     return {"op": B.TTS, **B.case_fields(B.TTS, case), "contender": contender, "status": "ok", **kw}
 
 
-def test_tts_seed_table_ratios_and_columns():
-    rows = [_row("eager", per_call_us=66.45), _row("compile", per_call_us=32.66),
-            _row("triton", per_call_us=23.05), _row("cuda", per_call_us=6.83, tbps=0.0288, frac_copy=0.0067)]
-    table = report.tts_seed_table(rows)
-    assert table.splitlines()[0] == TTS_SEED_COLUMNS
-    want = "| qwen3_tts | 1 | 384 | 66.45 | 32.66 | 23.05 | 6.83 | 4.78x | 3.37x | 0.029 | 1 |"
-    assert table.splitlines()[2] == want
-
-
-def test_quant_fused_column_prefers_autos_pick():
-    case = QuantCase(8, 16, 2)
-    base = {"op": B.QUANT, **B.case_fields(B.QUANT, case), "status": "ok", "auto_backend": "cuda"}
-    rows = [{**base, "contender": "triton", "device_us": 4.0, "tbps": 1.0},
-            {**base, "contender": "cuda", "device_us": 2.0, "tbps": 2.0, "frac_copy": 0.5},
-            {**base, "contender": "unfused", "device_us": 5.0, "tbps": 0.8}]
-    text = report.quant_seed_tables(rows)
-    assert "fused = cuda" in text
-    assert "| 8 | 2.00 | 2.000 | 5.00 | 0.800 | 2.50x | 50 |" in text
-
-
 def test_fused_columns_follow_autos_pick_and_say_when_it_was_not_measured():
     """Where auto picks a backend late in the registry's order (FUSEDROPE_BACKEND=reference, or Triton left out)
     the fused columns are that backend's, not the first name measured; where auto's pick was not measured the
     header says which one stands in for it."""
+    base = {"op": B.QUANT, **B.case_fields(B.QUANT, QuantCase(8, 16, 2)), "status": "ok", "auto_backend": "cuda"}
+    rows = [{**base, "contender": "triton", "device_us": 4.0, "tbps": 1.0},
+            {**base, "contender": "cuda", "device_us": 2.0, "tbps": 2.0, "frac_copy": 0.5},
+            {**base, "contender": "unfused", "device_us": 5.0, "tbps": 0.8}]
+    text = report.quant_seed_tables(rows)
+    assert "fused = cuda" in text and "| 8 | 2.00 | 2.000 | 5.00 | 0.800 | 2.50x | 50 |" in text
     tts = [_row(n, per_call_us=us, auto_backend="reference") for n, us in (("triton", 20.0), ("reference", 90.0))]
     assert report.tts_fused_name(tts) == "reference"
-    base = {"op": B.QUANT, **B.case_fields(B.QUANT, QuantCase(8, 16, 2)), "status": "ok", "auto_backend": "reference"}
+    base["auto_backend"] = "reference"
     rows = [{**base, "contender": "triton", "device_us": 4.0, "tbps": 1.0},
             {**base, "contender": "reference", "device_us": 8.0, "tbps": 0.5},
             {**base, "contender": "unfused", "device_us": 6.0, "tbps": 0.6}]
@@ -205,26 +190,21 @@ def test_spec_peak_and_its_report_line():
 
 
 def test_measure_records_skips_and_errors():
+    """A contender named for a fusedrope backend asks the registry per case: where that backend cannot run the
+    case it is skipped with the registry's reason (not timed into an error row that fails the run)."""
     def broken(case, sets):
         raise RuntimeError("boom")
 
-    cl = [B.Contender("absent", B.TTS, "not here", lambda c, s: None, reason="not installed"),
-          B.Contender("broken", B.TTS, "raises", broken)]
-    rows = B.measure(B.TTS, TTS_CASES[6], cl, CPU, reps=1)
-    assert [(r["contender"], r["status"], r["reason"]) for r in rows] == [
-        ("absent", "skipped", "not installed"), ("broken", "error", "RuntimeError: boom")]
-    assert rows[0]["auto_backend"] in fusedrope.BACKENDS and rows[0]["n_sets"] == 2
-
-
-def test_a_backend_contender_skips_the_cases_its_backend_cannot_serve():
-    """A contender named for a fusedrope backend asks the registry per case: where that backend cannot run the
-    case it is skipped with the registry's reason (not timed into an error row that fails the run)."""
-    def make(case, sets):
+    def cuda(case, sets):
         return lambda i: fusedrope.qwen3_tts_rope(*sets[i % len(sets)], backend="cuda")
 
-    rows = B.measure(B.TTS, TTS_CASES[6], [B.Contender("cuda", B.TTS, "the cuda backend", make, backend="cuda")],
-                     CPU, reps=1)
-    assert rows[0]["status"] == "skipped" and "CUDA device" in rows[0]["reason"], rows[0]
+    cl = [B.Contender("absent", B.TTS, "not here", lambda c, s: None, reason="not installed"),
+          B.Contender("broken", B.TTS, "raises", broken), B.Contender("cuda", B.TTS, "cuda", cuda, backend="cuda")]
+    rows = B.measure(B.TTS, TTS_CASES[6], cl, CPU, reps=1)
+    assert [(r["contender"], r["status"], r["reason"]) for r in rows[:2]] == [
+        ("absent", "skipped", "not installed"), ("broken", "error", "RuntimeError: boom")]
+    assert rows[2]["status"] == "skipped" and "CUDA device" in rows[2]["reason"], rows[2]
+    assert rows[0]["auto_backend"] in fusedrope.BACKENDS and rows[0]["n_sets"] == 2
 
 
 def test_input_bytes_are_the_bytes_of_one_input_set():
@@ -443,16 +423,6 @@ def test_cpu_timers_and_copy_roofline():
     assert copy["tbps"] > 0 and "not representative" in copy["timing"]
 
 
-def test_default_out_dir_names_the_machine_and_matrix():
-    d = B.default_out_dir(CPU, "quick")
-    assert d.parent == Path("bench/results") and d.name.startswith("cpu-quick-")
-
-
-def test_docstring_examples():
-    failures, tried = doctest.testmod(B, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    assert tried and failures == 0
-
-
 @pytest.mark.slow  # whole benchmark runs in subprocesses
 def test_pytest_benchmark_suite_runs_and_skips_with_reasons(tmp_path):
     # a child of an xdist worker would count as xdist and have pytest-benchmark refuse --benchmark-only
@@ -501,7 +471,8 @@ def test_provenance_without_a_git_checkout(monkeypatch):
     assert meta["git_commit"] == "0123abc" and meta["git_dirty"] is None
     md = report.markdown({"meta": meta, "rows": [], "copy": {}})
     assert "- commit: 0123abc (no git checkout: tree state unknown)" in md
-    assert B.default_out_dir(CPU, "quick").name == "cpu-quick-0123abc"
+    d = B.default_out_dir(CPU, "quick")
+    assert d.parent == Path("bench/results") and d.name == "cpu-quick-0123abc"
     # a checkout whose HEAD is another commit cannot vouch for the named one's tree
     monkeypatch.setattr(B, "_git", lambda *args: "fedcba9876" if args[0] == "rev-parse" else "")
     assert B.git_state() == ("0123abc", None)
@@ -637,8 +608,13 @@ def test_time_basis_says_where_rows_fell_back_to_per_call():
     assert report.time_basis(rows, gpu=True, short=True) == "device time, per call where not replayed"
 
 
-def test_tts_seed_table_uses_the_backend_that_ran_where_cuda_did_not():
+def test_tts_seed_table_ratios_and_columns():
     """On ROCm (no hand-written op-1 kernel) the fused column is the backend auto picks, not an empty cuda one."""
+    rows = [_row("eager", per_call_us=66.45), _row("compile", per_call_us=32.66),
+            _row("triton", per_call_us=23.05), _row("cuda", per_call_us=6.83, tbps=0.0288, frac_copy=0.0067)]
+    table = report.tts_seed_table(rows)
+    assert table.splitlines()[0] == TTS_SEED_COLUMNS
+    assert table.splitlines()[2] == "| qwen3_tts | 1 | 384 | 66.45 | 32.66 | 23.05 | 6.83 | 4.78x | 3.37x | 0.029 | 1 |"
     rows = [_row("eager", per_call_us=66.0, auto_backend="triton"),
             _row("compile", per_call_us=30.0, auto_backend="triton"),
             _row("cuda", status="skipped", reason="no CUDA", auto_backend="triton"),
@@ -653,32 +629,21 @@ def test_tts_seed_table_uses_the_backend_that_ran_where_cuda_did_not():
 def test_a_failed_graph_capture_raises_the_calls_error_and_restores_the_stream(monkeypatch):
     """torch's graph context ends the capture before restoring the stream; when ending raises (as it does after
     an error inside the capture) the stream stays the capture's, and its error hides the call's."""
-    import contextlib
-
-    from fusedrope.benchmark import timing as bench_timing
-
     stream = {"now": "caller"}
 
-    @contextlib.contextmanager
-    def graph(g):
-        stream["now"] = "capture"
-        yield
-        stream["now"] = "caller"
+    class EndingRaises:  # torch.cuda.graph(g), whose ending raises after an error inside the capture
+        def __init__(self, g):
+            pass
 
-    def ending_raises(g):
-        cm = graph(g)
+        def __enter__(self):
+            stream["now"] = "capture"
 
-        class Ctx:
-            def __enter__(self):
-                return cm.__enter__()
+        def __exit__(self, *exc):
+            if exc[0] is not None:
+                raise RuntimeError("operation failed due to a previous error during capture")
+            stream["now"] = "caller"
 
-            def __exit__(self, *exc):
-                if exc[0] is not None:
-                    raise RuntimeError("operation failed due to a previous error during capture")
-                return cm.__exit__(*exc)
-        return Ctx()
-
-    monkeypatch.setattr(torch.cuda, "graph", ending_raises)
+    monkeypatch.setattr(torch.cuda, "graph", EndingRaises)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream["now"])
     monkeypatch.setattr(torch.cuda, "set_stream", lambda s: stream.update(now=s))
 
@@ -686,10 +651,10 @@ def test_a_failed_graph_capture_raises_the_calls_error_and_restores_the_stream(m
         raise ValueError("a host sync inside the capture")
 
     with pytest.raises(ValueError, match="host sync"):
-        bench_timing.capture_graph(object(), call, 3)
+        timing.capture_graph(object(), call, 3)
     assert stream["now"] == "caller"
     calls = []
-    bench_timing.capture_graph(object(), calls.append, 3)  # a good capture: every call, stream left as it was
+    timing.capture_graph(object(), calls.append, 3)  # a good capture: every call, stream left as it was
     assert calls == [0, 1, 2] and stream["now"] == "caller"
 
 
@@ -732,23 +697,17 @@ def test_quant_bytes_moved_is_the_seeds_count(gs):
     assert B.case_fields(B.QUANT, case)["bytes_moved"] == case.bytes_moved(torch.bfloat16, B.QUANT_CACHE_DTYPE)
 
 
-def test_copy_roofline_counts_bytes_read_and_written(monkeypatch):
-    """The roofline is a copy: nbytes read plus nbytes written per copy, as every kernel's bytes_moved counts
-    both directions (a one-way count would double every frac_copy)."""
-    monkeypatch.setattr(B, "time_per_call_us", lambda *a, **k: 100.0)
-    copy = B.copy_roofline(CPU, nbytes=2**20, reps=1)
-    assert copy["us"] == 100.0 and copy["bytes_each_way"] == 2**20
-    assert copy["tbps"] == B._sig(2 * 2**20 / 100e-6 / 1e12)
-
-
-def test_copy_roofline_is_the_faster_of_memcpy_and_a_kernel_copy(monkeypatch):
-    """Both copies move the same bytes; the roofline is the faster (on the H200 the memcpy was the weaker one)."""
-    times = iter([200.0, 50.0])  # memcpy first, then the elementwise kernel
+@pytest.mark.parametrize("memcpy_us,kernel_us", [(100.0, 100.0), (200.0, 50.0)])
+def test_copy_roofline_is_the_faster_copy_counting_bytes_read_and_written(monkeypatch, memcpy_us, kernel_us):
+    """nbytes read plus nbytes written per copy, as every kernel's bytes_moved counts both directions (a one-way
+    count would double every frac_copy); the faster of memcpy and a kernel copy (on the H200 memcpy was weaker)."""
+    times = iter([memcpy_us, kernel_us])  # memcpy first, then the elementwise kernel
     monkeypatch.setattr(B, "time_per_call_us", lambda *a, **k: next(times))
     copy = B.copy_roofline(CPU, nbytes=2**20, reps=1)
-    assert copy["copy"] == "kernel" and copy["us"] == 50.0
-    assert copy["copies"]["memcpy"]["us"] == 200.0 and copy["tbps"] == B._sig(2 * 2**20 / 50e-6 / 1e12)
-    assert "kernel" in copy["timing"]
+    assert copy["us"] == kernel_us and copy["bytes_each_way"] == 2**20
+    assert copy["copies"]["memcpy"]["us"] == memcpy_us and copy["tbps"] == B._sig(2 * 2**20 / kernel_us / 1e6)
+    if memcpy_us > kernel_us:
+        assert copy["copy"] == "kernel" and "kernel" in copy["timing"]
 
 
 def test_the_kernel_copy_moves_the_bytes_it_counts():

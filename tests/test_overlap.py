@@ -153,29 +153,19 @@ def test_buffers_carved_from_one_workspace_are_accepted(transpose_scale):
     assert torch.equal(x_scale.view(torch.uint8), want[1].view(torch.uint8))
 
 
-def _overlapping(case):
+@pytest.mark.parametrize("name,other", [("x_fp8", "x_scale"), ("x_fp8", "o"), ("x_scale", "cos_cache"),
+                                        ("x_scale", "positions")])
+@pytest.mark.parametrize("how", ["call", "explain"])
+def test_buffers_sharing_memory_are_refused(name, other, how):
     o, pos, cos, sin = _quant_args()
     args = dict(o=o, positions=pos, cos_cache=cos, sin_cache=sin)
-    if case == "x_scale inside x_fp8":
+    if other == "x_scale":  # x_scale inside x_fp8
         _, args["x_fp8"], args["x_scale"] = _carve(4096, scale_at=100)
-        return args, "x_fp8", "x_scale"
-    if case == "x_fp8 over o":  # quantised into the attention output's own memory
+    elif other == "o":  # quantised into the attention output's own memory
         args["x_fp8"] = o.view(-1).view(torch.uint8)[1024:4096].view(torch.float8_e4m3fn).view(3, 2, 512)
-        return args, "x_fp8", "o"
-    if case == "x_scale over cos_cache":
-        args["x_scale"] = cos.view(torch.uint8)[0, :24].view(torch.float8_e8m0fnu).view(3, 2, 4)
-        return args, "x_scale", "cos_cache"
-    if case == "x_scale over positions":
-        args["x_scale"] = pos.view(torch.uint8)[:24].view(torch.float8_e8m0fnu).view(3, 2, 4)
-        return args, "x_scale", "positions"
-    raise AssertionError(case)
-
-
-@pytest.mark.parametrize("case", ["x_scale inside x_fp8", "x_fp8 over o", "x_scale over cos_cache",
-                                  "x_scale over positions"])
-@pytest.mark.parametrize("how", ["call", "explain"])
-def test_buffers_sharing_memory_are_refused(case, how):
-    args, name, other = _overlapping(case)
+    else:
+        raw = args[other].view(torch.uint8)
+        args["x_scale"] = (raw[0] if raw.dim() > 1 else raw)[:24].view(torch.float8_e8m0fnu).view(3, 2, 4)
     before = {n: t.clone() for n, t in args.items() if n in ("o", "positions", "cos_cache")}
     with pytest.raises(ValueError, match=f"inverse_rope_group_quant: argument '{name}' expected memory apart "
                                          f"from '{other}', got a tensor sharing elements with '{other}'"):

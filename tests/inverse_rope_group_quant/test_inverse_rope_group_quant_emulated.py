@@ -145,10 +145,12 @@ def test_column_major_scales_with_padded_tokens(lib, scale_dtype):
     assert torch.equal(x.view(torch.uint8), xr.view(torch.uint8))
 
 
-@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
-def test_special_blocks(lib, fp8_dtype):
-    """NaN / Inf only poison their own block (byte 0xFF, fp8 NaN); a zero block gets byte 92; blocks of tiny and
-    huge values; negative values rounding to zero (-0 in e4m3fn, +0 in fnuz)."""
+@pytest.mark.parametrize("fp8_dtype,scale_dtype", [(torch.float8_e4m3fn, torch.float8_e8m0fnu),
+                                                   (torch.float8_e4m3fnuz, torch.float8_e8m0fnu),
+                                                   (torch.float8_e4m3fn, torch.float32)])
+def test_special_blocks(lib, fp8_dtype, scale_dtype):
+    """NaN / Inf only poison their own block (byte 0xFF, fp8 NaN; a float32 scale NaN); a zero block gets byte 92
+    (2^-35); blocks of tiny and huge values; negative values rounding to zero (-0 in e4m3fn, +0 in fnuz)."""
     o, p, c, s = quant_inputs(4, 8, dtype=torch.float16, seed=3)
     o[0, 0, 0:32] = 0
     o[0, 1, 5] = float("nan")
@@ -161,7 +163,7 @@ def test_special_blocks(lib, fp8_dtype):
     o[3, 7, 1:32] = -1e-6  # x 2^-8 < half the smallest subnormal
     for q in (32, 128, 256):
         for transpose in (False, True):
-            _run_checked(lib, o, p, c, s, 2, q, transpose, fp8_dtype)
+            _run_checked(lib, o, p, c, s, 2, q, transpose, fp8_dtype, scale_dtype)
 
 
 @pytest.mark.parametrize("vendor,hw_fp8,per_chunk,launch", [
@@ -239,9 +241,9 @@ def test_cuda_programmatic_dependent_launch():
 
 def test_cuda_head_kernel_bad_configs():
     """kernel other than 0 or 1: kBadConfig (6); the head kernel where only it writes the layout but the call is
-    outside it (fp16 o, int32 positions): kNotHeadLayout (8); mfma_tile scales: kUnsupportedShape (1, gfx950's
-    layout, HIP's); all before any launch. Asked for on a call it does not serve where the generic one does, the
-    launcher takes the generic kernel."""
+    outside it (fp16 o, int32 positions): kNotHeadLayout (8); both before any launch (mfma_tile's refusal:
+    test_layouts_only_the_head_kernel_writes_take_it_by_default). Asked for on a call it does not serve where the
+    generic one does, the launcher takes the generic kernel."""
     lib = emulated_kernel("cuda")
     o, p, c, s = quant_inputs(3, 16)
     x, sc = quant_outputs(o, 2, 128, False)
@@ -251,8 +253,6 @@ def test_cuda_head_kernel_bad_configs():
     o16, p16, c16, s16 = quant_inputs(3, 16, dtype=torch.float16)
     assert emulate(lib, o16, p16, c16, s16, gm, sc, 128) == 8
     assert emulate(lib, o, p.to(torch.int32), c, s, gm, sc, 128) == 8
-    tile = torch.zeros(2, 32, 32, dtype=torch.uint8)
-    assert emulate(lib, o, p, c, s, x, tile, 128, scale_layout="mfma_tile") == 1
     assert emul_stats(lib)["launches"] == 0
     st = _run_checked(lib, o16, p16, c16, s16, 2, 128, False, kernel=1)
     assert (st["grid"], st["block"]) == cuda_launch(3 * 16 * 32), st  # the generic kernel
@@ -442,18 +442,16 @@ def test_backend_entry_splits_what_one_launch_cannot_index(layout, monkeypatch):
     emu = emulated_kernel("hip" if layout == "mfma_tile" else "cuda")
     o, p, c, s = quant_inputs(10, 4, seed=2)
     scale_layout = {"row": "row", "mfma_tile": "mfma_tile"}.get(layout, "col")
-    if layout == "group-major-x-padded-col":
-        def outputs():
+
+    def outputs():
+        if layout == "group-major-x-padded-col":
             x = torch.full((2, 10, 1024), 0xA5, dtype=torch.uint8).view(torch.float8_e4m3fn).permute(1, 0, 2)
             buf = torch.full((2, 16, 16), 0xA5, dtype=torch.uint8).view(torch.float8_e8m0fnu)
             return x, buf.permute(2, 0, 1)[:12]  # [12, G, Ks], strides (1, Ks*16, 16)
-        (x, sc), (xr, sr) = outputs(), outputs()
-    elif layout == "mfma_tile":
-        (x, _), (xr, _) = quant_outputs(o, 2, 64, False), quant_outputs(o, 2, 64, False)
-        sc, sr = (torch.full((2, 32, 16), 0xA5, dtype=torch.uint8) for _ in range(2))
-    else:
         x, sc = quant_outputs(o, 2, 64, layout == "col")
-        xr, sr = quant_outputs(o, 2, 64, layout == "col")
+        return (x, torch.full((2, 32, 16), 0xA5, dtype=torch.uint8)) if layout == "mfma_tile" else (x, sc)
+
+    (x, sc), (xr, sr) = outputs(), outputs()
     launches = []
 
     def op(o, positions, cos, sin, x_fp8, x_scale, q, mfma, pdl, kernel):
@@ -472,20 +470,6 @@ def test_backend_entry_splits_what_one_launch_cannot_index(layout, monkeypatch):
         launches.clear()
         entry(o[:3], p, c, s, x[:3], sc[:3], 64, scale_layout=scale_layout)  # within the limit: one launch
         assert launches == [3]
-
-
-@pytest.mark.parametrize("transpose", [False, True])
-def test_special_blocks_with_float32_scales(lib, transpose):
-    """A NaN / Inf block's float32 scale is NaN (the e8m0 byte 0xFF's value), bit-exact with the reference; a
-    zero block's is 2^-35 (byte 92); the other blocks keep their own scales."""
-    o, p, c, s = quant_inputs(3, 8, dtype=torch.float16, seed=5)
-    o[0, 0, 0:32] = 0
-    o[0, 1, 5] = float("nan")
-    o[1, 2, 100] = float("inf")
-    o[1, 3, 500] = float("-inf")  # inside the rope tail
-    o[2, 4, 480] = float("nan")   # a tail pair
-    for q in (32, 256):
-        _run_checked(lib, o, p, c, s, 2, q, transpose, torch.float8_e4m3fn, torch.float32)
 
 
 # -- the layouts only the CUDA head kernel and HIP's tiled kernel write: group-major / padded x, padding rows of
