@@ -3,7 +3,8 @@
 them, and only once its bytes match the digest the build wrote beside it (a truncated or corrupted library would
 kill the process as it loads). ``checks.<op>(Facts, args)`` returns ``(selection key, new outputs)``, the key an
 instance of the op's ``Facts``, or None and the Python path runs, as every call does without a build;
-``checks.readable`` is :func:`_validation.readable`."""
+``checks.tts_facts(Facts, q, k, cos, sin, inplace, *modes)`` the key of any valid op-1 call (op 1's only fast
+accept path); ``checks.readable`` is :func:`_validation.readable`."""
 
 import hashlib
 import importlib.util
@@ -19,7 +20,7 @@ from ._validation import readable
 
 SOURCE = Path(__file__).parent / "csrc" / "fast_checks.cpp"
 Python = types.SimpleNamespace(qwen3_tts_rope=lambda *args: None, inverse_rope_group_quant=lambda *args: None,
-                               readable=readable)
+                               tts_facts=lambda *args: None, readable=readable)
 _lock = threading.Lock()
 failure = None  # why the build found was not loaded (None: loaded, or there is none)
 DIGEST = ".sha256"  # the library's name + DIGEST: its sha256 (sha256sum's format), written by the build beside it
@@ -65,4 +66,5 @@ def load(again: bool = False):
 
 # Until the first call: load the build (or settle on Python), then ask it.
 _first_call = checks = types.SimpleNamespace(**{op: lambda *args, op=op: getattr(load(), op)(*args)
-                                               for op in ("qwen3_tts_rope", "inverse_rope_group_quant", "readable")})
+                                               for op in ("qwen3_tts_rope", "inverse_rope_group_quant", "tts_facts",
+                                                         "readable")})

@@ -2,6 +2,7 @@
 valid plain calls the Python path would run, with its selection key and outputs laid out as it allocates them,
 and return None for everything else, bad input included (the Python path then names what is wrong)."""
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 import fusedrope
 from fusedrope import fast_checks
-from fusedrope.qwen3_tts_rope import Facts as TTS_FACTS, validate as tts_validate
+from fusedrope.qwen3_tts_rope import PLAIN, Modes, Facts as TTS_FACTS, validate as tts_validate
 from fusedrope.testing import QuantCase, deepseek_rope_cache, make_quant_inputs, to_device_keeping_layout
 from conftest import gpu
 from test_errors import QUANT_CASES, QUANT_UNREADABLE, TTS_CASES, TTS_UNREADABLE, UNREADABLE
@@ -37,8 +38,28 @@ def compiled():
         module = fast_checks.load()
     # each op passes its Facts class first, which the key is made of
     return types.SimpleNamespace(qwen3_tts_rope=functools.partial(module.qwen3_tts_rope, TTS_FACTS),
+                                 tts_facts=functools.partial(module.tts_facts, TTS_FACTS),
                                  inverse_rope_group_quant=functools.partial(module.inverse_rope_group_quant,
                                                                             QUANT.Facts), readable=module.readable)
+
+
+@contextlib.contextmanager
+def python_path():
+    """The Python validation alone (validate calls the compiled checks where they are built)."""
+    checks, fast_checks.checks = fast_checks.checks, fast_checks.Python
+    try:
+        yield
+    finally:
+        fast_checks.checks = checks
+
+
+def python_key(*args, **kwargs):
+    """op 1's selection key from the Python checker, or None where it raises."""
+    with python_path():
+        try:
+            return tts_validate(*args, **kwargs)
+        except (TypeError, ValueError):
+            return None
 
 
 @pytest.fixture
@@ -116,7 +137,7 @@ TTS_VALID = {
 def test_valid_tts_call_gets_the_python_key_outputs_and_results(compiled, name, monkeypatch):
     q, k, cos, sin = TTS_VALID[name]
     key, q_out, k_out = compiled.qwen3_tts_rope(q, k, cos, sin)
-    assert key == tts_validate(q, k, cos, sin)
+    assert key == python_key(q, k, cos, sin) == compiled.tts_facts(q, k, cos, sin, False, *PLAIN.op_args())
     for out, src in ((q_out, q), (k_out, k)):
         assert (out.shape, out.dtype, out.device) == (src.shape, src.dtype, src.device) and out.is_contiguous()
     fast = fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference")
@@ -258,13 +279,58 @@ def test_tts_checks_agree_with_python_on_any_metadata(compiled, data):
     for name, shape in dims.items():
         t = torch.randn(*shape[:-1], shape[-1] * 2).to(draw(st.sampled_from((dtype,) * 4 + DTYPES)))
         tensors.append(t[..., ::2] if draw(st.integers(0, 5)) == 0 else t[..., :shape[-1]])
-    try:
-        want = tts_validate(*tensors)
-    except (TypeError, ValueError):
-        want = None
+    want = python_key(*tensors)
     got = compiled.qwen3_tts_rope(*tensors)
     work = tensors[0].numel() or tensors[1].numel()
     assert (got[0] if got else None) == (want if work else None)
+    assert compiled.tts_facts(*tensors, False, *PLAIN.op_args()) == want
+
+
+BREAKS = ("numerics", "eps negative", "eps negative int", "eps nan", "eps bool", "eps str", "pdl int",
+          "positions float", "positions shape", "positions str", "table dtype", "table width", "table empty",
+          "cos 3-D", "sin short", "weight short", "weight dtype", "weight strided", "k weight missing", "D odd")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_tts_facts_agree_with_python_on_any_mode(compiled, data):
+    """Every call of either op-1 function takes tts_facts, its only fast accept path: the same key as the Python
+    checker for the calls it accepts, None for every call the checker refuses (valid calls with at most one
+    argument broken)."""
+    draw = data.draw
+    broken = draw(st.sampled_from(("",) * len(BREAKS) + BREAKS))
+    B, Hq, Hkv, S = (draw(st.integers(0, 3)) for _ in range(4))
+    D = 5 if broken == "D odd" else draw(st.sampled_from([2, 4, 8]))
+    dtype = draw(st.sampled_from(DTYPES[:3]))
+    q, k = torch.randn(B, Hq, S, D).to(dtype), torch.randn(B, Hkv, S, D).to(dtype)
+    table = draw(st.booleans()) or broken.startswith(("positions", "table", "cos"))
+    if table and broken != "cos 3-D":
+        rows = 0 if broken == "table empty" else draw(st.integers(1, 5))
+        cos = torch.randn(rows, D + 2 * (broken == "table width")).to(
+            torch.float64 if broken == "table dtype" else draw(st.sampled_from([dtype, f32])))
+    else:
+        cos = torch.randn(draw(st.sampled_from([B, 1])), S, D).to(dtype)
+    sin = cos[..., :1] if broken == "sin short" else cos.clone()
+    positions = None
+    if table:
+        shape = draw(st.sampled_from([(B, S), (S,)])) if broken != "positions shape" else (S + 1,)
+        positions = ("pos" if broken == "positions str" else
+                     torch.zeros(shape, dtype=f32 if broken == "positions float" else draw(
+                         st.sampled_from([torch.int64, torch.int32]))))
+    qw = kw = None
+    if draw(st.booleans()) or broken.startswith(("weight", "k weight", "eps")):
+        qw = (torch.ones(D - 1, dtype=dtype) if broken == "weight short" else
+              torch.ones(D, dtype=torch.float64) if broken == "weight dtype" else
+              torch.ones(2 * D, dtype=dtype)[::2] if broken == "weight strided" else torch.ones(D, dtype=dtype))
+        kw = None if broken == "k weight missing" else qw.clone()
+    eps = {"eps negative": -1.0, "eps negative int": -1, "eps nan": float("nan"), "eps bool": True,
+           "eps str": "1e-6"}.get(broken, draw(st.sampled_from([1e-6, 0.0, 0, 2])))
+    numerics = "fast" if broken == "numerics" else draw(st.sampled_from(["fp32", "eager"]))
+    pdl = 1 if broken == "pdl int" else draw(st.sampled_from([None, True, False]))
+    modes, inplace = Modes(positions, numerics, qw, kw, eps, pdl), draw(st.booleans())
+    want = python_key(q, k, cos, sin, inplace, modes)
+    assert (want is None) == bool(broken)
+    assert compiled.tts_facts(q, k, cos, sin, inplace, *modes.op_args()) == want
 
 
 @settings(max_examples=300, deadline=None)

@@ -4,7 +4,8 @@
 // makes (the `validate` functions of fusedrope/qwen3_tts_rope and fusedrope/inverse_rope_group_quant) and there is
 // work to do, and None for anything else, valid or not: the Python path then runs and names what is wrong. So
 // None is always safe; accepting is the claim tests/test_fast_checks.py holds against the Python validation.
-// `readable` is _validation.readable, which the Python path's one-expression checks call, at the cost of a call.
+// `tts_facts` is op 1's only fast accept path, for every call (it allocates nothing). `readable` is
+// _validation.readable, which op 2's one-expression check calls, at the cost of a call.
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -29,8 +30,8 @@ bool readable(const at::Tensor& t) { return !t.key_set().has_any(unreadable_ks) 
 
 // A dense, readable torch.Tensor or nn.Parameter (THPVariable_CheckExact; no other subclass, no Python-key
 // wrapper) on a device with data (not meta), outside a TorchFunctionMode (which would see the Python path's
-// allocations). A Parameter gets the Python path's key too: its exact-type expression refuses it, but
-// _diagnose / _validate_all accept it.
+// allocations). A Parameter gets the Python path's key too (op 2's exact-type expression refuses it, but
+// _validate_all accepts it, as op 1's diagnose does).
 const at::Tensor* plain(PyObject* obj) {
   if (!THPVariable_CheckExact(obj) || at::impl::torch_function_mode_enabled()) return nullptr;
   const at::Tensor& t = THPVariable_Unpack(obj);
@@ -93,31 +94,91 @@ bool facts_type(PyObject* type) {
   return PyType_Check(type) && PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type), &PyTuple_Type);
 }
 
+// qwen3_tts_rope's rule for q, k and cos/sin rows (diagnose's, the readable checker's): shapes, dtypes,
+// devices and unit last strides; cos/sin [B or 1, S, D] in q's dtype, or with positions tables [max_pos, D] in
+// q's dtype or fp32.
+bool tts_tensors_ok(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                    bool table) {
+  if (q.dim() != 4 || k.dim() != 4 || cos.dim() != (table ? 2 : 3) || sin.sizes() != cos.sizes()) return false;
+  const int64_t B = q.size(0), S = q.size(2), D = q.size(3);
+  const auto dt = q.scalar_type(), c_dt = cos.scalar_type();
+  const auto dev = q.device();
+  const bool rows = table ? cos.size(0) > 0 && cos.size(1) == D && (c_dt == dt || c_dt == at::kFloat)
+                          : c_dt == dt && cos.size(1) == S && cos.size(2) == D &&
+                                (cos.size(0) == B || cos.size(0) == 1);
+  return rows && k.size(0) == B && k.size(2) == S && k.size(3) == D && D % 2 == 0 && D > 0 &&
+         one_of(dt, {at::kBFloat16, at::kHalf, at::kFloat}) && k.scalar_type() == dt &&
+         sin.scalar_type() == c_dt && k.device() == dev && cos.device() == dev && sin.device() == dev &&
+         q.stride(3) == 1 && k.stride(3) == 1 && cos.stride(-1) == 1 && sin.stride(-1) == 1;
+}
+
 // qwen3_tts_rope(Facts, q, k, cos, sin): (Facts(device, dtype, D, False, ...), q_out, k_out) or None.
 PyObject* qwen3_tts_rope(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   if (nargs != 5 || !facts_type(argv[0])) Py_RETURN_NONE;
   PyObject* const* args = argv + 1;
   const at::Tensor *q = plain(args[0]), *k = plain(args[1]), *cos = plain(args[2]), *sin = plain(args[3]);
-  if (!q || !k || !cos || !sin || q->dim() != 4 || k->dim() != 4 || cos->dim() != 3 || sin->dim() != 3)
+  if (!q || !k || !cos || !sin || !tts_tensors_ok(*q, *k, *cos, *sin, false) ||
+      (c10::GradMode::is_enabled() &&
+       (q->requires_grad() || k->requires_grad() || cos->requires_grad() || sin->requires_grad())) ||
+      (q->numel() == 0 && k->numel() == 0))
     Py_RETURN_NONE;
-  const int64_t B = q->size(0), S = q->size(2), D = q->size(3);
-  const auto dt = q->scalar_type();
-  const auto dev = q->device();
-  const bool ok =
-      k->size(0) == B && k->size(2) == S && k->size(3) == D && (cos->size(0) == B || cos->size(0) == 1) &&
-      cos->size(1) == S && cos->size(2) == D && sin->sizes() == cos->sizes() && D % 2 == 0 && D > 0 &&
-      one_of(dt, {at::kBFloat16, at::kHalf, at::kFloat}) && k->scalar_type() == dt && cos->scalar_type() == dt &&
-      sin->scalar_type() == dt && k->device() == dev && cos->device() == dev && sin->device() == dev &&
-      q->stride(3) == 1 && k->stride(3) == 1 && cos->stride(2) == 1 && sin->stride(2) == 1 &&
-      !(c10::GradMode::is_enabled() &&
-        (q->requires_grad() || k->requires_grad() || cos->requires_grad() || sin->requires_grad()));
-  if (!ok || (q->numel() == 0 && k->numel() == 0)) Py_RETURN_NONE;
   auto q_out = at::empty_like(*q, at::TensorOptions(), at::MemoryFormat::Contiguous);
   auto k_out = at::empty_like(*k, at::TensorOptions(), at::MemoryFormat::Contiguous);
-  return tuple({facts(argv[0], {THPDevice_New(dev), dtype_object(dt), PyLong_FromLongLong(D), item(Py_False),
-                                item(Py_False), item(Py_False), item(Py_False), item(Py_False)}),
+  return tuple({facts(argv[0], {THPDevice_New(q->device()), dtype_object(q->scalar_type()),
+                                PyLong_FromLongLong(q->size(3)), item(Py_False), item(Py_False), item(Py_False),
+                                item(Py_False), item(Py_False)}),
                 THPVariable_Wrap(std::move(q_out)), THPVariable_Wrap(std::move(k_out))});
+  END_HANDLE_TH_ERRORS
+}
+
+// A number >= 0 of exact type float or int (not bool), as eps must be.
+bool eps_ok(PyObject* eps) {
+  if (PyFloat_CheckExact(eps)) return PyFloat_AS_DOUBLE(eps) >= 0;
+  if (!PyLong_CheckExact(eps)) return false;
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(eps, &overflow);
+  if (v == -1 && !overflow && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return overflow > 0 || (!overflow && v >= 0);
+}
+
+// tts_facts(Facts, q, k, cos, sin, inplace, positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl):
+// the selection key of any call of either op-1 function whose inputs pass every check (inplace: True or False,
+// the in-place checks left to Python), or None. Allocates nothing.
+PyObject* tts_facts(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 12 || !facts_type(argv[0])) Py_RETURN_NONE;
+  PyObject *inplace = argv[5], *positions = argv[6], *numerics = argv[7], *qw = argv[8], *kw = argv[9],
+           *eps = argv[10], *pdl = argv[11];
+  const at::Tensor *q = plain(argv[1]), *k = plain(argv[2]), *cos = plain(argv[3]), *sin = plain(argv[4]);
+  const bool table = positions != Py_None, norm = qw != Py_None;
+  if (!q || !k || !cos || !sin || (inplace != Py_True && inplace != Py_False) || !PyUnicode_CheckExact(numerics) ||
+      (pdl != Py_None && pdl != Py_True && pdl != Py_False) || !tts_tensors_ok(*q, *k, *cos, *sin, table))
+    Py_RETURN_NONE;
+  const bool eager = PyUnicode_CompareWithASCIIString(numerics, "eager") == 0;
+  if (!eager && PyUnicode_CompareWithASCIIString(numerics, "fp32") != 0) Py_RETURN_NONE;
+  const int64_t B = q->size(0), S = q->size(2), D = q->size(3);
+  if (table) {
+    const at::Tensor* p = plain(positions);
+    if (!p || !one_of(p->scalar_type(), {at::kLong, at::kInt}) || p->device() != q->device() ||
+        !(p->sizes() == at::IntArrayRef({B, S}) || p->sizes() == at::IntArrayRef({S})))
+      Py_RETURN_NONE;
+  }
+  if (norm) {
+    for (PyObject* obj : {qw, kw}) {
+      const at::Tensor* w = plain(obj);
+      if (!w || w->dim() != 1 || w->size(0) != D || w->scalar_type() != q->scalar_type() ||
+          w->device() != q->device() || w->stride(0) != 1)
+        Py_RETURN_NONE;
+    }
+    if (!eps_ok(eps)) Py_RETURN_NONE;
+  }
+  return facts(argv[0], {THPDevice_New(q->device()), dtype_object(q->scalar_type()), PyLong_FromLongLong(D),
+                         item(inplace), item(eager ? Py_True : Py_False), item(table ? Py_True : Py_False),
+                         item(norm ? Py_True : Py_False), item(pdl == Py_True ? Py_True : Py_False)});
   END_HANDLE_TH_ERRORS
 }
 
@@ -195,6 +256,8 @@ PyObject* inverse_rope_group_quant(PyObject*, PyObject* const* argv, Py_ssize_t 
 PyMethodDef methods[] = {
     {"qwen3_tts_rope", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(qwen3_tts_rope)), METH_FASTCALL,
      "(Facts, q, k, cos, sin) -> (selection key, q_out, k_out) of a plain call, or None"},
+    {"tts_facts", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(tts_facts)), METH_FASTCALL,
+     "(Facts, q, k, cos, sin, inplace, *modes) -> the selection key of a valid op-1 call, or None"},
     {"inverse_rope_group_quant",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(inverse_rope_group_quant)), METH_FASTCALL,
      "(Facts, o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale) -> (selection key, "

@@ -16,11 +16,13 @@ from torch.autograd.graph import increment_version
 
 from .. import _validation as V, fast_checks
 from .._device import cuda_toolkit_reason, triton_available
-from ..registry import Backend, new_registry
+from ..registry import Backend, getenv, new_registry
 from . import reference
 
 OP = "qwen3_tts_rope"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+NUMERICS = ("fp32", "eager")
+POSITION_DTYPES = (torch.int64, torch.int32)
 _Tensor = torch.Tensor
 _empty_like = torch.empty_like
 _is_compiling = torch.compiler.is_compiling
@@ -112,47 +114,56 @@ def describe(positions=None, numerics="fp32", q_norm_weight=None, k_norm_weight=
 # -- validation ----------------------------------------------------------------------------------------------
 def validate(q, k, cos, sin, inplace: bool = False, modes: Optional[Modes] = None, traced: bool = False) -> Facts:
     """Check the inputs (and, for ``inplace``, that q and k can be written); return the selection key, the
-    call's :class:`Facts`. Valid inputs take one boolean expression (this is the hot path: every attribute read
-    counts); the others, :func:`.modes.diagnose`'s precise error. ``modes``: :class:`Modes` (checked in
-    :mod:`.modes`). ``traced``: Dynamo traces this call, whose tensors have no memory to read (nor can it trace
-    :func:`V.readable`)."""
-    if modes is not None:  # loaded on first use
-        from .modes import validate_modes
-
-        return validate_modes(q, k, cos, sin, inplace, modes, traced)
-    try:
-        cos_shape = cos.shape
-        B, _, S, D = q.shape
-        kb, _, ks, kd = k.shape
-        cb, cs, cd = cos_shape
-        dt, dev = q.dtype, q.device
-        ok = (
-            type(q) is _Tensor and type(k) is _Tensor and type(cos) is _Tensor and type(sin) is _Tensor
-            and kb == B and ks == S and kd == D and (cb == B or cb == 1) and cs == S and cd == D
-            and sin.shape == cos_shape and D % 2 == 0 and D > 0
-            and dt in DTYPES and k.dtype is dt and cos.dtype is dt and sin.dtype is dt
-            and k.device == dev and cos.device == dev and sin.device == dev
-            and q.stride()[3] == 1 and k.stride()[3] == 1 and cos.stride()[2] == 1 and sin.stride()[2] == 1
-            and (traced or fast_checks.checks.readable(q, k, cos, sin))
-        )
-    except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
-        ok = False
-    if not ok:
-        _diagnose(q, k, cos, sin, traced)
-        dt, dev, D = q.dtype, q.device, q.shape[3]  # a tensor subclass (FakeTensor, Parameter) that is valid
+    call's :class:`Facts`. Valid inputs take the compiled checks where they are built (``tts_facts``, the only
+    fast accept path); the others, and every call without a build, :func:`diagnose`, which raises the precise
+    error or accepts. ``traced``: Dynamo traces this call, whose tensors have no memory to read."""
+    m = modes or PLAIN
+    inplace = inplace is True
+    key = None if traced else fast_checks.checks.tts_facts(Facts, q, k, cos, sin, inplace, *m.op_args())
+    if key is None:
+        diagnose(q, k, cos, sin, m, traced)  # a valid tensor subclass (FakeTensor, Parameter) passes
+        key = Facts(q.device, q.dtype, q.shape[3], inplace, m.numerics == "eager", m.positions is not None,
+                    m.q_norm_weight is not None, m.enable_pdl is True)
+    if m.positions is not None and getenv(V.ENV_CHECK_POSITIONS).lower() not in V.SWITCH_OFF:
+        V.check_positions_on_host(OP, m.positions, cos.shape[0])
     if inplace:
-        _check_inplace(q, k, cos, sin)
-    return Facts(dev, dt, D, inplace is True)
+        _check_inplace(q, k, cos, sin, m.tensors())
+    return key
 
 
-def _diagnose(q, k, cos, sin, traced: bool = False) -> None:
-    """The precise error for inputs :func:`validate`'s expression refused (:func:`.modes.diagnose`, every call's
-    one checker); valid tensor subclasses pass."""
-    from .modes import diagnose
+def diagnose(q, k, cos, sin, modes: Modes, traced=False) -> None:
+    """The op's one checker: the precise error, naming the argument, for inputs the compiled checks refused (or
+    every call's, without a build); valid inputs and valid tensor subclasses pass."""
+    positions, numerics, q_weight, k_weight, eps, pdl = modes.op_args()
+    if numerics not in NUMERICS:
+        V.fail(OP, "numerics", "'fp32' or 'eager'", repr(numerics))
+    if pdl is not None:
+        V.check_bool(OP, "enable_pdl", pdl)
+    reference.check_shapes(q, k, cos, sin, positions=positions)
+    V.check_dtype(OP, "q", q, DTYPES)
+    V.check_same_dtype(OP, "q", q, {"k": k} if positions is not None else {"k": k, "cos": cos, "sin": sin})
+    named = {"k": k, "cos": cos, "sin": sin}
+    if positions is not None:
+        V.check_dtype(OP, "cos", cos, (q.dtype, torch.float32))
+        V.check_same_dtype(OP, "cos", cos, {"sin": sin})
+        V.check_dtype(OP, "positions", positions, POSITION_DTYPES)
+        named["positions"] = positions
+    if q_weight is not None:
+        for name, w in (("q_norm_weight", q_weight), ("k_norm_weight", k_weight)):
+            V.check_tensor(OP, name, w, 1, "[D]")
+            V.check_shape(OP, name, w, (q.shape[3],))
+            V.check_dtype(OP, name, w, (q.dtype,))
+            named[name] = w
+        number = isinstance(eps, (int, float)) and not isinstance(eps, bool)  # np.float64 is a float
+        if not number or not eps >= 0:
+            V.fail(OP, "eps", "a float >= 0", repr(eps), ValueError if number else TypeError)
+    V.check_same_device(OP, "q", q, named)
+    for name, t in (("q", q), *named.items()):
+        V.check_last_dim_contiguous(OP, name, t)
+    if not traced:
+        V.check_readable(OP, {"q": q, **named})
 
-    diagnose(q, k, cos, sin, PLAIN, traced)
-    if all(type(t) is _Tensor for t in (q, k, cos, sin)):  # plain tensors the expression refused: it is wrong
-        raise AssertionError("validate() refused inputs that _diagnose() accepts")  # pragma: no cover
+
 
 
 def _check_inplace(q, k, cos, sin, more=None) -> None:
