@@ -413,7 +413,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
             impl.run(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size,
                      scale_layout=key.scale_layout, pdl=False)
             return x_fp8, x_scale
-    modes = QuantModes(fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)
+    modes = PLAIN if fp8_dtype is None and scale_dtype is None and scale_layout is None and quantize is True \
+        and enable_pdl is None else QuantModes(fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)
     grad = C.needs_grad(o, cos_cache, sin_cache)
     buffers = x_fp8 is not None or x_scale is not None
     if not compiling:
