@@ -150,7 +150,7 @@ class OpRegistry:
         return reason
 
     def select(self, key: tuple, backend: str = "auto") -> Backend:
-        """The backend for ``key`` (the op's facts as a plain tuple, device first), cached."""
+        """The backend for ``key`` (the call's Facts, or a tuple equal to them), cached."""
         forced = getenv(ENV_BACKEND) if backend == "auto" else ""
         try:
             return self._select[key, backend, forced]

@@ -41,18 +41,8 @@ def test_apply_rotary_pos_emb_is_transformers_bit_for_bit(backend, dtype, unsque
     want = qwen3.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     got = hf.apply_rotary_pos_emb(q, k, cos, sin, None, unsqueeze_dim, backend=backend)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
-
-
-def test_apply_rotary_pos_emb_falls_back_to_the_formula_where_fusedrope_cannot_serve():
-    q = _randn(1, 4, 3, 64, dtype=torch.bfloat16, seed=4)
-    cos32, sin32 = _randn(1, 3, 64, dtype=torch.float32, seed=5), _randn(1, 3, 64, dtype=torch.float32, seed=6)
-    got = hf.apply_rotary_pos_emb(q, q, cos32, sin32)  # mixed dtypes promote to fp32 in PyTorch
-    assert got[0].dtype == torch.float32 and torch.equal(got[0], qwen3.apply_rotary_pos_emb(q, q, cos32, sin32)[0])
-    leaf = q.clone().requires_grad_()
-    cos, sin = cos32.to(torch.bfloat16), sin32.to(torch.bfloat16)
-    out = hf.apply_rotary_pos_emb(leaf, leaf, cos, sin)[0]
-    out.sum().backward()  # autograd: the formula, which has a backward
-    assert leaf.grad is not None
+    if unsqueeze_dim == 2:  # heads second: contiguous, as the modeling code reshapes it
+        assert all(g.is_contiguous() for g in got) and got[0].view(B, S, -1).shape == (B, S, HQ * D)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -142,15 +132,6 @@ def test_patch_runs_the_models_code_where_fusedrope_cannot():
     assert torch.equal(got, want) and attn.q_norm.weight.grad is not None
 
 
-def test_patch_refuses_models_without_such_blocks_and_double_patches():
-    with pytest.raises(ValueError, match="argument 'model' expected a module with attention blocks"):
-        hf.patch_qk_norm_rope(torch.nn.Linear(2, 2))
-    attn, _ = _attention_block(torch.float32)
-    with hf.patch_qk_norm_rope(attn):
-        with pytest.raises(ValueError, match="expected blocks not patched yet"):
-            hf.patch_qk_norm_rope(attn)
-
-
 def test_a_forward_that_skips_the_rope_raises_instead_of_dropping_the_norm():
     class NormOnly(torch.nn.Module):
         def __init__(self):
@@ -169,7 +150,7 @@ def test_a_forward_that_skips_the_rope_raises_instead_of_dropping_the_norm():
 
 
 @pytest.mark.parametrize("case", ["float64", "cos over S broadcast", "k last dim strided", "cos batch > q batch",
-                                  "positional unsqueeze_dim 2"])
+                                  "positional unsqueeze_dim 2", "fp32 cos, bf16 q", "q requires grad"])
 def test_apply_rotary_pos_emb_gives_transformers_result_in_every_call_it_does_not_fuse(case):
     B, S, H, D = 1, 6, 3, 8
     dtype = torch.float64 if case == "float64" else torch.bfloat16
@@ -184,27 +165,31 @@ def test_apply_rotary_pos_emb_gives_transformers_result_in_every_call_it_does_no
         cos, sin = cos.expand(2, S, D), sin.expand(2, S, D)
     elif case == "positional unsqueeze_dim 2":  # transformers 5's signature: (q, k, cos, sin, unsqueeze_dim)
         q, k, args = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), (2,)
+    elif case == "fp32 cos, bf16 q":  # mixed dtypes promote to fp32 in PyTorch
+        cos, sin = (_randn(B, S, D, dtype=torch.float32, seed=s) for s in (17, 18))
+    elif case == "q requires grad":
+        q.requires_grad_()
     want = qwen3.apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs)
     got = hf.apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs)
-    assert all(g.shape == w.shape and torch.equal(g, w) for g, w in zip(got, want))
+    assert all(g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want))
+    if q.requires_grad:  # autograd: the formula, which has a backward
+        got[0].float().sum().backward()
+        assert q.grad is not None
 
 
-def test_apply_rotary_pos_emb_with_heads_second_returns_contiguous_tensors():
-    proj = _randn(2, 5, 6, 64, dtype=torch.bfloat16, seed=20)  # [B, S, H, D]
-    cos, sin = _randn(2, 5, 64, dtype=torch.bfloat16, seed=21), _randn(2, 5, 64, dtype=torch.bfloat16, seed=22)
-    got = hf.apply_rotary_pos_emb(proj[:, :, :4], proj[:, :, 4:], cos, sin, unsqueeze_dim=2)
-    want = qwen3.apply_rotary_pos_emb(proj[:, :, :4], proj[:, :, 4:], cos, sin, unsqueeze_dim=2)
-    assert all(g.is_contiguous() and torch.equal(g, w) for g, w in zip(got, want))
-    got[0].view(2, 5, -1)  # as the modeling code reshapes it
-
-
-def test_patch_refuses_blocks_whose_norms_are_not_qwen3s():
+def test_patch_refuses_models_without_such_blocks_other_norms_and_double_patches():
     from transformers import Gemma3TextConfig
     from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention  # its norm is x * (1 + w)
 
+    with pytest.raises(ValueError, match="argument 'model' expected a module with attention blocks"):
+        hf.patch_qk_norm_rope(torch.nn.Linear(2, 2))
     config = Gemma3TextConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
     with pytest.raises(ValueError, match="q_norm and k_norm are Qwen3RMSNorm or Qwen3TTSRMSNorm"):
         hf.patch_qk_norm_rope(Gemma3Attention(config, layer_idx=0))
+    attn, _ = _attention_block(torch.float32)
+    with hf.patch_qk_norm_rope(attn):
+        with pytest.raises(ValueError, match="expected blocks not patched yet"):
+            hf.patch_qk_norm_rope(attn)
 
 
 def test_patched_blocks_serve_several_threads_subclasses_copies_and_compile():

@@ -29,8 +29,8 @@ import fusedrope
 from fusedrope import cuda_ext
 from fusedrope.qwen3_tts_rope import Facts
 from fusedrope.qwen3_tts_rope import cuda as cuda_tts_rope
+from fusedrope.reference import neox_rope, qwen3_tts_rope_oracle
 from fusedrope.reference import qwen3_tts_rope as qwen3_tts_rope_reference
-from fusedrope.reference import qwen3_tts_rope_oracle
 from fusedrope.testing import (TTS_CASES, TtsCase, assert_tts_rope_close, assert_ulp_close, bytes_written_outside,
                                guarded_poison, make_tts_inputs, own_batch_strides)
 
@@ -43,7 +43,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "kernels_cuda" / "qwen3_tts_rope.cu"
 BINDING = ROOT / "kernels_cuda" / "qwen3_tts_rope_torch.cpp"
 EMUL = ROOT / "tests" / "support" / "cuda_emul"
-VECS = {8: "Li8EE", 2: "Li2EE", 1: "Li1EE"}  # the VEC template argument, as mangled in the kernel names
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -77,23 +76,29 @@ def test_no_local_memory_and_bounded_registers(arch):
         assert not calls, f"{K.demangle_hint(name)} calls a subroutine: {calls[0].strip()}"
 
 
+# q/k (load, store) of each VEC, as nvcc 13 / cuobjdump print them; cos/sin go through the read-only path
+# (LDG.E.128.CONSTANT)
+WIDTHS = {8: ("LDG.E.128", "STG.E.128"), 2: ("LDG.E", "STG.E"), 1: ("LDG.E.U16", "STG.E.U16")}
+
+
 def _global_memory_ops(code):
     return Counter(o for o in K.opcodes(code) if o.startswith(("LDG", "STG", "LD.", "ST.")))
 
 
+def _vec(name):
+    """The VEC template argument of a mangled kernel name."""
+    return int(name.split("qwen3_tts_rope_kernel", 1)[1].split("ELi")[-1].split("E")[0])
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_vector_paths_use_the_intended_access_widths(arch):
+    """Each plain kernel's widths; on sm_90 the 16-byte bf16 D=128 kernel issues its 4 passes x 2 halves of q/k
+    loads before the first store (memory-level parallelism) and reads cos/sin (4 x 128-bit) once per token."""
     tts, _ = _kernels(arch, "plain")
-    # Mnemonics as nvcc 13 / cuobjdump print them: LDG.E.128 (q/k), LDG.E.128.CONSTANT (cos/sin through the
-    # read-only path), STG.E.128; the 4-byte path LDG.E / STG.E; the scalar path LDG.E.U16 / STG.E.U16.
-    want = {8: ("LDG.E.128", "STG.E.128"), 2: ("LDG.E", "STG.E"), 1: ("LDG.E.U16", "STG.E.U16")}
-    seen = set()
+    assert {_vec(n) for n in tts} == {8, 2, 1}
     for name, code in tts.items():
-        tmpl = name.split("qwen3_tts_rope_kernel", 1)[1]
-        vec = int(tmpl.split("ELi")[-1].split("E")[0])
-        seen.add(vec)
         ops = _global_memory_ops(code)
-        load, store = want[vec]
+        load, store = WIDTHS[_vec(name)]
         loads = {o for o in ops if o.startswith("LDG")}
         stores = {o for o in ops if o.startswith("STG")}
         assert stores == {store}, f"{K.demangle_hint(name)}: stores {dict(ops)}, expected only {store}"
@@ -101,18 +106,11 @@ def test_vector_paths_use_the_intended_access_widths(arch):
         assert not any(o.startswith(("LD.", "ST.")) for o in ops), f"{K.demangle_hint(name)}: generic accesses"
         # Each row chunk is loaded and stored in both halves: as many stores as q/k loads.
         assert ops[load] == ops[store], f"{K.demangle_hint(name)}: {dict(ops)}"
-    assert seen == {8, 2, 1}
-
-
-def test_vector_path_issues_all_loads_of_a_round_before_storing():
-    """The 16-byte bf16 D=128 kernel: 4 passes x 2 halves of q/k loads precede the first store (memory-level
-    parallelism), and cos/sin (4 x 128-bit) are read once per token, before the head loop."""
-    tts, _ = _kernels("sm_90", "plain")
-    name = next(n for n in tts if "13__nv_bfloat16Li128ELi8E" in n)
-    ops = [o for o in K.opcodes(tts[name]) if o.startswith(("LDG", "STG"))]
-    first_store = ops.index("STG.E.128")
-    assert ops[:first_store].count("LDG.E.128") == 8, ops
-    assert ops.count("LDG.E.128.CONSTANT") == 4, ops
+    if arch == "sm_90":
+        name = next(n for n in tts if "13__nv_bfloat16Li128ELi8E" in n)
+        ops = [o for o in K.opcodes(tts[name]) if o.startswith(("LDG", "STG"))]
+        assert ops[:ops.index("STG.E.128")].count("LDG.E.128") == 8, ops
+        assert ops.count("LDG.E.128.CONSTANT") == 4, ops
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -121,12 +119,11 @@ def test_modes_kernels_keep_the_access_widths_and_shuffle_only_in_the_norm(arch)
     (also an fp32 table: two 16-byte loads per 8 elements) and the norm weights through the read-only path, as wide;
     one int32 and one int64 position load; the norm's sum as a butterfly of warp shuffles."""
     tts, _ = _kernels(arch, "modes")
-    want = {8: ("LDG.E.128", "STG.E.128"), 2: ("LDG.E", "STG.E"), 1: ("LDG.E.U16", "STG.E.U16")}
     for name, code in tts.items():
-        vec = int(name.split("qwen3_tts_rope_kernel", 1)[1].split("ELb1E")[0].split("ELi")[-1])
+        vec = _vec(name)
         fp32_table = name.split("ELb1E", 1)[1].startswith("f")
         ops = _global_memory_ops(code)
-        load, store = want[vec]
+        load, store = WIDTHS[vec]
         assert {o for o in ops if o.startswith("STG")} == {store}, f"{K.demangle_hint(name)}: {dict(ops)}"
         assert {o for o in ops if o.startswith("LDG") and not o.endswith(".CONSTANT")} == {load}, dict(ops)
         table = {8: "LDG.E.128", 2: "LDG.E.64" if fp32_table else "LDG.E", 1: "LDG.E" if fp32_table else load}[vec]
@@ -158,8 +155,8 @@ def guarded_like(t: torch.Tensor, offset: int = 0):
     return guarded_poison(t.shape, t.dtype, lead=64 + offset, tail=64)
 
 
-def check_guards(buf, view):
-    written = bytes_written_outside(buf, view)
+def check_guards(*bufs_and_views):
+    written = sum(bytes_written_outside(buf, view) for buf, view in bufs_and_views)
     assert written == 0, f"{written} guard bytes were written"
 
 
@@ -174,16 +171,30 @@ def run_emu(lib, q, k, cos, sin, expect_vec=None, offset=0, **kw):
     before = lib.emu_launch_count()
     assert emu_call(lib, q, k, cos, sin, q_out, k_out, **kw) == 0
     assert lib.emu_launch_count() == before + (1 if q.shape[0] * q.shape[2] and q.shape[1] + k.shape[1] else 0)
-    check_guards(qbuf, q_out)
-    check_guards(kbuf, k_out)
+    check_guards((qbuf, q_out), (kbuf, k_out))
     check(q_out, k_out, q, k, cos, sin)
     return q_out, k_out
+
+
+def last_launch(lib):
+    """``(grid.x, grid.y, grid.z, block.x, block.y, block.z)`` of the launcher's last launch."""
+    grid = (ctypes.c_uint * 6)()
+    lib.emu_last_launch(grid)
+    return tuple(grid)
+
+
+# The automatic launch shape of three seed cases (tiny, launch-bound: one token per block), block (x, y): wide_heads
+# B=32 (40 heads, 4 rows per 16-byte pass) has 3 warps per token, so each warp's 3-4 passes are one round of loads.
+SEED_BLOCKS = {"qwen3_tts-B1": (64, 1), "wide_heads-B32": (96, 1), "small_tts-B1": (32, 1)}
 
 
 @pytest.mark.parametrize("case", TTS_CASES, ids=lambda c: c.id)
 def test_emulated_kernel_on_seed_matrix(emu, case):
     q, k, cos, sin = make_tts_inputs(case, seed=case.seed)
     run_emu(emu, q, k, cos, sin, expect_vec=8)
+    if case.id in SEED_BLOCKS:
+        grid = last_launch(emu)
+        assert (grid[3], grid[4]) == SEED_BLOCKS[case.id] and grid[0] == case.batch * case.seq_len, grid
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -191,9 +202,21 @@ def test_emulated_kernel_on_seed_matrix(emu, case):
 @pytest.mark.parametrize("vec", [8, 2, 1])
 @pytest.mark.parametrize("layout", ["projection", "contiguous"])
 def test_emulated_every_path(emu, dtype, head_dim, vec, layout):
+    """Into outputs, and in place (every element rotated exactly once), that many elements off 16 bytes."""
     case = TtsCase("paths", 2, 5, 7, 3, head_dim)
     q, k, cos, sin = make_tts_inputs(case, dtype, seed=head_dim + vec, layout=layout, random_cos_sin=True)
-    run_emu(emu, q, k, cos, sin, expect_vec=vec, offset=OFFSET_OF_WIDTH[vec])
+    off = OFFSET_OF_WIDTH[vec]
+    run_emu(emu, q, k, cos, sin, expect_vec=vec, offset=off)
+    # in place: copies in one buffer (the projection's, or q then k), as many elements off
+    base = q._base if layout == "projection" else torch.cat([q.reshape(-1), k.reshape(-1)])
+    buf = torch.empty(base.numel() + off, dtype=q.dtype)[off:].view(base.shape).copy_(base)
+    if layout == "projection":
+        qi, ki = (buf.as_strided(t.shape, t.stride(), off + t.storage_offset()) for t in (q, k))
+    else:
+        qi, ki = buf[:q.numel()].view(q.shape), buf[q.numel():].view(k.shape)
+    assert emu_pick_vec(emu, qi, ki, cos, sin, qi, ki) == vec
+    assert emu_call(emu, qi, ki, cos, sin, qi, ki) == 0
+    check(qi, ki, q, k, cos, sin)
 
 
 def test_emulated_misaligned_and_odd_strides_pick_narrow_paths(emu):
@@ -226,8 +249,7 @@ def test_emulated_launch_shapes(emu, shape):
     wpt, tpc = LAUNCH_SHAPES[shape]
     q, k, cos, sin = make_tts_inputs(TtsCase("shape", *shape), seed=sum(shape), random_cos_sin=True)
     run_emu(emu, q, k, cos, sin, expect_vec=8)
-    grid = (ctypes.c_uint * 6)()
-    emu.emu_last_launch(grid)
+    grid = last_launch(emu)
     assert (grid[3], grid[4], grid[0]) == (32 * wpt, tpc, -(-shape[0] * shape[1] // tpc))
     q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
     assert emu_call(emu, q, k, cos, sin, q, k) == 0
@@ -235,55 +257,22 @@ def test_emulated_launch_shapes(emu, shape):
     assert_ulp_close(k, k_ref, 1, "k")
 
 
-def test_emulated_automatic_launch_shape(emu):
-    # Tiny, launch-bound: one token per block. wide_heads B=32 (40 heads, 4 rows per 16-byte pass): 3 warps per
-    # token, so each warp's 3-4 passes are one round of loads.
-    for case, want_block in ((TTS_CASES[0], (64, 1)), (next(c for c in TTS_CASES if c.id == "wide_heads-B32"), (96, 1)),
-                             (next(c for c in TTS_CASES if c.id == "small_tts-B1"), (32, 1))):
-        q, k, cos, sin = make_tts_inputs(case)
-        q_out, k_out = torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous())
-        assert emu_call(emu, q, k, cos, sin, q_out, k_out) == 0
-        grid = (ctypes.c_uint * 6)()
-        emu.emu_last_launch(grid)
-        assert (grid[3], grid[4]) == want_block, case.id
-        assert grid[0] == case.batch * case.seq_len
-
-
-@pytest.mark.parametrize("expanded", ["cos", "sin"])
-def test_emulated_table_batch_strides_are_each_checked_for_the_vector_path(emu, expanded):
-    """cos and sin carry their own batch strides: one expanded over B (stride 0), the other a real batch dim
-    whose stride (S*D + 4 elements) breaks 16-byte alignment for b >= 1. The 16-byte path must be refused
-    (on a GPU its loads of the misaligned rows fault), the 4-byte one serves, exactly."""
-    q, k, cos, sin = make_tts_inputs(TtsCase("tb", 2, 4, 4, 2), seed=3, random_cos_sin=True)
-    cos, sin = own_batch_strides(cos, sin, expanded)
-    broadcast, strided = (cos, sin) if expanded == "cos" else (sin, cos)
-    assert strided.stride(0) % 8 == 4 and broadcast.stride(0) == 0
-    run_emu(emu, q, k, cos, sin, expect_vec=2)
-
-
-@pytest.mark.parametrize("padded", ["cos", "sin"])
-def test_emulated_table_seq_strides_are_each_checked_for_the_vector_path(emu, padded):
-    """Likewise each table's row (seq) stride: rows D + 4 elements apart are 8-byte aligned only, so the
-    16-byte path must be refused whichever table is padded (x86 emulation forgives a misaligned load; only
-    the path chosen shows it)."""
+@pytest.mark.parametrize("stride", ["batch", "seq"])
+@pytest.mark.parametrize("table", ["cos", "sin"])
+def test_emulated_table_strides_are_each_checked_for_the_vector_path(emu, table, stride):
+    """cos and sin carry their own batch and row (seq) strides: one table's, 4 elements (8 bytes) past dense (its
+    batch stride with the other table expanded over B, stride 0), breaks 16-byte alignment. The 16-byte path must
+    be refused whichever table it is (on a GPU its loads of the misaligned rows fault; x86 emulation forgives a
+    misaligned load, only the path chosen shows it), the 4-byte one serves, exactly."""
     q, k, cos, sin = make_tts_inputs(TtsCase("ts", 2, 4, 4, 2), seed=3, random_cos_sin=True)
-    wide = torch.empty(*cos.shape[:-1], cos.shape[-1] + 4, dtype=cos.dtype)[..., :cos.shape[-1]]
-    cos, sin = (wide.copy_(cos), sin.contiguous()) if padded == "cos" else (cos.contiguous(), wide.copy_(sin))
-    assert (cos if padded == "cos" else sin).stride(1) % 8 == 4
+    if stride == "batch":
+        cos, sin = own_batch_strides(cos, sin, "sin" if table == "cos" else "cos")
+        assert (sin if table == "cos" else cos).stride(0) == 0
+    else:
+        wide = torch.empty(*cos.shape[:-1], cos.shape[-1] + 4, dtype=cos.dtype)[..., :cos.shape[-1]]
+        cos, sin = (wide.copy_(cos), sin.contiguous()) if table == "cos" else (cos.contiguous(), wide.copy_(sin))
+    assert (cos if table == "cos" else sin).stride(0 if stride == "batch" else 1) % 8 == 4
     run_emu(emu, q, k, cos, sin, expect_vec=2)
-
-
-@pytest.mark.parametrize("offset", [0, 2, 1], ids=["vec8", "vec2", "vec1"])
-def test_emulated_inplace_through_strides(emu, offset):
-    """In place, every element must be rotated exactly once, at each vector width (q, k that many elements off)."""
-    q, k, cos, sin = make_tts_inputs(TtsCase("ip", 2, 5, 4, 2), seed=7, random_cos_sin=True)
-    buf = torch.empty(q._base.numel() + offset, dtype=q.dtype)[offset:].view(q._base.shape).copy_(q._base)
-    q, k = (buf.as_strided(t.shape, t.stride(), offset + t.storage_offset()) for t in (q, k))
-    q_ref, k_ref = qwen3_tts_rope_oracle(q, k, cos, sin)
-    assert emu_pick_vec(emu, q, k, cos, sin, q, k) == {0: 8, 2: 2, 1: 1}[offset]
-    assert emu_call(emu, q, k, cos, sin, q, k) == 0
-    assert_ulp_close(q, q_ref, 1, "q")
-    assert_ulp_close(k, k_ref, 1, "k")
 
 
 def test_emulated_independent_halves_and_specials(emu):
@@ -295,8 +284,6 @@ def test_emulated_independent_halves_and_specials(emu):
     q[0, 0, 2, :] = 0
     q_out, k_out = torch.empty_like(q), torch.empty_like(k.contiguous())
     assert emu_call(emu, q, k, cos, sin, q_out, k_out) == 0
-    from fusedrope.reference import neox_rope
-
     want = neox_rope(q, cos, sin, torch.float32).to(q.dtype)
     assert torch.equal(q_out.view(torch.int16)[~want.isnan()], want.view(torch.int16)[~want.isnan()])
     assert bool(q_out[want.isnan()].isnan().all())
@@ -314,17 +301,9 @@ def test_emulated_subnormal_inputs(emu, dtype, vec):
 @pytest.mark.parametrize("shape", [(0, 4, 3, 128), (2, 4, 0, 128), (2, 0, 3, 128)])
 def test_emulated_empty_launches_nothing(emu, shape):
     B, H, S, D = shape
-    q = torch.randn(B, H, S, D).to(torch.bfloat16)
-    k = torch.randn(B, 0 if H == 0 else 2, S, D).to(torch.bfloat16)
+    q, k = torch.randn(B, H, S, D).to(torch.bfloat16), torch.randn(B, 2 if H else 0, S, D).to(torch.bfloat16)
     cos = sin = torch.randn(max(B, 1), S, D).to(torch.bfloat16)
-    before = emu.emu_launch_count()
-    assert emu_call(emu, q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)) == 0
-    assert emu.emu_launch_count() == before
-
-
-def test_emulated_unsupported_head_dim_is_refused(emu):
-    q, k, cos, sin = make_tts_inputs(TtsCase("hd", 1, 2, 2, 1, 96))
-    assert emu_call(emu, q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)) == 1
+    run_emu(emu, q, k, cos, sin)  # which counts no launch for these
 
 
 def test_emulation_rounding_model_matches_torch(emu):
@@ -334,12 +313,10 @@ def test_emulation_rounding_model_matches_torch(emu):
     for dtype in (torch.bfloat16, torch.float16):
         # The kernel's output for x = [a, 0, ...], cos = [1.5, 0, ...], sin = 0 is RNE(a * 1.5), a in dtype.
         a = x.to(dtype)
-        n = a.numel()
-        q64 = torch.zeros(1, n, 1, 64, dtype=dtype)
+        q64 = torch.zeros(1, a.numel(), 1, 64, dtype=dtype)
         q64[0, :, 0, 0] = a
-        c64 = torch.zeros(1, 1, 64, dtype=dtype)
+        c64, s64 = torch.zeros(1, 1, 64, dtype=dtype), torch.zeros(1, 1, 64, dtype=dtype)
         c64[..., 0] = 1.5
-        s64 = torch.zeros(1, 1, 64, dtype=dtype)
         k64 = torch.zeros(1, 1, 1, 64, dtype=dtype)
         out, kout = torch.empty_like(q64), torch.empty_like(k64)
         assert emu_call(emu, q64, k64, c64, s64, out, kout) == 0
@@ -416,8 +393,7 @@ def run_modes(lib, q, k, cos, sin, kw, inplace=False, offset=0, pdl=False):
     errors, exchanges, first = lockstep_stats(lib)
     assert errors == 0, first
     assert (exchanges > 0) == ("q_weight" in kw), exchanges  # the norm's butterfly, and nothing else, shuffles
-    for buf, view in bufs:
-        check_guards(buf, view)
+    check_guards(*bufs)
     return q_out, k_out
 
 
@@ -458,34 +434,26 @@ def test_emulated_modes_launch_shapes(emu_modes, mode, shape):
     assert_matches_reference(got, reference_of(q, k, cos, sin, kw), "q_weight" in kw)
 
 
-def test_emulated_fp32_table_alignment_picks_the_width(emu_modes):
-    """An fp32 table's 8-element chunks are two 16-byte loads, its 2-element chunks one 8-byte load: a table
-    8 bytes off 16 takes the 2-element path, 4 bytes off takes the scalar one; both still right."""
-    case = TtsCase("align", 1, 2, 3, 1, 64)
-    q, k, cos, sin, kw = mode_inputs(case, torch.bfloat16, "fp32-table", seed=41)
-    for offset, want_vec in ((0, 8), (2, 2), (1, 1)):
-        cb = torch.empty(cos.numel() + 4)[offset:offset + cos.numel()].view(cos.shape).copy_(cos)
-        sb = torch.empty(sin.numel() + 4)[offset:offset + sin.numel()].view(sin.shape).copy_(sin)
-        outs = (torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous()))
-        assert emu_pick_vec(emu_modes, q.contiguous(), k.contiguous(), cb, sb, *outs,
-                            **{n: kw[n] for n in ("positions", "eager")}) == want_vec
-        got = run_modes(emu_modes, q, k, cb, sb, kw)
-        assert_matches_reference(got, reference_of(q, k, cos, sin, kw), False)
-
-
-def test_emulated_table_row_strides_pick_the_width_for_every_row(emu_modes):
-    """A table's row stride decides the width whatever the tokens: with S = 1 (decode) too, a table whose rows
-    are 130 elements apart takes the 2-element path (16-byte loads of row 3 would be misaligned on a GPU)."""
-    for S in (1, 2):
-        case = TtsCase("rows", 1, S, 2, 1, 128)
-        q, k, _, _, kw = mode_inputs(case, torch.bfloat16, "table", seed=45)
+@pytest.mark.parametrize("tables,want_vec", [("fp32+0", 8), ("fp32+2", 2), ("fp32+1", 1), ("rows130-S1", 2),
+                                             ("rows130-S2", 2)])
+def test_emulated_table_layout_picks_the_width(emu_modes, tables, want_vec):
+    """An fp32 table's 8-element chunks are two 16-byte loads, its 2-element chunks one 8-byte load: a table 8 bytes
+    off 16 takes the 2-element path, 4 bytes off the scalar one. A table's row stride decides the width whatever the
+    tokens: with S = 1 (decode) too, rows 130 elements apart take the 2-element path (16-byte loads of row 3 would
+    be misaligned on a GPU). All still right."""
+    if tables.startswith("fp32"):
+        q, k, cos, sin, kw = mode_inputs(TtsCase("align", 1, 2, 3, 1, 64), torch.bfloat16, "fp32-table", seed=41)
+        off = int(tables[-1])
+        cos, sin = (torch.empty(t.numel() + 4)[off:off + t.numel()].view(t.shape).copy_(t) for t in (cos, sin))
+    else:
+        q, k, _, _, kw = mode_inputs(TtsCase("rows", 1, int(tables[-1]), 2, 1, 128), torch.bfloat16, "table", seed=45)
         cos, sin = (torch.randn(8, 130).to(torch.bfloat16)[:, :128] for _ in range(2))  # 16-byte aligned bases
-        kw["positions"] = torch.full(kw["positions"].shape, 3, dtype=kw["positions"].dtype)
-        outs = (torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous()))
-        assert emu_pick_vec(emu_modes, q.contiguous(), k.contiguous(), cos, sin, *outs,
-                            **{n: kw[n] for n in ("positions", "eager")}) == 2
-        got = run_modes(emu_modes, q, k, cos, sin, kw)
-        assert_matches_reference(got, reference_of(q, k, cos, sin, kw), False)
+        kw["positions"] = torch.full_like(kw["positions"], 3)
+    outs = (torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous()))
+    assert emu_pick_vec(emu_modes, q.contiguous(), k.contiguous(), cos, sin, *outs,
+                        **{n: kw[n] for n in ("positions", "eager")}) == want_vec
+    got = run_modes(emu_modes, q, k, cos, sin, kw)
+    assert_matches_reference(got, reference_of(q, k, cos, sin, kw), False)
 
 
 def test_emulated_pdl_launch(emu_modes):
@@ -511,16 +479,15 @@ def test_emulated_pdl_launch(emu_modes):
         emu_modes.emul_set_ptx_version(90)
 
 
-def test_emulated_bad_modes_are_refused(emu_modes):
-    case = TtsCase("bad", 1, 2, 3, 1, 64)
-    q, k, cos, sin, kw = mode_inputs(case, torch.bfloat16, "norm-fp32-table-eager", seed=61)
+def test_emulated_launcher_refuses_bad_calls(emu, emu_modes):
+    """An unsupported head dim (plain kernels), a table of no rows, one norm weight, a negative or NaN eps."""
+    q, k, cos, sin = make_tts_inputs(TtsCase("hd", 1, 2, 2, 1, 96))
+    assert emu_call(emu, q, k, cos, sin, torch.empty_like(q), torch.empty_like(k)) == 1
+    q, k, cos, sin, kw = mode_inputs(TtsCase("bad", 1, 2, 3, 1, 64), torch.bfloat16, "norm-fp32-table-eager", seed=61)
     outs = (torch.empty_like(q.contiguous()), torch.empty_like(k.contiguous()))
     assert emu_call(emu_modes, q, k, cos, sin, *outs, **kw) == 0
-    assert emu_call(emu_modes, q, k, cos, sin, *outs, **{**kw, "max_pos": 0}) == 1
-    assert emu_call(emu_modes, q, k, cos, sin, *outs, **{**kw, "k_weight": None}) == 1
-    assert emu_call(emu_modes, q, k, cos, sin, *outs, **{**kw, "eps": -1.0}) == 1
-    assert emu_call(emu_modes, q, k, cos, sin, *outs, **{**kw, "eps": float("nan")}) == 1
-
+    for bad in (dict(max_pos=0), dict(k_weight=None), dict(eps=-1.0), dict(eps=float("nan"))):
+        assert emu_call(emu_modes, q, k, cos, sin, *outs, **{**kw, **bad}) == 1, bad
 
 # ----------------------------------------------------------------------------------------------------------
 # 3. Registry and binding on this machine
@@ -579,8 +546,7 @@ def test_cuda_ext_finds_sources_and_names_builds_by_content(tmp_path, monkeypatc
 def test_cuda_ext_import_stays_light():
     code = ("import sys, torch, fusedrope; "
             "assert 'torch.utils.cpp_extension' not in sys.modules, 'cpp_extension imported at package import'")
-    env = dict(os.environ)
-    proc = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
@@ -681,8 +647,6 @@ def test_toolkit_root_sees_past_a_wrapper_nvcc(tmp_path, monkeypatch):
     /usr/local/bin/nvcc) the guess has no headers, and the build uses the first real toolkit instead."""
     from torch.utils import cpp_extension
 
-    from fusedrope import cuda_ext
-
     def toolkit(root):
         (root / "include").mkdir(parents=True)
         (root / "include" / "cuda_runtime.h").write_text("")
@@ -708,15 +672,6 @@ def test_toolkit_root_sees_past_a_wrapper_nvcc(tmp_path, monkeypatch):
     assert cuda_ext.toolkit_root() is None  # an explicit choice is not overridden
 
 
-def _padded_strides(shape, dim, pad):
-    """Row-major strides of ``shape`` [B, H, S, D] with ``pad`` extra elements after each index of ``dim``."""
-    _, H, S, D = shape
-    s2 = D + (pad if dim == 2 else 0)
-    s1 = S * s2 + (pad if dim == 1 else 0)
-    s0 = H * s1 + (pad if dim == 0 else 0)
-    return (s0, s1, s2, 1)
-
-
 @pytest.mark.parametrize("dim", [0, 1, 2], ids=["batch", "head", "seq"])
 @pytest.mark.parametrize("which", ["q_out", "k_out"])
 def test_emulated_output_strides_are_each_checked_for_the_vector_path(emu, which, dim):
@@ -724,15 +679,16 @@ def test_emulated_output_strides_are_each_checked_for_the_vector_path(emu, which
     aligned only, so the 16-byte path must be refused for that output alone, the 4-byte one serves, exactly,
     and nothing between the padded rows is written."""
     q, k, cos, sin = make_tts_inputs(TtsCase("os", 2, 4, 4, 2), seed=3, random_cos_sin=True, layout="contiguous")
-    outs = {}
+    outs = []
     for name, src in (("q_out", q), ("k_out", k)):
-        strides = _padded_strides(tuple(src.shape), dim, 4) if name == which else None
-        outs[name] = guarded_poison(src.shape, src.dtype, strides=strides, tail=64)
-    (q_out, qbuf), (k_out, kbuf) = outs["q_out"], outs["k_out"]
+        strides = [1]  # row-major; for `which`, 4 elements more after each index of `dim`
+        for d in (3, 2, 1):
+            strides.insert(0, strides[0] * src.shape[d] + (4 if name == which and d - 1 == dim else 0))
+        outs.append(guarded_poison(src.shape, src.dtype, strides=strides, tail=64))
+    (q_out, qbuf), (k_out, kbuf) = outs
     padded = q_out if which == "q_out" else k_out
     assert padded.stride(dim) % 8 == 4 and padded.stride(3) == 1
     assert emu_pick_vec(emu, q, k, cos, sin, q_out, k_out) == 2
     assert emu_call(emu, q, k, cos, sin, q_out, k_out) == 0
-    check_guards(qbuf, q_out)
-    check_guards(kbuf, k_out)
+    check_guards((qbuf, q_out), (kbuf, k_out))
     check(q_out, k_out, q, k, cos, sin)

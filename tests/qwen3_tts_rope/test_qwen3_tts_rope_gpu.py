@@ -42,12 +42,18 @@ def _synchronize():
     torch.cuda.synchronize()  # an asynchronous fault fails the test that caused it, not a later one
 
 
+def _guarded_outputs(q, k, offset=0):
+    """Poisoned outputs in guard bytes, ``offset`` elements off 16 bytes (0, 2 and 1 take the 16-, 4- and 2-byte
+    paths), and a function that counts the guard bytes written."""
+    (q_out, q_buf), (k_out, k_buf) = (guarded_poison(t.shape, t.dtype, DEV, lead=64 + offset) for t in (q, k))
+    return q_out, k_out, lambda: bytes_written_outside(q_buf, q_out) + bytes_written_outside(k_buf, k_out)
+
+
 def run_guarded(backend, q, k, cos, sin):
     """The backend on poisoned outputs inside poisoned guard bytes; the contract and untouched guards."""
-    (q_out, q_buf), (k_out, k_buf) = (guarded_poison(t.shape, t.dtype, t.device) for t in (q, k))
+    q_out, k_out, stray = _guarded_outputs(q, k)
     REGISTRY.select(validate(q, k, cos, sin), backend).run(q, k, cos, sin, q_out, k_out)
-    stray = bytes_written_outside(q_buf, q_out) + bytes_written_outside(k_buf, k_out)
-    assert stray == 0, f"{backend} wrote {stray} guard bytes"
+    assert stray() == 0, f"{backend} wrote {stray()} guard bytes"
     assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
 
 
@@ -108,12 +114,6 @@ def _raw(q, k, cos, sin, q_out, k_out, **kw):
     torch.ops.fusedrope_cuda.qwen3_tts_rope_out(q, k, cos, sin, q_out, k_out, **kw)
 
 
-def _guarded_outputs(q, k, offset):
-    """Poisoned outputs in guard bytes, ``offset`` elements off 16 bytes: 0, 2 and 1 take the 16-, 4- and 2-byte
-    paths."""
-    return [guarded_poison(t.shape, t.dtype, DEV, lead=64 + offset) for t in (q, k)]
-
-
 @needs_cuda_kernel
 @pytest.mark.parametrize("offset", [0, 2, 1], ids=["vec8", "vec2", "vec1"])
 @pytest.mark.parametrize("shape", [(3, 7, 2, 1, 128), (3, 17, 16, 8, 128), (2, 9, 30, 10, 128), (2, 5, 48, 16, 128),
@@ -123,9 +123,9 @@ def test_launch_shapes(shape, offset):
     """Every block shape the launcher makes (tests/qwen3_tts_rope/test_qwen3_tts_rope_cuda.py's LAUNCH_SHAPES)
     at every vector width, out of place and in place."""
     q, k, cos, sin = make_tts_inputs(TtsCase("shape", *shape), device=DEV, seed=11, random_cos_sin=True)
-    (q_out, q_buf), (k_out, k_buf) = _guarded_outputs(q, k, offset)
+    q_out, k_out, stray = _guarded_outputs(q, k, offset)
     _raw(q, k, cos, sin, q_out, k_out)
-    assert bytes_written_outside(q_buf, q_out) + bytes_written_outside(k_buf, k_out) == 0
+    assert stray() == 0
     assert_tts_rope_close(q_out, k_out, q, k, cos, sin)
     qi, ki = q.clone(), k.clone()
     _raw(qi, ki, cos, sin, qi, ki)
@@ -149,9 +149,9 @@ def test_launch_shapes_of_the_modes(mode, launch):
     q, k, cos, sin = (to_device_keeping_layout(t, DEV) for t in (q, k, cos, sin))
     kw = {n: t.to(DEV) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
     want = reference_of(q, k, cos, sin, kw)
-    (q_out, q_buf), (k_out, k_buf) = _guarded_outputs(q, k, launch["offset"])
+    q_out, k_out, stray = _guarded_outputs(q, k, launch["offset"])
     _raw(q, k, cos, sin, q_out, k_out, **kw, pdl=pdl)
-    assert bytes_written_outside(q_buf, q_out) + bytes_written_outside(k_buf, k_out) == 0
+    assert stray() == 0
     assert_matches_reference((q_out, k_out), want, "q_weight" in kw)
     qi, ki = q.clone(), k.clone()
     _raw(qi, ki, cos, sin, qi, ki, **kw, pdl=pdl)
@@ -218,7 +218,6 @@ def test_raw_op_rejects_bad_inputs_without_crashing(rejected, name):
     tests/inverse_rope_group_quant/test_inverse_rope_group_quant_gpu.py.)"""
     failure = reject_failure(rejected, name)
     assert not failure, failure
-
 
 
 # ------------------------------------------------------------------------------------------------------------
