@@ -223,7 +223,7 @@ def test_boundary_inputs_really_straddle_the_boundary():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_all_zero_blocks_get_the_floor_byte(backend):
-    """92 for e4m3fn, 93 for fnuz (test_all_zero_block_bytes_from_the_formula)."""
+    """92 for e4m3fn, 93 for fnuz (test_scale_bytes_from_the_formula_at_every_boundary)."""
     case = QuantCase(2, 4, 2, quant_group_size=32)
     o = torch.zeros(2, 4, 512, dtype=torch.bfloat16, device=DEVICE)
     o[1, 3, 7] = 1.0
@@ -256,25 +256,6 @@ def test_nan_and_inf_stay_in_their_block(backend, fp8_dtype):
     assert torch.equal(vals[~blocks], clean[0].view(torch.uint8).reshape(2, -1, 64)[~blocks])
     ref = reference(bad, pos, cos, sin, case, fp8_dtype=fp8_dtype)
     assert torch.equal(scale_bytes(ref[1]), scale_bytes(got[1]))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_out_of_range_positions_are_clamped(backend, monkeypatch):
-    case = QuantCase(4, 2, 1)
-    o, _, cos, sin = make_quant_inputs(case, device=DEVICE, seed=9, max_pos=32)
-    wild = torch.tensor([-5, 31, 32, 10**12], device=DEVICE)
-    tame = torch.tensor([0, 31, 31, 31], device=DEVICE)
-    got = run(backend, o, wild, cos, sin, case)
-    want = run(backend, o, tame, cos, sin, case)
-    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
-    assert torch.equal(scale_bytes(got[1]), scale_bytes(want[1]))
-    monkeypatch.setenv("FUSEDROPE_CHECK_POSITIONS", "1")
-    with pytest.raises(ValueError, match=r"argument 'positions' expected values in \[0, max_pos=32\), "
-                                         r"got positions\[0\]=-5 \(3 out of range\)"):
-        fusedrope.inverse_rope_group_quant(o, wild, cos, sin, 1, backend=backend, fp8_dtype=FP8_HERE)
-    with pytest.raises(ValueError, match=r"argument 'positions' expected values in \[0, max_pos=32\)"):
-        fusedrope.explain("inverse_rope_group_quant", o, wild, cos, sin, 1, backend=backend)  # as the call would
-    fusedrope.inverse_rope_group_quant(o, tame, cos, sin, 1, backend=backend, fp8_dtype=FP8_HERE)  # in range: fine
 
 
 @pytest.mark.parametrize("value, on", [("", False), ("0", False), ("false", False), ("OFF", False), ("No", False),
@@ -311,13 +292,13 @@ def test_position_check_reads_only_the_first_s_positions(backend, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_empty_and_single_token(backend):
-    for S in (0, 1):
-        case = QuantCase(S, 16, 2)
-        o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=10)
-        got = run(backend, o, pos, cos, sin, case, transpose_scale=True)
-        assert got[0].shape == (S, 2, 4096) and got[1].shape == (S, 2, 32)
-        assert_quant_close(*got, *reference(o, pos, cos, sin, case, True), rope_blocks(case), backend)
+def test_single_token(backend):
+    """(S = 0: test_empty_inputs_launch_nothing.)"""
+    case = QuantCase(1, 16, 2)
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=10)
+    got = run(backend, o, pos, cos, sin, case, transpose_scale=True)
+    assert got[0].shape == (1, 2, 4096) and got[1].shape == (1, 2, 32)
+    assert_quant_close(*got, *reference(o, pos, cos, sin, case, True), rope_blocks(case), backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -614,12 +595,13 @@ def test_buffers_made_inside_inference_mode(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_inputs_that_require_grad_give_outputs_that_refuse_backward(backend):
-    """No backend has a derivative: every one of them raises on backward instead of cutting the graph."""
+    """No backend has a derivative: every one of them raises on backward instead of cutting the graph; caller
+    buffers written from such inputs carry no history."""
     case = SHAPES[0]
     o, pos, cos, sin = make_quant_inputs(case, device=DEVICE)
+    want = reference(o, pos, cos, sin, case)
     o.requires_grad_()
     x, s = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend=backend, fp8_dtype=FP8_HERE)
-    want = reference(o.detach(), pos, cos, sin, case)
     assert torch.equal(x.view(torch.uint8), want[0].view(torch.uint8))
     assert x.requires_grad
     with pytest.raises(RuntimeError, match="no autograd formula"):
@@ -627,26 +609,10 @@ def test_inputs_that_require_grad_give_outputs_that_refuse_backward(backend):
     with torch.no_grad():  # the usual inference call: plain outputs
         assert not fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, backend=backend,
                                                       fp8_dtype=FP8_HERE)[0].requires_grad
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_buffers_written_from_inputs_that_require_grad_carry_no_history(backend):
-    o, pos, cos, sin = make_quant_inputs(SHAPES[0], device=DEVICE)
-    want = reference(o, pos, cos, sin, SHAPES[0])
     x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2, fp8_dtype=FP8_HERE)
-    fusedrope.inverse_rope_group_quant(o.requires_grad_(), pos, cos, sin, 2, 128, False, x_fp8, x_scale,
-                                       backend=backend)
+    fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, False, x_fp8, x_scale, backend=backend)
     assert not x_fp8.requires_grad and x_fp8.grad_fn is None and x_scale.grad_fn is None
     assert torch.equal(x_fp8.view(torch.uint8), want[0].view(torch.uint8))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_caller_buffers_get_a_new_version(backend):
-    o, pos, cos, sin = make_quant_inputs(SHAPES[0], device=DEVICE)
-    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2, fp8_dtype=FP8_HERE)
-    before = x_fp8._version, x_scale._version
-    fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, False, x_fp8, x_scale, backend=backend)
-    assert x_fp8._version > before[0] and x_scale._version > before[1]
 
 
 def test_num_groups_traced_as_symint():
@@ -695,17 +661,29 @@ def _quant_at_rows(o, rows, cos, sin, case, fp8_dtype=FP8_HERE):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("wild", [torch.tensor([-5, 31, 32, 10**12]),
                                   torch.tensor([-5, 31, 32, 2**31 - 1], dtype=torch.int32)], ids=["int64", "int32"])
-def test_clamping_lands_on_row_max_pos_minus_1(backend, wild):
-    """Out-of-range positions read row 0 / row max_pos-1 exactly, against rows written by hand: a backend and
-    the reference that both clamped to max_pos-2 would pass the same-backend comparison, not this one."""
+def test_clamping_lands_on_row_max_pos_minus_1(backend, wild, monkeypatch):
+    """Out-of-range positions read row 0 / row max_pos-1 exactly, against rows written by hand (a backend and
+    the reference that both clamped to max_pos-2 would pass a same-backend comparison), and give the bytes the
+    in-range positions give; FUSEDROPE_CHECK_POSITIONS=1 refuses them, explain() too."""
     case = QuantCase(4, 2, 1)
     o, _, cos, sin = make_quant_inputs(case, device=DEVICE, seed=31, max_pos=32)
     assert not torch.equal(cos[30], cos[31]) and not torch.equal(sin[30], sin[31])
-    got_fp8, got_scale = run(backend, o, wild.to(DEVICE), cos, sin, case)
+    wild, tame = wild.to(DEVICE), torch.tensor([0, 31, 31, 31], device=DEVICE)
+    got_fp8, got_scale = run(backend, o, wild, cos, sin, case)
     want = _quant_at_rows(o, [0, 31, 31, 31], cos, sin, case)
     with pytest.raises(AssertionError):  # the contract's tolerance still tells row 30 from row 31
         assert_quant_close(*_quant_at_rows(o, [0, 30, 30, 30], cos, sin, case), *want, rope_blocks(case))
     assert_quant_close(got_fp8, got_scale, *want, rope_blocks(case), backend)
+    same = run(backend, o, tame, cos, sin, case)
+    assert torch.equal(got_fp8.view(torch.uint8), same[0].view(torch.uint8))
+    assert torch.equal(scale_bytes(got_scale), scale_bytes(same[1]))
+    monkeypatch.setenv("FUSEDROPE_CHECK_POSITIONS", "1")
+    with pytest.raises(ValueError, match=r"argument 'positions' expected values in \[0, max_pos=32\), "
+                                         r"got positions\[0\]=-5 \(3 out of range\)"):
+        fusedrope.inverse_rope_group_quant(o, wild, cos, sin, 1, backend=backend, fp8_dtype=FP8_HERE)
+    with pytest.raises(ValueError, match=r"argument 'positions' expected values in \[0, max_pos=32\)"):
+        fusedrope.explain("inverse_rope_group_quant", o, wild, cos, sin, 1, backend=backend)  # as the call would
+    fusedrope.inverse_rope_group_quant(o, tame, cos, sin, 1, backend=backend, fp8_dtype=FP8_HERE)  # in range: fine
 
 
 def _fp32(v: float) -> float:
@@ -730,16 +708,10 @@ def test_scale_bytes_from_the_formula_at_every_boundary(fp8_max):
     t_bits = (amax.clamp_min(1e-8) * torch.tensor(1.0 / fp8_max)).view(torch.int32)
     if fp8_max == 240.0:  # the probes reach t = 1.5 * 2^k exactly (with 448 no fp32 amax lands on it)
         assert bool(((t_bits & 0x7FFFFF) == 0x400000).any())
+    assert 0.0 in amax.tolist() and _e8m0_byte(0.0, fp8_max) == {448.0: 92, 240.0: 93}[fp8_max]  # the floor's byte
     got = R.e8m0_scale_bytes(amax, fp8_max).tolist()
     want = [_e8m0_byte(a, fp8_max) for a in amax.tolist()]
     assert got == want, next((a, g, w) for a, g, w in zip(amax.tolist(), got, want) if g != w)
-
-
-def test_all_zero_block_bytes_from_the_formula():
-    assert _e8m0_byte(0.0, 448.0) == 92 and _e8m0_byte(0.0, 240.0) == 93
-    zero = torch.zeros(1)
-    for fp8_dtype, fp8_max in R.FP8_MAX.items():
-        assert int(R.e8m0_scale_bytes(zero, fp8_max)) == _e8m0_byte(0.0, fp8_max), fp8_dtype
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -774,6 +746,27 @@ def test_tiny_negatives_quantise_to_plus_zero_in_fnuz(backend, fp8_dtype, big):
 GUARD = 0xA5
 
 
+def run_guarded(backend, case, transpose_scale, scale_dtype, lead, seed, sc_strides=None):
+    """The backend into x_fp8 and x_scale views at offset ``lead`` inside guard bytes (x_scale's strides
+    ``sc_strides``, default the layout's): nothing written outside them, scale bits equal, fp8 to the contract."""
+    G, q = case.num_groups, case.quant_group_size
+    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=seed)
+    skip_unless_served(backend, validate(o, pos, cos, sin, G, q, transpose_scale, None, None,
+                                         QuantModes(FP8_HERE, scale_dtype))[0])
+    fp_shape, sc_shape = fusedrope.quant_output_shapes(*o.shape, G, q, scale_dtype)
+    sc_strides = tuple(sc_strides or scale_strides(sc_shape, "col" if transpose_scale else "row", scale_dtype))
+    x_fp8, fp_buf = guarded_poison(fp_shape, FP8_HERE, DEVICE, None, lead, byte=GUARD)
+    x_scale, sc_buf = guarded_poison(sc_shape, scale_dtype, DEVICE, sc_strides, lead, byte=GUARD)
+    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, G, q, transpose_scale, x_fp8, x_scale, backend=backend)
+    assert out[0] is x_fp8 and out[1] is x_scale and x_scale.stride() == sc_strides
+    for name, buf, view in (("x_fp8", fp_buf, x_fp8), ("x_scale", sc_buf, x_scale)):
+        stray = bytes_written_outside(buf, view, GUARD)
+        assert stray == 0, f"{backend} wrote {stray} {name} bytes outside the view"
+    ref = reference(o, pos, cos, sin, case, transpose_scale, scale_dtype=scale_dtype)
+    assert torch.equal(x_scale.contiguous().view(torch.uint8), ref[1].contiguous().view(torch.uint8))
+    assert_quant_close(x_fp8, x_scale, *ref, rope_blocks(case), backend)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case,lead", [(QuantCase(1, 8, 1), 16), (QuantCase(5, 16, 2, quant_group_size=32), 5),
                                        (QuantCase(5, 8, 1, quant_group_size=32), 64),
@@ -784,26 +777,7 @@ GUARD = 0xA5
 def test_outputs_inside_poisoned_buffers_write_nothing_outside(backend, case, lead, transpose_scale, scale_dtype):
     """x_fp8 and x_scale are views at an offset inside bigger buffers: every byte before, after and between
     the view's elements (the packed column-major layout's padding tokens) keeps its guard value."""
-    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=33)
-    facts = validate(o, pos, cos, sin, case.num_groups, case.quant_group_size, transpose_scale, None, None,
-                     QuantModes(FP8_HERE, scale_dtype))[0]
-    skip_unless_served(backend, facts)
-    fp_shape, sc_shape = fusedrope.quant_output_shapes(case.num_tokens, case.num_heads, case.head_dim,
-                                                       case.num_groups, case.quant_group_size, scale_dtype)
-    sc_strides = scale_strides(sc_shape, "col" if transpose_scale else "row", scale_dtype)
-    fp_strides = (fp_shape[1] * fp_shape[2], fp_shape[2], 1)
-    x_fp8, fp_buf = guarded_poison(fp_shape, FP8_HERE, DEVICE, fp_strides, lead, byte=GUARD)
-    x_scale, sc_buf = guarded_poison(sc_shape, scale_dtype, DEVICE, sc_strides, lead, byte=GUARD)
-    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, case.num_groups, case.quant_group_size,
-                                             transpose_scale, x_fp8, x_scale, backend=backend)
-    assert out[0] is x_fp8 and out[1] is x_scale
-    for name, buf, view in (("x_fp8", fp_buf, x_fp8), ("x_scale", sc_buf, x_scale)):
-        stray = bytes_written_outside(buf, view, GUARD)
-        assert stray == 0, f"{backend} wrote {stray} {name} bytes outside the view"
-    ref = reference(o, pos, cos, sin, case, transpose_scale, scale_dtype=scale_dtype)
-    assert torch.equal(x_scale.view(torch.uint8) if x_scale.element_size() == 1 else x_scale,
-                       ref[1].view(torch.uint8) if ref[1].element_size() == 1 else ref[1])
-    assert_quant_close(x_fp8, x_scale, *ref, rope_blocks(case), backend)
+    run_guarded(backend, case, transpose_scale, scale_dtype, lead, seed=33)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -819,19 +793,8 @@ def test_column_major_scales_with_padded_tokens(backend, scale_dtype, case):
     G, q = case.num_groups, case.quant_group_size
     if scale_dtype == torch.int32 and case.head_dim * case.num_heads // G // q % 4:
         pytest.skip("packed UE8M0 needs a multiple of 4 blocks per group")
-    o, pos, cos, sin = make_quant_inputs(case, device=DEVICE, seed=35)
-    facts = validate(o, pos, cos, sin, G, q, True, None, None, QuantModes(FP8_HERE, scale_dtype))[0]
-    skip_unless_served(backend, facts)
-    x_fp8, _ = fusedrope.empty_quant_outputs(o, G, q, True, fp8_dtype=FP8_HERE, scale_dtype=scale_dtype)
-    S, G, Ks = fusedrope.quant_output_shapes(*o.shape, G, q, scale_dtype)[1]
-    L = 11
-    x_scale, buf = guarded_poison((S, G, Ks), scale_dtype, DEVICE, (1, Ks * L, L), lead=3, byte=GUARD)
-    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, G, q, True, x_fp8, x_scale, backend=backend)
-    assert out[1] is x_scale and x_scale.stride() == (1, Ks * L, L)
-    assert bytes_written_outside(buf, x_scale, GUARD) == 0
-    ref = reference(o, pos, cos, sin, case, True, scale_dtype=scale_dtype)
-    assert torch.equal(x_scale.contiguous().view(torch.uint8), ref[1].contiguous().view(torch.uint8))
-    assert_quant_close(x_fp8, x_scale, *ref, rope_blocks(case), backend)
+    Ks, L = fusedrope.quant_output_shapes(case.num_tokens, case.num_heads, case.head_dim, G, q, scale_dtype)[1][2], 11
+    run_guarded(backend, case, True, scale_dtype, lead=3, seed=35, sc_strides=(1, Ks * L, L))
 
 
 def _no_launch(*args, **kwargs):
@@ -889,14 +852,14 @@ def test_out_op_declares_both_buffers_mutated():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-@pytest.mark.parametrize("which", ["x_fp8", "x_scale"])
+@pytest.mark.parametrize("which", [("x_fp8",), ("x_scale",), ("x_fp8", "x_scale")], ids="+".join)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_single_caller_buffer_gets_a_new_version(backend, which):
+def test_caller_buffers_get_a_new_version(backend, which):
     o, pos, cos, sin = make_quant_inputs(QuantCase(2, 16, 2), device=DEVICE, seed=22)
-    x_fp8, x_scale = fusedrope.empty_quant_outputs(o, 2, fp8_dtype=FP8_HERE)
-    buf = {"x_fp8": x_fp8, "x_scale": x_scale}[which]
-    before = buf._version
-    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, False, backend=backend,
-                                             fp8_dtype=FP8_HERE, **{which: buf})
-    assert out[0 if which == "x_fp8" else 1] is buf
-    assert buf._version > before
+    bufs = {k: v for k, v in zip(("x_fp8", "x_scale"), fusedrope.empty_quant_outputs(o, 2, fp8_dtype=FP8_HERE))
+            if k in which}
+    before = {k: b._version for k, b in bufs.items()}
+    out = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, 2, 128, False, backend=backend, fp8_dtype=FP8_HERE,
+                                             **bufs)
+    for k, b in bufs.items():
+        assert out[0 if k == "x_fp8" else 1] is b and b._version > before[k], k

@@ -4,6 +4,8 @@
 from the layout's own description (strides, the mfma_tile index map), from the row-major reference outputs,
 on each backend that serves it."""
 
+import itertools
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -147,24 +149,17 @@ def mfma_tile_reference(byte: torch.Tensor, quant_group_size: int) -> dict:
     other groups at (g, s // 32, k // 8, k % 4, s % 16, (k // 4) % 2, (s // 16) % 2) of [G, S_pad/32, Ks_pad/8,
     4, 16, 2, 2]."""
     S, G, Ks = byte.shape
-    k_align = 2 if quant_group_size == 128 else 8
-    s_pad, k_pad = -(-S // 32) * 32, -(-Ks // k_align) * k_align
-    if quant_group_size == 128:
-        dims = (G, s_pad // 32, k_pad // 2, 16, 2, 2)
-    else:
-        dims = (G, s_pad // 32, k_pad // 8, 4, 16, 2, 2)
+    g128 = quant_group_size == 128
+    s_pad, k_pad = -(-S // 32) * 32, -(-Ks // (2 if g128 else 8)) * (2 if g128 else 8)
+    dims = (G, s_pad // 32, k_pad // 2, 16, 2, 2) if g128 else (G, s_pad // 32, k_pad // 8, 4, 16, 2, 2)
     out = {}
-    for s in range(S):
-        for g in range(G):
-            for k in range(Ks):
-                if quant_group_size == 128:
-                    index = (g, s // 32, k // 2, s % 16, k % 2, (s // 16) % 2)
-                else:
-                    index = (g, s // 32, k // 8, k % 4, s % 16, (k // 4) % 2, (s // 16) % 2)
-                flat = 0
-                for i, n in zip(index, dims):
-                    flat = flat * n + i
-                out[flat] = int(byte[s, g, k])
+    for s, g, k in itertools.product(range(S), range(G), range(Ks)):
+        index = ((g, s // 32, k // 2, s % 16, k % 2, (s // 16) % 2) if g128
+                 else (g, s // 32, k // 8, k % 4, s % 16, (k // 4) % 2, (s // 16) % 2))
+        flat = 0
+        for i, n in zip(index, dims):
+            flat = flat * n + i
+        out[flat] = int(byte[s, g, k])
     return out
 
 

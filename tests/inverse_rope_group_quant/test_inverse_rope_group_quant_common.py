@@ -82,12 +82,20 @@ def test_packed_bf16_scaling_is_the_exact_product():
         assert torch.equal(got[~nan], want[~nan]) and bool((got[nan] & 0x7F80 == 0x7F80).all()), k
 
 
+def _kargs(lib, ptrs=(4096, 8192, 16384, 16384 + 128, 65536, 131072), **kw):
+    ints = dict(S=5, H=16, D=512, o_dtype=0, pos64=1, pos_stride=1, cache_dtype=2, cos_stride=64,
+                sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1, pdl=0, xs0=0, xs1=0,
+                mfma=0, rows=0, kernel=0)
+    ints.update(kw)
+    assert len(ints) == 23, "one value per irgq_test::params_from field"
+    out = (ctypes.c_longlong * 13)()
+    lib.irgq_host_kargs((ctypes.c_void_p * 6)(*ptrs), (ctypes.c_longlong * len(ints))(*ints.values()), out)
+    return list(out)
+
+
 def test_launcher_arguments():
     lib = harness()
-
-    def kargs(**kw):
-        return _kargs(lib, **kw)
-
+    kargs = lambda **kw: _kargs(lib, **kw)  # noqa: E731
     r = kargs()
     assert r[:8] == [0, 5 * 16 * 32, 16 * 32, 31 + 9, 8, 256, 64, 1], r
     assert r[8:10] == [1, 1]
@@ -110,17 +118,6 @@ def test_token_division_magic_numbers(seed):
     lib = harness()
     for heads in (1, 2, 3, 5, 7, 8, 12, 16, 24, 32, 61, 64, 100, 128, 1000, 4093):
         assert lib.irgq_host_fastdiv_mismatches(heads, 200_000, seed) == 0, heads
-
-
-def _kargs(lib, ptrs=(4096, 8192, 16384, 16384 + 128, 65536, 131072), **kw):
-    ints = dict(S=5, H=16, D=512, o_dtype=0, pos64=1, pos_stride=1, cache_dtype=2, cos_stride=64,
-                sin_stride=64, max_pos=100, rope=64, fnuz=1, G=2, q=128, f32=0, ss0=64, ss2=1, pdl=0, xs0=0, xs1=0,
-                mfma=0, rows=0, kernel=0)
-    ints.update(kw)
-    assert len(ints) == 23, "one value per irgq_test::params_from field"
-    out = (ctypes.c_longlong * 13)()
-    lib.irgq_host_kargs((ctypes.c_void_p * 6)(*ptrs), (ctypes.c_longlong * len(ints))(*ints.values()), out)
-    return list(out)
 
 
 def test_launcher_sin_alignment_and_the_largest_launch():

@@ -92,16 +92,10 @@ def _check_isa(arch: str, hw_fp8: bool) -> dict[str, str]:
         first_store = next(i for i, o in enumerate(ops) if o.startswith("global_store"))
         late = [o for o in ops[first_store:] if o.startswith("global_load")]
         assert not late, f"{arch} {name}: {len(late)} loads after the first store ({late[:3]})"
-        assert not [o for o in ops if o.startswith("scratch_")], f"{arch} {name}: scratch instructions"
-        assert not [o for o in ops if o.startswith("ds_")], f"{arch} {name}: LDS instructions (none intended)"
-        assert not [o for o in ops if o.startswith("flat_")], \
-            f"{arch} {name}: flat (not global) memory access"
-        cvt = ops.count("v_cvt_pk_fp8_f32")
-        if hw_fp8:
-            assert cvt >= 16, \
-                f"{arch} {name}: {cvt} v_cvt_pk_fp8_f32 (8 per 16-element chunk, 2 chunks per lane)"
-        else:
-            assert cvt == 0, f"{arch} {name}: unexpected v_cvt_pk_fp8_f32"
+        for prefix, what in (("scratch_", "scratch"), ("ds_", "LDS (none intended)"), ("flat_", "flat (not global)")):
+            assert not [o for o in ops if o.startswith(prefix)], f"{arch} {name}: {what} instructions"
+        cvt = ops.count("v_cvt_pk_fp8_f32")  # hardware fp8: 8 per 16-element chunk, 2 chunks per lane; else none
+        assert (cvt >= 16 if hw_fp8 else cvt == 0), f"{arch} {name}: {cvt} v_cvt_pk_fp8_f32"
         # The block reduction: log2(q/16) DPP steps per chunk, two chunks per lane; never a wave-wide pattern.
         steps = int(q // 16).bit_length() - 1
         for i, ctl in enumerate(DPP_STEPS):
@@ -135,21 +129,12 @@ def _check_notes(arch: str) -> None:
               f".private_segment_fixed_size {md['private_segment_fixed_size']}")
 
 
-def test_gfx942_isa():
-    _check_isa("gfx942", hw_fp8=True)
-
-
-def test_gfx942_code_object_notes_no_scratch():
-    _check_notes("gfx942")
-
-
-def test_gfx950_isa_and_notes():
-    _check_isa("gfx950", hw_fp8=True)  # skips with the compiler's reason where clang does not know gfx950
-    _check_notes("gfx950")
-
-
-def test_gfx90a_software_fp8_fallback_compiles():
-    _check_isa("gfx90a", hw_fp8=False)
+# gfx950 skips with the compiler's reason where clang does not know it; gfx90a: the software fp8 fallback compiles
+@pytest.mark.parametrize("arch,hw_fp8", [("gfx942", True), ("gfx950", True), ("gfx90a", False)])
+def test_isa_and_code_object_notes(arch, hw_fp8):
+    _check_isa(arch, hw_fp8)
+    if hw_fp8:
+        _check_notes(arch)
 
 
 def test_hw_conversion_is_guarded_by_arch_and_has_builtin():
