@@ -164,8 +164,6 @@ def diagnose(q, k, cos, sin, modes: Modes, traced=False) -> None:
         V.check_readable(OP, {"q": q, **named})
 
 
-
-
 def _check_inplace(q, k, cos, sin, more=None) -> None:
     """What in-place writes need beyond valid inputs (``more``: other inputs by name), as torch's ops demand."""
     if 0 in q.stride() or 0 in k.stride():
