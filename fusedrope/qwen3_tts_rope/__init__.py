@@ -334,27 +334,25 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
 def _call(q, k, cos, sin, modes: Optional[Modes], inplace, q_out, k_out, backend):
     """Both public functions past qwen3_tts_rope's hot path."""
     new = inplace is False and q_out is None and k_out is None
-    inputs = (q, k, cos, sin, *(modes or PLAIN).tensors().values())
-    grad = V.needs_grad(*inputs)
+    inputs = {"q": q, "k": k, "cos": cos, "sin": sin, **(modes or PLAIN).tensors()}
+    grad = V.needs_grad(*inputs.values())
     if not _is_compiling():
         if not new:
             return _run(q, k, cos, sin, inplace, q_out, k_out, backend, modes)
         out = _into_new_outputs(REGISTRY.select(validate(q, k, cos, sin, False, modes), backend), q, k, cos, sin,
                                 modes, not grad)
-        return V.NoDerivative.apply(OP, *out, *inputs) if grad else out
+        return V.NoDerivative.apply(OP, *out, *inputs.values()) if grad else out
     # Traced: the torch op, whose fake validates; storage overlap cannot be traced here, so the cheap checks
     # eager gives first come first.
     if inplace is not False and inplace is not True:
         V.check_bool(OP, "inplace", inplace)
     if inplace and q_out is None and k_out is None:
-        mine = {"q": q, "k": k, "cos": cos, "sin": sin, **(modes or PLAIN).tensors()}
-        V.refuse_grad(OP, "inplace=True has", mine, "use inplace=False")
+        V.refuse_grad(OP, "inplace=True has", inputs, "use inplace=False")
         q_out, k_out = q, k
     else:
         _check_call(q, k, cos, sin, inplace, q_out, k_out, modes, True)
         if new and grad:  # eager's V.NoDerivative, which Dynamo cannot trace: refused when traced
-            V.refuse_grad(OP, "torch.compile of this op has", {"q": q, "k": k, "cos": cos, "sin": sin},
-                          "detach the inputs")
+            V.refuse_grad(OP, "torch.compile of this op has", inputs, "detach the inputs")
         q_out = _new_out(q) if q_out is None else q_out
         k_out = _new_out(k) if k_out is None else k_out
     # plain calls pass no modes: a float eps in a dynamic graph restarts tracing

@@ -380,6 +380,11 @@ def test_traced_call_of_inputs_that_require_grad_is_refused():
     step = torch.compile(lambda q: fusedrope.qwen3_tts_rope(q, k, cos, sin, backend="reference"), fullgraph=True)
     with pytest.raises(RuntimeError, match="torch.compile of this op has no autograd formula, and argument 'q'"):
         step(q.clone().requires_grad_())
+    w = torch.nn.Parameter(torch.ones(q.shape[3], dtype=q.dtype, device=DEVICE))  # the model's q_norm.weight
+    norm = torch.compile(lambda q: fusedrope.qwen3_tts_qk_norm_rope(q, k, w, w.detach(), cos, sin, backend="reference"),
+                         fullgraph=True)
+    with pytest.raises(RuntimeError, match="no autograd formula, and argument 'q_norm_weight' requires grad"):
+        norm(q)
 
 
 def test_oracle_is_exact_where_fp32_is_not():
