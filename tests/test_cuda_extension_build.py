@@ -27,9 +27,9 @@ q = torch.randn(1, 2, 3, 8, dtype=torch.bfloat16); c = torch.randn(1, 3, 8, dtyp
 key, q_out, k_out = fast_checks.checks.qwen3_tts_rope(Facts, q, q[:, :1], c, c)  # the checks came with the build
 names = ("qwen3_tts_rope", "qwen3_tts_rope_out", "inverse_rope_group_quant_out")
 ops = {n: str(getattr(torch.ops.fusedrope_cuda, n).default._schema) for n in names}
+fields = {f: str(v) for f, v in key._asdict().items()}
 print(json.dumps({"path": path, "torch": torch.__version__, "cuda": torch.version.cuda, "ops": ops,
-                  "checks": [str(fast_checks.library_path()), type(key).__name__, {f: str(v) for f, v in key._asdict().items()},
-                             list(k_out.shape)]}))
+                  "checks": [str(fast_checks.library_path()), type(key).__name__, fields, list(k_out.shape)]}))
 """
 
 
