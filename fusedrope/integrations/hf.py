@@ -130,7 +130,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, *, 
 QWEN3_NORMS = ("Qwen3RMSNorm", "Qwen3TTSRMSNorm")
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("fusedrope_hf_call", default=None)
 _LOCK = threading.Lock()
-_MODULE_PATCHES: dict = {}  # modeling module name -> [its own apply_rotary_pos_emb, how many blocks use it]
+_MODULE_PATCHES: dict = {}  # (modeling module name, rope function name) -> [its own function, how many blocks use it]
+# The modeling files' RoPE functions a patched block's forward may call: the plain one, and qwen-tts's talker's.
+_ROPES = ("apply_rotary_pos_emb", "apply_multimodal_rotary_pos_emb")
 _SAVED = "_fusedrope_saved_forward"  # on a patched module: its own instance forward (None: its class's)
 _MARK = "_fusedrope_patch"  # on a patched attention block: its _Mark
 
@@ -149,18 +151,18 @@ def _eps(norm) -> float:
 
 
 def _modeling_module(m: torch.nn.Module):
-    """The module that defines ``m``'s forward, if that forward calls the module's ``apply_rotary_pos_emb`` (not, e.g.,
-    qwen-tts's talker blocks, whose forward calls ``apply_multimodal_rotary_pos_emb`` after the same norms)."""
+    """``(module, name)``: the module that defines ``m``'s forward and the RoPE function of :data:`_ROPES` that
+    the forward calls from it (``apply_multimodal_rotary_pos_emb`` for qwen-tts's talker blocks); else None."""
     forward = inspect.unwrap(type(m).forward)  # transformers wraps forwards (kernel hooks, kwarg deprecations)
     module = sys.modules.get(getattr(forward, "__module__", None) or type(m).__module__)
-    calls = "apply_rotary_pos_emb" in getattr(getattr(forward, "__code__", None), "co_names", ())
-    return module if calls and callable(getattr(module, "apply_rotary_pos_emb", None)) else None
+    names = getattr(getattr(forward, "__code__", None), "co_names", ())
+    name = next((n for n in _ROPES if n in names and callable(getattr(module, n, None))), None)
+    return None if name is None else (module, name)
 
 
 def _patchable(m: torch.nn.Module):
     """The modeling module of an attention block fusedrope can patch: ``q_norm`` and ``k_norm`` Qwen3 RMSNorms
-    (:data:`QWEN3_NORMS`) over the head dim, and a forward that calls its module's apply_rotary_pos_emb; else
-    None."""
+    (:data:`QWEN3_NORMS`) over the head dim, and a forward that calls its module's RoPE function; else None."""
     norms = [getattr(m, n, None) for n in ("q_norm", "k_norm")]
     if not all(type(n).__name__ in QWEN3_NORMS and isinstance(getattr(n, "weight", None), torch.Tensor)
                and n.weight.dim() == 1 for n in norms) or norms[0].weight.shape != norms[1].weight.shape:
@@ -173,26 +175,27 @@ def _is_ours(m: torch.nn.Module) -> bool:
 
 
 class _Mark:
-    """A patched block's backend and modeling module, whose ``apply_rotary_pos_emb`` stays patched while a block
+    """A patched block's backend and modeling module, whose RoPE function stays patched while a block
     holds a mark. A deep copy of the block (``copy.deepcopy(model)``) is patched as well, and holds a mark of its
     own: it runs fused after the original's patch is removed, until ``Patch.of(copy).remove()``."""
 
-    def __init__(self, module, backend: str):  # under _LOCK
+    def __init__(self, found: tuple, backend: str):  # under _LOCK; found: _modeling_module's (module, name)
+        module, self.name = found
         self.module, self.backend = module.__name__, backend
-        entry = _MODULE_PATCHES.setdefault(self.module, [module.apply_rotary_pos_emb, 0])
+        entry = _MODULE_PATCHES.setdefault((self.module, self.name), [getattr(module, self.name), 0])
         entry[1] += 1
-        module.apply_rotary_pos_emb = _fused_rope(entry[0])
+        setattr(module, self.name, (_fused_mrope if self.name == _ROPES[1] else _fused_rope)(entry[0]))
 
     def __deepcopy__(self, memo) -> "_Mark":
         with _LOCK:
-            return _Mark(sys.modules[self.module], self.backend)
+            return _Mark((sys.modules[self.module], self.name), self.backend)
 
     def release(self) -> None:  # under _LOCK
-        entry = _MODULE_PATCHES[self.module]
+        entry = _MODULE_PATCHES[(self.module, self.name)]
         entry[1] -= 1
         if entry[1] == 0:
-            sys.modules[self.module].apply_rotary_pos_emb = entry[0]
-            del _MODULE_PATCHES[self.module]
+            setattr(sys.modules[self.module], self.name, entry[0])
+            del _MODULE_PATCHES[(self.module, self.name)]
 
 
 class Patch:
@@ -232,11 +235,13 @@ def patch_qk_norm_rope(model: torch.nn.Module, *, backend: str = "auto") -> Patc
     """Make every attention block of ``model`` run its ``q_norm``, ``k_norm`` and RoPE as one
     :func:`fusedrope.qwen3_tts_qk_norm_rope` launch, with the model's numerics.
 
-    Serves blocks written as transformers' ``Qwen3Attention`` and qwen-tts's ``Qwen3TTSAttention`` are: ``q_norm``
-    and ``k_norm`` Qwen3 RMSNorms over the head dim (:data:`QWEN3_NORMS`) applied to the projections, then the
-    modeling file's ``apply_rotary_pos_emb``; blocks that rotate otherwise after such norms (qwen-tts's talker, with
-    its multimodal RoPE) are left as they are, so a whole Qwen3-TTS model takes one call and its code predictor's
-    blocks are fused. Inside a patched block's forward, the norms pass their input
+    Serves blocks written as transformers' ``Qwen3Attention`` and qwen-tts's ``Qwen3TTSAttention`` and
+    ``Qwen3TTSTalkerAttention`` are: ``q_norm`` and ``k_norm`` Qwen3 RMSNorms over the head dim
+    (:data:`QWEN3_NORMS`) applied to the projections, then the modeling file's ``apply_rotary_pos_emb`` or, in
+    qwen-tts's talker, ``apply_multimodal_rotary_pos_emb``: a whole Qwen3-TTS model takes one call. The talker's
+    cos/sin ``[3, B, S, D]`` are reduced to the ``[B, S, D]`` rows its ``mrope_section`` picks (a copy of
+    ``B*S*D`` elements, as the model makes) before the fused launch. Inside a patched block's forward, the norms
+    pass their input
     through and that function applies them, fused with the RoPE; everywhere else both behave as before. Where
     fusedrope cannot serve a call (other shapes, mixed dtypes or devices, autograd) and under ``torch.compile``
     the block's own modules run. The numerics are the model's (NaN: NaN out, its sign and payload not
@@ -305,7 +310,7 @@ def _attention_forward(self, *args, **kwargs):
         _ACTIVE.reset(token)
     if call.deferred:  # a norm passed its input through and no RoPE applied it: this forward's result is wrong
         raise RuntimeError(f"patch_qk_norm_rope: {type(self).__name__}.forward applied {sorted(call.deferred)} "
-                           f"norm(s) without calling apply_rotary_pos_emb; remove the patch for this model "
+                           f"norm(s) without calling its RoPE function; remove the patch for this model "
                            f"(fusedrope.integrations.hf.Patch.of(model).remove())")
     return out
 
@@ -320,17 +325,62 @@ def _norm_forward(self, x):
     return _own(self, x)
 
 
+def _norm_rope(call, q, k, cos, sin, unsqueeze_dim):
+    """The deferred norms and the RoPE of a patched block as one launch, or None where fusedrope cannot serve it."""
+    call.deferred = set()
+    attn = call.attn
+    qw, kw, eps = attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm)
+    if (cos is not None and unsqueeze_dim == 1 and eps == _eps(attn.k_norm)
+            and _servable(q, k, cos, sin, 1, Modes(None, "eager", qw, kw, eps))):
+        return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=attn.__dict__[_MARK].backend)
+    return None
+
+
 def _fused_rope(original):
     def fused_apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         call = None if torch.compiler.is_compiling() else _ACTIVE.get()
         if call is None or call.deferred != {"q", "k"}:
             return original(q, k, cos, sin, *args, **kwargs)
-        call.deferred = set()
-        attn = call.attn
-        qw, kw, eps = attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm)
-        if (_unsqueeze_dim(args, kwargs) == 1 and eps == _eps(attn.k_norm)
-                and _servable(q, k, cos, sin, 1, Modes(None, "eager", qw, kw, eps))):
-            return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=attn.__dict__[_MARK].backend)
-        # the block's own norms (over the last dim, which the transpose left in place), then its own RoPE
-        return original(_own(attn.q_norm, q), _own(attn.k_norm, k), cos, sin, *args, **kwargs)
+        out = _norm_rope(call, q, k, cos, sin, _unsqueeze_dim(args, kwargs))
+        # else the block's own norms (over the last dim, which the transpose left in place), then its own RoPE
+        return out or original(_own(call.attn.q_norm, q), _own(call.attn.k_norm, k), cos, sin, *args, **kwargs)
     return fused_apply_rotary_pos_emb
+
+
+def _multimodal_rows(cos, sin, mrope_section, mrope_interleaved=False):
+    """The ``[B, S, D]`` cos/sin rows that qwen-tts's ``apply_multimodal_rotary_pos_emb`` applies, from its
+    ``[3, B, S, D]`` planes (temporal, height, width), or ``(None, None)`` for other arguments.
+
+    With ``mrope_section = (t, h, w)``, ``t + h + w = D/2``: contiguous sections give channel ``c`` (and ``c + D/2``)
+    the plane of the section ``c`` falls in, ``[0, t)`` temporal, ``[t, t+h)`` height, the rest width, both halves
+    read. Interleaved ones give channel ``c < D/2`` plane 1 where ``c % 3 == 1`` and ``c < 3h``, plane 2 where
+    ``c % 3 == 2`` and ``c < 3w``, else plane 0, and the second half repeats the first half's values."""
+    if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dim() == 4
+            and cos.shape[0] == 3 and sin.shape == cos.shape and cos.shape[-1] % 2 == 0):
+        return None, None
+    half = cos.shape[-1] // 2
+    section = list(mrope_section) if isinstance(mrope_section, (list, tuple)) else []
+    if len(section) != 3 or not all(type(n) is int and n >= 0 for n in section) or sum(section) != half:
+        return None, None
+    c = torch.arange(half)
+    if mrope_interleaved:
+        plane = torch.where(c < 3 * torch.tensor(section)[c % 3], c % 3, 0)
+        plane, column = plane.repeat(2), c.repeat(2)
+    else:
+        plane = (c >= section[0]).long() + (c >= section[0] + section[1]).long()
+        plane, column = plane.repeat(2), torch.arange(2 * half)
+    plane, column = plane.to(cos.device), column.to(cos.device)
+    # advanced indices around two slices put the channel dim first: [D, B, S]
+    return tuple(t[plane, :, :, column].permute(1, 2, 0).contiguous() for t in (cos, sin))
+
+
+def _fused_mrope(original):
+    def fused_apply_multimodal_rotary_pos_emb(q, k, cos, sin, mrope_section, mrope_interleaved=False,
+                                              unsqueeze_dim=1):
+        call = None if torch.compiler.is_compiling() else _ACTIVE.get()
+        if call is None or call.deferred != {"q", "k"}:
+            return original(q, k, cos, sin, mrope_section, mrope_interleaved, unsqueeze_dim)
+        out = _norm_rope(call, q, k, *_multimodal_rows(cos, sin, mrope_section, mrope_interleaved), unsqueeze_dim)
+        return out or original(_own(call.attn.q_norm, q), _own(call.attn.k_norm, k), cos, sin, mrope_section,
+                               mrope_interleaved, unsqueeze_dim)
+    return fused_apply_multimodal_rotary_pos_emb

@@ -1,7 +1,7 @@
 """fusedrope.integrations.hf against qwen-tts's own code, the package on PyPI (``make test`` and ``.ci/run``
 install it without its dependencies): its ``apply_rotary_pos_emb`` and ``Qwen3TTSRMSNorm``, the code predictor's
 attention block built from its own config class with and without ``patch_qk_norm_rope``, and the talker's block
-(multimodal RoPE after the same norms), which the patch must leave alone.
+(multimodal RoPE after the same norms), both patched by one call.
 
 The definitions are read from the installed modeling file and run as a module of their own: importing the
 package would pull in librosa, gradio, onnxruntime and a pinned transformers, none of which these blocks use.
@@ -118,13 +118,27 @@ def _code_predictor_block(qwen_tts, dtype):
     return attn.to(DEVICE, dtype).eval()
 
 
-def _talker_block(qwen_tts, dtype):
+def _talker_block(qwen_tts, dtype, interleaved=False):
+    """The talker's attention block (Qwen3TTSTalkerAttention: the same norms, then multimodal RoPE), norms not the
+    identity; its sections as Qwen3-TTS's talker config gives them for head_dim 128, scaled to 64."""
     config = types.SimpleNamespace(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                                    attention_bias=False, attention_dropout=0.0, rms_norm_eps=1e-6,
-                                   rope_scaling={"mrope_section": [8, 12, 12], "interleaved": False},
+                                   rope_scaling={"mrope_section": [8, 12, 12], "interleaved": interleaved},
                                    _attn_implementation="eager")
     torch.manual_seed(6)
-    return qwen_tts.modeling.Qwen3TTSTalkerAttention(config, layer_idx=0).to(DEVICE, dtype).eval()
+    attn = qwen_tts.modeling.Qwen3TTSTalkerAttention(config, layer_idx=0)
+    with torch.no_grad():
+        for norm in (attn.q_norm, attn.k_norm):
+            norm.weight.copy_(1 + 0.3 * torch.randn(64))
+    return attn.to(DEVICE, dtype).eval()
+
+
+def _planes(S, D, dtype):
+    """cos/sin ``[3, 2, S, D]``: temporal, height and width planes at different positions, per batch row."""
+    cos, sin = _cos_sin(S + 16, D, dtype)
+    starts = ((0, 5), (3, 11), (7, 2))  # (batch 0, batch 1) per plane
+    pick = lambda t: torch.stack([torch.cat([t[:, a:a + S] for a in row]) for row in starts])  # noqa: E731
+    return pick(cos), pick(sin)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -155,20 +169,60 @@ def test_patched_code_predictor_block_gives_the_models_output(qwen_tts, backend)
         torch.testing.assert_close(got, want, rtol=2 ** -7, atol=2 ** -7)
 
 
-def test_patch_leaves_the_talkers_multimodal_rope_blocks_alone(qwen_tts):
-    """A model with both kinds of block: one call patches the code predictor's, and the talker's (whose forward
-    applies its norms, then apply_multimodal_rotary_pos_emb) keeps running its own code."""
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_patched_talker_and_code_predictor_give_the_models_outputs(qwen_tts, backend, interleaved):
+    """A model with both kinds of block: one call patches both, the talker's (apply_multimodal_rotary_pos_emb after
+    its norms) fused on the rows its sections pick; unpatching restores the model's own code."""
     dtype = torch.bfloat16
-    model = torch.nn.ModuleDict({"talker": _talker_block(qwen_tts, dtype),
+    model = torch.nn.ModuleDict({"talker": _talker_block(qwen_tts, dtype, interleaved),
                                  "code_predictor": _code_predictor_block(qwen_tts, dtype)})
-    hidden = _randn(1, 6, 256, dtype=dtype, seed=8)
+    hidden = _randn(2, 6, 256, dtype=dtype, seed=8)
     cos, sin = _cos_sin(6, 64, dtype)
-    mcos, msin = cos[None].expand(3, -1, -1, -1), sin[None].expand(3, -1, -1, -1)  # [3, B, S, D]: t, h, w
+    mcos, msin = _planes(6, 64, dtype)
+    models_rope = qwen_tts.modeling.apply_multimodal_rotary_pos_emb
+    runs = lambda: (model["talker"](hidden, (mcos, msin), None)[0],  # noqa: E731
+                    model["code_predictor"](hidden, (cos, sin), None)[0])
+    calls = []
+    real = fusedrope.qwen3_tts_rope.__globals__["_into_new_outputs"]
     with torch.no_grad():
-        want = model["talker"](hidden, (mcos, msin), None)[0], model["code_predictor"](hidden, (cos, sin), None)[0]
-        with hf.patch_qk_norm_rope(model, backend="reference") as patch:
-            assert patch.blocks == [model["code_predictor"]]
-            got = model["talker"](hidden, (mcos, msin), None)[0], model["code_predictor"](hidden, (cos, sin), None)[0]
-    assert all(torch.equal(g, w) for g, w in zip(got, want))
-    with pytest.raises(ValueError, match="expected a module with attention blocks"):
-        hf.patch_qk_norm_rope(model["talker"])
+        want = runs()
+        with hf.patch_qk_norm_rope(model, backend=backend) as patch:
+            assert patch.blocks == [model["talker"], model["code_predictor"]]
+            assert qwen_tts.modeling.apply_multimodal_rotary_pos_emb is not models_rope
+            fused = fusedrope.qwen3_tts_rope.__globals__
+            fused["_into_new_outputs"] = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+            try:
+                got = runs()
+            finally:
+                fused["_into_new_outputs"] = real
+        again = runs()
+    assert calls == [1, 1]  # one fused call per block
+    assert qwen_tts.modeling.apply_multimodal_rotary_pos_emb is models_rope
+    assert all(torch.equal(a, w) for a, w in zip(again, want))
+    for g, w in zip(got, want):
+        if backend == "reference":
+            assert torch.equal(g, w)
+        else:  # a norm's variance summed in another order may move an element by one rounding step
+            torch.testing.assert_close(g, w, rtol=2 ** -7, atol=2 ** -7)
+
+
+@pytest.mark.parametrize("section", [[8, 12, 12], [12, 12, 8]], ids=str)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_multimodal_rows_are_what_the_model_applies(qwen_tts, interleaved, section):
+    """The rows the patch fuses on, against qwen-tts's function applied to unit q/k (x * cos + rotate_half(x) *
+    sin of a one-hot x reads out cos and sin channel by channel, exactly); wrong sections are not served."""
+    D = 64
+    mcos, msin = _planes(5, D, torch.float32)
+    cos, sin = hf._multimodal_rows(mcos, msin, section, interleaved)
+    eye = torch.eye(D, dtype=torch.float32, device=DEVICE)[None, :, None].expand(2, D, 5, D)  # head = channel
+    q_embed, _ = qwen_tts.modeling.apply_multimodal_rotary_pos_emb(eye, eye, mcos, msin, section, interleaved)
+    h = D // 2
+    c = torch.arange(D)
+    partner = (c + h) % D  # one-hot in channel j gives out[j] = cos[j] and out[partner] = -/+ sin[partner]
+    assert torch.equal(q_embed[:, c, :, c].permute(1, 2, 0), cos)
+    sign = torch.where(c < h, 1.0, -1.0).to(DEVICE)  # out[j + h] = +x[j] * sin, out[j - h] = -x[j] * sin
+    assert torch.equal(q_embed[:, c, :, partner].permute(1, 2, 0) * sign[None, None], sin[..., partner])
+    for bad in ([8, 12], [8, 12, 13], [8.0, 12, 12], None):
+        assert hf._multimodal_rows(mcos, msin, bad, interleaved) == (None, None)
+    assert hf._multimodal_rows(mcos[:2], msin[:2], section, interleaved) == (None, None)
