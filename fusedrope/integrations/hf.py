@@ -310,7 +310,7 @@ def _attention_forward(self, *args, **kwargs):
         _ACTIVE.reset(token)
     if call.deferred:  # a norm passed its input through and no RoPE applied it: this forward's result is wrong
         raise RuntimeError(f"patch_qk_norm_rope: {type(self).__name__}.forward applied {sorted(call.deferred)} "
-                           f"norm(s) without calling its RoPE function; remove the patch for this model "
+                           f"norm(s) without calling {self.__dict__[_MARK].name}; remove the patch for this model "
                            f"(fusedrope.integrations.hf.Patch.of(model).remove())")
     return out
 
