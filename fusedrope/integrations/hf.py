@@ -241,11 +241,11 @@ def patch_qk_norm_rope(model: torch.nn.Module, *, backend: str = "auto") -> Patc
     qwen-tts's talker, ``apply_multimodal_rotary_pos_emb``: a whole Qwen3-TTS model takes one call. The talker's
     cos/sin ``[3, B, S, D]`` are reduced to the ``[B, S, D]`` rows its ``mrope_section`` picks (a copy of
     ``B*S*D`` elements, as the model makes) before the fused launch. Inside a patched block's forward, the norms
-    pass their input
-    through and that function applies them, fused with the RoPE; everywhere else both behave as before. Where
-    fusedrope cannot serve a call (other shapes, mixed dtypes or devices, autograd) and under ``torch.compile``
-    the block's own modules run. The numerics are the model's (NaN: NaN out, its sign and payload not
-    guaranteed). A deep copy of the model made while patched is patched too, until ``Patch.of(copy).remove()``.
+    pass their input through and that function applies them, fused with the RoPE; everywhere else both behave as
+    before. Where fusedrope cannot serve a call (other shapes, mixed dtypes or devices, autograd) and under
+    ``torch.compile`` the block's own modules run. The numerics are the model's (NaN: NaN out, its sign and
+    payload not guaranteed). A deep copy of the model made while patched is patched too, until
+    ``Patch.of(copy).remove()``.
 
     Parameters
     ----------
