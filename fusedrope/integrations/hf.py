@@ -13,6 +13,7 @@ ops have no derivative; negative views, torch.func transforms), the model's own 
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import sys
 import threading
@@ -161,8 +162,9 @@ def _modeling_module(m: torch.nn.Module):
 
 
 def _patchable(m: torch.nn.Module):
-    """The modeling module of an attention block fusedrope can patch: ``q_norm`` and ``k_norm`` Qwen3 RMSNorms
-    (:data:`QWEN3_NORMS`) over the head dim, and a forward that calls its module's RoPE function; else None."""
+    """:func:`_modeling_module`'s ``(module, name)`` for an attention block fusedrope can patch: ``q_norm`` and
+    ``k_norm`` Qwen3 RMSNorms (:data:`QWEN3_NORMS`) over the head dim, and a forward that calls its module's RoPE
+    function; else None."""
     norms = [getattr(m, n, None) for n in ("q_norm", "k_norm")]
     if not all(type(n).__name__ in QWEN3_NORMS and isinstance(getattr(n, "weight", None), torch.Tensor)
                and n.weight.dim() == 1 for n in norms) or norms[0].weight.shape != norms[1].weight.shape:
@@ -362,16 +364,21 @@ def _multimodal_rows(cos, sin, mrope_section, mrope_interleaved=False):
     section = list(mrope_section) if isinstance(mrope_section, (list, tuple)) else []
     if len(section) != 3 or not all(type(n) is int and n >= 0 for n in section) or sum(section) != half:
         return None, None
-    c = torch.arange(half)
-    if mrope_interleaved:
-        plane = torch.where(c < 3 * torch.tensor(section)[c % 3], c % 3, 0)
-        plane, column = plane.repeat(2), c.repeat(2)
-    else:
-        plane = (c >= section[0]).long() + (c >= section[0] + section[1]).long()
-        plane, column = plane.repeat(2), torch.arange(2 * half)
-    plane, column = plane.to(cos.device), column.to(cos.device)
+    plane, column = _plane_and_column(tuple(section), bool(mrope_interleaved), half, cos.device)
     # advanced indices around two slices put the channel dim first: [D, B, S]
     return tuple(t[plane, :, :, column].permute(1, 2, 0).contiguous() for t in (cos, sin))
+
+
+@functools.lru_cache(maxsize=64)
+def _plane_and_column(section: tuple, interleaved: bool, half: int, device: torch.device) -> tuple:
+    """Per channel of ``D = 2 * half``, the plane and the column :func:`_multimodal_rows` reads: built once per
+    model configuration and device, not in every forward."""
+    c = torch.arange(half)
+    if interleaved:
+        plane, column = torch.where(c < 3 * torch.tensor(section)[c % 3], c % 3, 0), c.repeat(2)
+    else:
+        plane, column = (c >= section[0]).long() + (c >= section[0] + section[1]).long(), torch.arange(2 * half)
+    return plane.repeat(2).to(device), column.to(device)
 
 
 def _fused_mrope(original):

@@ -120,7 +120,7 @@ def _code_predictor_block(qwen_tts, dtype):
 
 def _talker_block(qwen_tts, dtype, interleaved=False):
     """The talker's attention block (Qwen3TTSTalkerAttention: the same norms, then multimodal RoPE), norms not the
-    identity; its sections as Qwen3-TTS's talker config gives them for head_dim 128, scaled to 64."""
+    identity."""
     config = types.SimpleNamespace(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                                    attention_bias=False, attention_dropout=0.0, rms_norm_eps=1e-6,
                                    rope_scaling={"mrope_section": [8, 12, 12], "interleaved": interleaved},
