@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import torch
 
-from .inverse_rope_group_quant.reference import (AMAX_FLOOR, E8M0_NAN, FP8_MAX, clamp_positions, e8m0_scale_bytes,
-                                                 e8m0_to_float, group_quant_e8m0, inverse_rope_group_quant,
-                                                 inverse_rope_tail, mfma_tile_offsets, mfma_tile_shape, pack_ue8m0,
-                                                 store_scale)
+from .inverse_rope_group_quant.reference import (AMAX_FLOOR, E8M0_NAN, FP8_MAX, FP32_AMAX_FLOOR, clamp_positions,
+                                                 e8m0_scale_bytes, e8m0_to_float, group_quant_e8m0, group_quant_fp32,
+                                                 inverse_rope_group_quant, inverse_rope_tail, mfma_tile_offsets,
+                                                 mfma_tile_shape, n32k4_offsets, n32k4_shape, pack_ue8m0, store_scale)
 from .qwen3_tts_rope.reference import check_shapes, neox_rope, qwen3_tts_rope, rms_norm, rotate_half, rows_of
 
 __all__ = [
     "rotate_half", "neox_rope", "rms_norm", "rows_of", "qwen3_tts_rope", "qwen3_tts_rope_oracle",
-    "FP8_MAX", "AMAX_FLOOR", "E8M0_NAN", "clamp_positions", "inverse_rope_tail", "e8m0_scale_bytes",
-    "e8m0_to_float", "group_quant_e8m0", "pack_ue8m0", "mfma_tile_shape", "mfma_tile_offsets", "store_scale",
+    "FP8_MAX", "AMAX_FLOOR", "FP32_AMAX_FLOOR", "E8M0_NAN", "clamp_positions", "inverse_rope_tail",
+    "e8m0_scale_bytes", "e8m0_to_float", "group_quant_e8m0", "group_quant_fp32", "pack_ue8m0", "mfma_tile_shape",
+    "mfma_tile_offsets", "n32k4_shape", "n32k4_offsets", "store_scale",
     "inverse_rope_group_quant", "inverse_rope_oracle",
 ]
 

@@ -153,7 +153,7 @@ def quant_bad(**change):
                 transpose_scale=False, x_fp8=None, x_scale=None)
     kw = {}
     for n, v in change.items():
-        if n in ("fp8_dtype", "scale_dtype", "scale_layout", "quantize", "enable_pdl"):
+        if n in ("fp8_dtype", "scale_dtype", "scale_layout", "quantize", "enable_pdl", "scale_format"):
             kw[n] = v
         else:
             args[n] = v(args) if callable(v) else v
@@ -219,7 +219,28 @@ QUANT_CASES = {
                   x_scale=lambda a: _bufs()(a)[1]), ValueError,
         "argument 'x_fp8' expected rows of Dg=1024 contiguous and apart (row-major, group-major (Dg, S*Dg, 1), or padded rows), got strides (1024, 512, 1)"),
     "scale_layout unknown": (quant_bad(scale_layout="tiles"), ValueError,
-                             "argument 'scale_layout' expected None or one of ('row', 'col', 'mfma_tile'), got 'tiles'"),
+                             "argument 'scale_layout' expected None or one of ('row', 'col', 'mfma_tile', 'n32k4'), got 'tiles'"),
+    "n32k4 quant group": (quant_bad(scale_layout="n32k4"), ValueError,
+                          "argument 'quant_group_size' expected quant_group_size=32 and blocks per group Dg/32 a multiple of 4 "
+                          "for scale_layout='n32k4' (a lane of the WMMA reads the 4 scales of one K=128 step), got 128 (Dg=1024, Ks=8)"),
+    "n32k4 blocks per group": (quant_bad(scale_layout="n32k4", quant_group_size=32, num_groups=32), ValueError,
+                               "argument 'num_groups' expected quant_group_size=32 and blocks per group Dg/32 a multiple of 4 "
+                               "for scale_layout='n32k4' (a lane of the WMMA reads the 4 scales of one K=128 step), got 32 (Dg=64, Ks=2)"),
+    "n32k4 fp32 scales": (quant_bad(scale_layout="n32k4", quant_group_size=32, scale_dtype=torch.float32), TypeError,
+                          "argument 'scale_dtype' expected float8_e8m0fnu or uint8, got torch.float32"),
+    "scale_format unknown": (quant_bad(scale_format="e8m0"), ValueError,
+                             "argument 'scale_format' expected one of ('ue8m0', 'fp32'), got 'e8m0'"),
+    "scale_format not a str": (quant_bad(scale_format=None), ValueError,
+                               "argument 'scale_format' expected one of ('ue8m0', 'fp32'), got None"),
+    "fp32 format in tiles": (quant_bad(scale_format="fp32", scale_layout="mfma_tile"), ValueError,
+                             "argument 'scale_format' expected 'ue8m0' with scale_layout='mfma_tile' (its tiles hold e8m0 "
+                             "bytes), got 'fp32'"),
+    "fp32 format without quant": (quant_bad(scale_format="fp32", quantize=False), ValueError,
+                                  "argument 'scale_format' expected 'ue8m0' with quantize=False (there are no scales), got 'fp32'"),
+    "fp32 format e8m0 scales": (quant_bad(scale_format="fp32", scale_dtype=torch.float8_e8m0fnu), TypeError,
+                                "argument 'scale_dtype' expected float32, got torch.float8_e8m0fnu"),
+    "fp32 format e8m0 buffer": (quant_bad(scale_format="fp32", x_fp8=lambda a: _bufs()(a)[0], x_scale=lambda a: _bufs()(a)[1]),
+                                TypeError, "argument 'x_scale' expected dtype float32, got float8_e8m0fnu"),
     "scale_layout vs transpose_scale": (quant_bad(transpose_scale=True, scale_layout="row"), ValueError,
                                         "argument 'transpose_scale' expected False with scale_layout='row' (True means "
                                         "scale_layout='col'), got True"),
@@ -532,9 +553,9 @@ ADAPTER_CASES = {  # the engines' call sites check their flags as the op does: n
     "vllm quantize 0": (_vllm(quantize=0), TypeError, "fused_inv_rope_fp8_quant: argument 'quantize' expected a bool, got int 0"),
     "vllm quantize []": (_vllm(quantize=[]), TypeError, "fused_inv_rope_fp8_quant: argument 'quantize' expected a bool, got list []"),
     "aiter scale_layout bool": (_aiter(scale_layout=True), ValueError,
-                                "inverse_rope_group_quant: argument 'scale_layout' expected one of ('row', 'mfma_tile') ('n32k4' is aiter's, not served here), got True"),
+                                "inverse_rope_group_quant: argument 'scale_layout' expected one of ('row', 'mfma_tile', 'n32k4'), got True"),
     "aiter scale_layout list": (_aiter(scale_layout=["row"]), ValueError,
-                                "inverse_rope_group_quant: argument 'scale_layout' expected one of ('row', 'mfma_tile') ('n32k4' is aiter's, not served here), got ['row']"),
+                                "inverse_rope_group_quant: argument 'scale_layout' expected one of ('row', 'mfma_tile', 'n32k4'), got ['row']"),
 }
 
 

@@ -18,9 +18,9 @@ from .. import _validation as C, fast_checks
 from .._device import cuda_toolkit_reason, hip_toolkit_reason, triton_available
 from ..registry import Backend, getenv, new_registry
 from . import reference
-from .outputs import (FP8_DTYPES, MFMA_SCALE_DTYPES, OP, PACKED_UE8M0, QUANT_GROUP_SIZES, SCALE_DTYPES,
-                      SCALE_LAYOUTS, buffer_scale_strides, empty_outputs, group_widths, resolve_dtypes, resolve_layout,
-                      rows_apart, scale_strides, shapes)
+from .outputs import (FP8_DTYPES, OP, PACKED_UE8M0, QUANT_GROUP_SIZES, SCALE_FORMATS, SCALE_LAYOUTS, TILE_LAYOUTS,
+                      allowed_scale_dtypes, buffer_scale_strides, check_format, empty_outputs, group_widths,
+                      resolve_dtypes, resolve_layout, rows_apart, scale_strides, shapes)
 
 __all__ = ["inverse_rope_group_quant", "validate", "REGISTRY", "Facts", "QuantModes", "scale_strides",
            "buffer_scale_strides"]
@@ -42,11 +42,12 @@ class Facts(NamedTuple):
     positions_dtype: torch.dtype
     fp8_dtype: torch.dtype  # the output's dtype: o's without quantization
     scale_dtype: Optional[torch.dtype]  # None without quantization
-    scale_layout: str  # "row", "col" or "mfma_tile"
+    scale_layout: str  # "row", "col", "mfma_tile" or "n32k4"
     quantize: bool
     x_contiguous: bool  # the output row-major contiguous (else rows of Dg apart, e.g. group-major)
     pdl: bool  # enable_pdl: a launch hint compiled kernels may take
     scale_pad: bool = False  # a "col" x_scale with token rows past o's (TMA padding), written as zeros
+    scale_format: str = "ue8m0"  # "ue8m0" (powers of two) or "fp32" (plain amax / FP8_MAX)
 
 
 @dataclass(frozen=True)
@@ -60,26 +61,31 @@ class QuantModes:
     scale_layout: Optional[str] = None
     quantize: bool = True
     enable_pdl: Optional[bool] = None
+    scale_format: str = "ue8m0"
 
 
 PLAIN = QuantModes()
 
 
-def describe(fp8_dtype=None, scale_dtype=None, scale_layout=None, quantize=True, enable_pdl=None) -> QuantModes:
+def describe(fp8_dtype=None, scale_dtype=None, scale_layout=None, quantize=True, enable_pdl=None,
+             scale_format="ue8m0") -> QuantModes:
     """The one normaliser of a call's keyword arguments: the shared :data:`PLAIN` for the defaults (building a
     frozen dataclass costs about 1.5 us), else their :class:`QuantModes`."""
-    if fp8_dtype is None and scale_dtype is None and scale_layout is None and quantize is True and enable_pdl is None:
+    if fp8_dtype is None and scale_dtype is None and scale_layout is None and quantize is True and enable_pdl is None \
+            and scale_format is PLAIN.scale_format:
         return PLAIN
-    return QuantModes(fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)
+    return QuantModes(fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl, scale_format)
 
 
 def _user_protocol(run, supports):
-    """register_backend's backends keep their seven-argument run: they serve row-major x and row / col scales."""
+    """register_backend's backends keep their seven-argument run: they serve row-major x and row / col e8m0
+    scales."""
     def user_supports(facts):
-        if facts.scale_layout == "mfma_tile" or not facts.quantize or not facts.x_contiguous or facts.scale_pad:
-            return "a registered backend writes row-major x_fp8 and row- or column-major scales of o's tokens"
+        if facts.scale_layout in TILE_LAYOUTS or not facts.quantize or not facts.x_contiguous or facts.scale_pad \
+                or facts.scale_format != "ue8m0":
+            return "a registered backend writes row-major x_fp8 and row- or column-major ue8m0 scales of o's tokens"
         return supports(facts)
-    return (lambda *args, scale_layout="row", pdl=False: run(*args)), user_supports
+    return (lambda *args, scale_layout="row", pdl=False, scale_format="ue8m0": run(*args)), user_supports
 
 
 REGISTRY = new_registry(OP, Facts, _user_protocol)
@@ -133,8 +139,8 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
     The hot path is one boolean expression over the usual call (no output buffers, or buffers laid out as the op
     writes them); anything else, bad input included, takes :func:`_validate_all`, which accepts a superset and
     raises the precise message. ``traced``: Dynamo traces this call (whose tensors have no memory to read)."""
-    fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl = (modes.fp8_dtype, modes.scale_dtype,
-                                                                  modes.scale_layout, modes.quantize, modes.enable_pdl)
+    fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl, scale_format = (
+        modes.fp8_dtype, modes.scale_dtype, modes.scale_layout, modes.quantize, modes.enable_pdl, modes.scale_format)
     try:
         S, H, D = o.shape
         max_pos, half = cos_cache.shape
@@ -148,6 +154,9 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
             and (scale_layout is None or (scale_layout in SCALE_LAYOUTS and quantize is True))
             and (quantize is True or (quantize is False and transpose_scale is False))
             and (enable_pdl is None or type(enable_pdl) is bool)
+            and (scale_format is PLAIN.scale_format
+                 or (type(scale_format) is str and scale_format in SCALE_FORMATS
+                     and (scale_format == "ue8m0" or (quantize is True and layout not in TILE_LAYOUTS))))
             and row % num_groups == 0 and quant_group_size in QUANT_GROUP_SIZES
             and (row // num_groups) % quant_group_size == 0
             and o.dtype in O_DTYPES and D % 2 == 0 and o.is_contiguous()
@@ -160,11 +169,12 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
             and (traced or fast_checks.checks.readable(o, positions, cos_cache, sin_cache, x_fp8, x_scale))
         )
         if ok and quantize:
+            allowed = allowed_scale_dtypes(layout, scale_format)
             fp8_t = fp8_dtype or (torch.float8_e4m3fn if x_fp8 is None else x_fp8.dtype)
-            scale_t = scale_dtype or (torch.float8_e8m0fnu if x_scale is None else x_scale.dtype)
+            scale_t = scale_dtype or (allowed[0] if x_scale is None else x_scale.dtype)
             ks = row // num_groups // quant_group_size
-            ok = (not (scale_t is PACKED_UE8M0 and ks % 4) and fp8_t in FP8_DTYPES
-                  and scale_t in (MFMA_SCALE_DTYPES if layout == "mfma_tile" else SCALE_DTYPES))
+            ok = (not (scale_t is PACKED_UE8M0 and ks % 4) and fp8_t in FP8_DTYPES and scale_t in allowed
+                  and (layout != "n32k4" or (quant_group_size == 32 and ks % 4 == 0)))
         elif ok:
             fp8_t, scale_t = o.dtype, None
             ok = fp8_dtype is None and scale_dtype is None and x_scale is None
@@ -187,17 +197,18 @@ def validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, t
                              x_fp8, x_scale, modes, traced)
     key = Facts(dev, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_t, scale_t, layout,
                 quantize, x_contiguous, enable_pdl is True,
-                layout == "col" and x_scale is not None and 0 < S < len(x_scale))
+                layout == "col" and x_scale is not None and 0 < S < len(x_scale), scale_format)
     return key, fp8_t, scale_t
 
 
 def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8=None,
                   x_scale=None, modes: QuantModes = PLAIN, traced=False) -> tuple:
     """Every check, one at a time, each with its message (:func:`validate`'s slow path)."""
-    fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl = (modes.fp8_dtype, modes.scale_dtype,
-                                                                  modes.scale_layout, modes.quantize, modes.enable_pdl)
+    fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl, scale_format = (
+        modes.fp8_dtype, modes.scale_dtype, modes.scale_layout, modes.quantize, modes.enable_pdl, modes.scale_format)
     C.check_tensor(OP, "o", o, 3, "[S, H, head_dim]")
     layout = resolve_layout(transpose_scale, scale_layout, quantize)
+    check_format(scale_format, layout, quantize)
     if enable_pdl is not None:
         C.check_bool(OP, "enable_pdl", enable_pdl)
     C.check_dtype(OP, "o", o, O_DTYPES)
@@ -223,8 +234,9 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
         C.fail(OP, "cos_cache", f"shape [max_pos >= 1, rope_dim/2] with 1 <= rope_dim <= head_dim={D}",
                C.shape_str(cos_cache.shape))
     C.check_same_device(OP, "o", o, {"positions": positions, "cos_cache": cos_cache, "sin_cache": sin_cache})
-    fp8_dtype, scale_dtype = resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype, layout, quantize, o.dtype)
-    dg, ks = group_widths(H * D, num_groups, quant_group_size, scale_dtype)
+    fp8_dtype, scale_dtype = resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype, layout, quantize, o.dtype,
+                                            scale_format=scale_format)
+    dg, ks = group_widths(H * D, num_groups, quant_group_size, scale_dtype, layout=layout)
     x_shape, sc_shape = shapes(S, num_groups, dg, ks, scale_dtype, layout, quantize, quant_group_size)
     if x_fp8 is not None:
         C.check_tensor(OP, "x_fp8", x_fp8)
@@ -251,7 +263,7 @@ def _validate_all(o, positions, cos_cache, sin_cache, num_groups, quant_group_si
                               "x_fp8": x_fp8, "x_scale": x_scale})
     key = Facts(o.device, o.dtype, D, 2 * half, quant_group_size, cos_cache.dtype, positions.dtype, fp8_dtype,
                 scale_dtype, layout, quantize, x_fp8 is None or x_fp8.is_contiguous(), enable_pdl is True,
-                x_scale is not None and pad)
+                x_scale is not None and pad, scale_format)
     return key, fp8_dtype, scale_dtype
 
 
@@ -316,7 +328,7 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
             want = buffer_scale_strides(x_scale, layout, scale_dtype)
             scale_out = x_scale if x_scale.stride() == want else x_scale.as_strided(x_scale.shape, want)
         impl.run(o, positions, cos_cache, sin_cache, x_fp8, scale_out, quant_group_size, scale_layout=layout,
-                 pdl=key.pdl)
+                 pdl=key.pdl, scale_format=key.scale_format)
         if mine:  # written through raw pointers: tell autograd the caller's buffers changed
             increment_version(tuple(mine.values()))
     if x_scale is None:  # quantize=False into the caller's x
@@ -326,7 +338,8 @@ def _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, trans
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128,
                              transpose_scale=False, x_fp8=None, x_scale=None, *, fp8_dtype=None,
-                             scale_dtype=None, scale_layout=None, quantize=True, enable_pdl=None, backend="auto"):
+                             scale_dtype=None, scale_layout=None, quantize=True, enable_pdl=None, scale_format="ue8m0",
+                             backend="auto"):
     """Inverse RoPE on the attention output fused with FP8 per-group quant with power-of-two scales.
 
     Per token ``s`` (fp32 throughout): the last ``rope_dim = 2 * cos_cache.size(1)`` dims of every head are
@@ -335,6 +348,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     of ``quant_group_size`` consecutive elements of a group row gets ``scale = 2^ceil(log2(amax / FP8_MAX))``
     (``amax >= 1e-8``, stored as its e8m0 byte) and ``x_fp8 = fp8_rne(clamp(v / scale, -FP8_MAX, FP8_MAX))``.
     A block holding NaN or Inf gets scale byte 0xFF and NaN fp8 values; no other block is affected.
+    ``scale_format="fp32"`` writes plain scales instead (below).
 
     Parameters
     ----------
@@ -366,11 +380,13 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
         ``torch.int32``: DeepGEMM's packed UE8M0, ``[S, G, Ks/4]``, byte ``i`` of ``[s, g, j]`` holding block
         ``4j+i``; with ``transpose_scale=True`` its storage is ``[G, Ks/4, align(S, 4)]`` (TMA-aligned MN-major,
         ``x_scale.permute(1, 0, 2)`` is what DeepGEMM's ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` gives).
-    scale_layout : {"row", "col", "mfma_tile"}, optional
+    scale_layout : {"row", "col", "mfma_tile", "n32k4"}, optional
         Instead of ``transpose_scale`` (``"col"`` is ``transpose_scale=True``). ``"mfma_tile"``: the e8m0
         ``[G, S_pad, Ks_pad]`` tiles gfx950's scaled MFMA GEMM reads (S padded to 32, Ks to 2 for group 128,
-        else 8; scale ``[s, g, k]`` where :func:`fusedrope.reference.mfma_tile_offsets` says; padding bytes are
-        left as they were).
+        else 8; scale ``[s, g, k]`` where :func:`fusedrope.reference.mfma_tile_offsets` says). ``"n32k4"``:
+        aiter's gfx1250 WMMA layout ``[ceil(S/32), G, Ks*32]``, quant group 32 and ``Ks`` a multiple of 4 (scale
+        ``[s, g, k]`` at ``[s//32, g, (k//4)*128 + (s%32)*4 + k%4]``, :func:`fusedrope.reference.n32k4_offsets`).
+        The padding bytes of both are left as they were.
     quantize : bool, default True
         False: no quantization; ``x_fp8`` receives the inverse-rotated values in o's dtype (rounded once), and
         the scales returned are an empty tensor.
@@ -378,6 +394,11 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
         A programmatic dependent launch of the CUDA kernel (sm_90+), which may start while the stream's previous
         kernel finishes. None (the default) is off (kernels_cuda/README.md says what would turn it on);
         other backends ignore it.
+    scale_format : {"ue8m0", "fp32"}, default "ue8m0"
+        ``"fp32"``: plain fp32 scales, TensorRT-LLM's: with ``a = max(amax, 1e-12)``, ``scale = a *
+        fp32(1/FP8_MAX)`` and ``x_fp8 = fp8_rne(clamp(v * (FP8_MAX / a), -FP8_MAX, FP8_MAX))``, the division
+        correctly rounded (TensorRT-LLM's ``__fdividef`` may differ in the last bit). Row or column layout, fp32
+        ``x_scale``; padding rows of a column-major buffer get 0.0; a block holding NaN or Inf gets scale NaN.
     backend : str, default "auto"
         ``"auto"``, ``"cuda"``, ``"hip"`` (opt-in: ``auto`` passes over it), ``"triton"``, ``"reference"`` or
         one of yours (:func:`fusedrope.register_backend`). ``auto`` honours ``FUSEDROPE_BACKEND``.
@@ -411,7 +432,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     """
     compiling = torch.compiler.is_compiling()
     if x_fp8 is None and x_scale is None and fp8_dtype is None and scale_dtype is None and scale_layout is None \
-            and quantize is True and enable_pdl is None and not compiling:  # a plain call: compiled checks, if built
+            and quantize is True and enable_pdl is None and scale_format is PLAIN.scale_format \
+            and not compiling:  # a plain call: compiled checks, if built
         fast = fast_checks.checks.inverse_rope_group_quant(Facts, o, positions, cos_cache, sin_cache, num_groups,
                                                            quant_group_size, transpose_scale)
         if fast is not None:  # valid, work to do, no grad to keep; the caches apart; the outputs new
@@ -419,9 +441,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
             impl = REGISTRY.select(key, backend)
             _check_positions(o, positions, cos_cache)
             impl.run(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size,
-                     scale_layout=key.scale_layout, pdl=False)
+                     scale_layout=key.scale_layout, pdl=False, scale_format="ue8m0")
             return x_fp8, x_scale
-    modes = describe(fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl)
+    modes = describe(fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl, scale_format)
     grad = C.needs_grad(o, cos_cache, sin_cache)
     buffers = x_fp8 is not None or x_scale is not None
     if not compiling:
@@ -447,7 +469,7 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
     torch.ops.fusedrope.inverse_rope_group_quant_out(o, positions, cos_cache, sin_cache, num_groups, quant_group_size,
                                                      transpose_scale, x_fp8,
                                                      o.new_empty(0, dtype=torch.uint8) if no_scale else x_scale,
-                                                     backend, scale_layout, quantize, enable_pdl)
+                                                     backend, scale_layout, quantize, enable_pdl, scale_format)
     if no_scale:
         return x_fp8, o.new_empty(0, dtype=torch.float8_e8m0fnu)
     return x_fp8, x_scale.view(torch.float8_e8m0fnu) if as_e8m0 else x_scale
@@ -455,9 +477,9 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, num_groups, qua
 
 def explain_args(o, positions, cos_cache, sin_cache, num_groups, quant_group_size=128, transpose_scale=False,
                  x_fp8=None, x_scale=None, *, fp8_dtype=None, scale_dtype=None, scale_layout=None, quantize=True,
-                 enable_pdl=None, backend="auto"):
+                 enable_pdl=None, scale_format="ue8m0", backend="auto"):
     key = validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-                   x_scale, describe(fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl))[0]
+                   x_scale, describe(fp8_dtype, scale_dtype, scale_layout, quantize, enable_pdl, scale_format))[0]
     _check_call(o, positions, cos_cache, sin_cache, x_fp8, x_scale)  # explain raises what the call would
     return key, backend
 
@@ -467,16 +489,17 @@ def explain_args(o, positions, cos_cache, sin_cache, num_groups, quant_group_siz
 def _op_out(o: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
             num_groups: int, quant_group_size: int, transpose_scale: bool, x_fp8: torch.Tensor,
             x_scale: torch.Tensor, backend: str = "auto", scale_layout: Optional[str] = None, quantize: bool = True,
-            enable_pdl: Optional[bool] = None) -> None:
+            enable_pdl: Optional[bool] = None, scale_format: str = "ue8m0") -> None:
     for name, t in (("x_fp8", x_fp8), ("x_scale", x_scale)):
         C.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
-    modes = describe(None, None, scale_layout, quantize, enable_pdl)  # the dtypes: the buffers'
+    modes = describe(None, None, scale_layout, quantize, enable_pdl, scale_format)  # the dtypes: the buffers'
     _run(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
          x_scale if quantize is not False else None, backend, modes)
 
 
 @_op_out.register_fake
 def _op_out_fake(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-                 x_scale, backend="auto", scale_layout=None, quantize=True, enable_pdl=None):
+                 x_scale, backend="auto", scale_layout=None, quantize=True, enable_pdl=None, scale_format="ue8m0"):
     validate(o, positions, cos_cache, sin_cache, num_groups, quant_group_size, transpose_scale, x_fp8,
-             x_scale if quantize is not False else None, describe(None, None, scale_layout, quantize, enable_pdl))
+             x_scale if quantize is not False else None,
+             describe(None, None, scale_layout, quantize, enable_pdl, scale_format))

@@ -44,6 +44,10 @@ def envelope_reason(kernel: str, facts) -> Optional[str]:
     if facts.scale_dtype not in SCALE_DTYPES:
         return (f"{kernel} writes float8_e8m0fnu / uint8 / float32 scales, got scale_dtype="
                 f"{dtype_name(facts.scale_dtype)} (packed UE8M0: Triton serves it)")
+    if facts.scale_format != "ue8m0":
+        return f"{kernel} writes power-of-two scales, got scale_format={facts.scale_format!r} (Triton serves it)"
+    if facts.scale_layout == "n32k4":
+        return f"{kernel} writes no n32k4 scales (Triton serves them)"
     return None
 
 
@@ -111,8 +115,8 @@ class CompiledOp:
         self.kernel = kernel
 
     def __call__(self, o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, *,
-                 scale_layout: str = "row", pdl: bool = False) -> None:
-        mfma = int(scale_layout == "mfma_tile")
+                 scale_layout: str = "row", pdl: bool = False, scale_format: str = "ue8m0") -> None:
+        mfma = int(scale_layout == "mfma_tile")  # scale_format: "ue8m0", the only one supports() lets through
         S, H, D = o.shape
         step = max(self.max_chunks // max(H * D // 16, 1), 1)  # a token past the limit: the launcher says so
         if S <= step or self.kernel or mfma or x_scale.shape[0] > S or not x_fp8.is_contiguous():

@@ -1,5 +1,6 @@
-"""The outputs of inverse_rope_group_quant: their dtypes, shapes and layouts (``scale_layout`` "row", "col",
-"mfma_tile"), their allocation, and which caller buffers the kernels can address."""
+"""The outputs of inverse_rope_group_quant: their dtypes, shapes, scale formats (``scale_format`` "ue8m0",
+"fp32") and layouts (``scale_layout`` "row", "col", "mfma_tile", "n32k4"), their allocation, and which caller
+buffers the kernels can address."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Optional
 import torch
 
 from .. import _validation as C
-from .reference import mfma_tile_shape
+from .reference import mfma_tile_shape, n32k4_shape
 
 OP = "inverse_rope_group_quant"
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -16,8 +17,10 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32, torch.int32)
 PACKED_UE8M0 = torch.int32
 QUANT_GROUP_SIZES = (32, 64, 128, 256)
-SCALE_LAYOUTS = ("row", "col", "mfma_tile")
-MFMA_SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
+SCALE_LAYOUTS = ("row", "col", "mfma_tile", "n32k4")
+TILE_LAYOUTS = ("mfma_tile", "n32k4")  # a GEMM's own tiling of e8m0 bytes, padding left as it was
+TILE_SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
+SCALE_FORMATS = ("ue8m0", "fp32")  # power-of-two scales; plain amax / FP8_MAX (TensorRT-LLM's)
 
 
 def is_int(v) -> bool:
@@ -32,8 +35,10 @@ def _bad_int(op: str, arg: str, expected: str, v) -> None:
     C.fail(op, arg, expected, f"{v!r} of type {type(v).__name__}", TypeError)
 
 
-def group_widths(row: int, num_groups, quant_group_size, scale_dtype=None, op: str = OP) -> tuple[int, int]:
-    """``(Dg, Ks)`` for a token row of ``row = H*head_dim`` elements, after checking the group arguments."""
+def group_widths(row: int, num_groups, quant_group_size, scale_dtype=None, op: str = OP,
+                 layout: str = "row") -> tuple[int, int]:
+    """``(Dg, Ks)`` for a token row of ``row = H*head_dim`` elements, after checking the group arguments (and
+    what ``layout`` needs of them)."""
     if not is_int(num_groups) or num_groups < 1 or row % num_groups:
         _bad_int(op, "num_groups", f"a positive int dividing H*head_dim={row}", num_groups)
     if not is_int(quant_group_size) or quant_group_size not in QUANT_GROUP_SIZES:
@@ -46,6 +51,10 @@ def group_widths(row: int, num_groups, quant_group_size, scale_dtype=None, op: s
     if scale_dtype == PACKED_UE8M0 and ks % 4:
         C.fail(op, "scale_dtype", "int32 (packed UE8M0) only when the blocks per group "
                "Dg/quant_group_size are a multiple of 4", f"{dg}/{quant_group_size}={ks}")
+    if layout == "n32k4" and (quant_group_size != 32 or ks % 4):
+        arg, got = ("quant_group_size", quant_group_size) if quant_group_size != 32 else ("num_groups", num_groups)
+        C.fail(op, arg, "quant_group_size=32 and blocks per group Dg/32 a multiple of 4 for scale_layout='n32k4' "
+               "(a lane of the WMMA reads the 4 scales of one K=128 step)", f"{got} (Dg={dg}, Ks={ks})")
     return dg, ks
 
 
@@ -67,6 +76,24 @@ def resolve_layout(transpose_scale, scale_layout, quantize, op: str = OP) -> str
     return scale_layout
 
 
+def check_format(scale_format, layout: str, quantize: bool, op: str = OP) -> None:
+    """``scale_format`` one of :data:`SCALE_FORMATS`; "fp32" only for row- or column-major scales."""
+    if not isinstance(scale_format, str) or scale_format not in SCALE_FORMATS:
+        C.fail(op, "scale_format", f"one of {SCALE_FORMATS}", repr(scale_format))
+    if scale_format == "fp32" and not quantize:
+        C.fail(op, "scale_format", "'ue8m0' with quantize=False (there are no scales)", repr(scale_format))
+    if scale_format == "fp32" and layout in TILE_LAYOUTS:
+        C.fail(op, "scale_format", f"'ue8m0' with scale_layout={layout!r} (its tiles hold e8m0 bytes)",
+               repr(scale_format))
+
+
+def allowed_scale_dtypes(layout: str, scale_format: str = "ue8m0") -> tuple:
+    """The scale dtypes a call may ask for; the first is the default."""
+    if scale_format == "fp32":
+        return (torch.float32,)
+    return TILE_SCALE_DTYPES if layout in TILE_LAYOUTS else SCALE_DTYPES
+
+
 def _resolve_dtype(arg: str, dtype, buffer_arg: str, buffer, default, allowed, op: str) -> torch.dtype:
     """``dtype``, else the buffer's, else ``default``; checked, naming the argument it came from."""
     if dtype is None and isinstance(buffer, torch.Tensor):
@@ -81,7 +108,7 @@ def _resolve_dtype(arg: str, dtype, buffer_arg: str, buffer, default, allowed, o
 
 
 def resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype, layout: str = "row", quantize: bool = True,
-                   o_dtype=None, op: str = OP) -> tuple:
+                   o_dtype=None, op: str = OP, scale_format: str = "ue8m0") -> tuple:
     """The output's and the scales' dtypes: the arguments, else the buffers', else the defaults. Without
     quantization the output has o's dtype and there are no scales (the dtype arguments must be None)."""
     if not quantize:
@@ -90,9 +117,9 @@ def resolve_dtypes(x_fp8, x_scale, fp8_dtype, scale_dtype, layout: str = "row", 
                 C.fail(op, arg, "None with quantize=False (the output has o's dtype, and there are no scales)",
                        "a tensor" if isinstance(v, torch.Tensor) else str(v))
         return o_dtype, None
-    allowed = MFMA_SCALE_DTYPES if layout == "mfma_tile" else SCALE_DTYPES
+    allowed = allowed_scale_dtypes(layout, scale_format)
     return (_resolve_dtype("fp8_dtype", fp8_dtype, "x_fp8", x_fp8, torch.float8_e4m3fn, FP8_DTYPES, op),
-            _resolve_dtype("scale_dtype", scale_dtype, "x_scale", x_scale, torch.float8_e8m0fnu, allowed, op))
+            _resolve_dtype("scale_dtype", scale_dtype, "x_scale", x_scale, allowed[0], allowed, op))
 
 
 def shapes(S, G, dg, ks, scale_dtype, layout: str = "row", quantize: bool = True, quant_group_size: int = 128):
@@ -101,15 +128,16 @@ def shapes(S, G, dg, ks, scale_dtype, layout: str = "row", quantize: bool = True
         return (S, G, dg), (0,)
     if layout == "mfma_tile":
         return (S, G, dg), mfma_tile_shape(S, G, ks, quant_group_size)
+    if layout == "n32k4":
+        return (S, G, dg), n32k4_shape(S, G, ks)
     return (S, G, dg), (S, G, ks // 4 if scale_dtype == PACKED_UE8M0 else ks)
 
 
 def scale_strides(shape: tuple, layout: str, scale_dtype: Optional[torch.dtype] = None) -> tuple:
     """The strides of a new scale tensor of ``shape`` in ``layout``: "col" is storage ``[G, Ks, S]`` seen as
     ``[S, G, Ks]``, S padded to a multiple of 4 for packed UE8M0 (DeepGEMM's TMA-aligned MN-major layout)."""
-    if layout == "mfma_tile":
-        G, s_pad, k_pad = shape
-        return (s_pad * k_pad, k_pad, 1)
+    if layout in TILE_LAYOUTS:  # contiguous
+        return (shape[1] * shape[2], shape[2], 1)
     S, G, Ks = shape
     if layout == "row":
         return (G * Ks, Ks, 1)

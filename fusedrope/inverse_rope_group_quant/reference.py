@@ -8,6 +8,7 @@ import torch
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 AMAX_FLOOR = 1e-8  # an all-zero block gets scale byte 92 (e4m3fn) or 93 (e4m3fnuz)
+FP32_AMAX_FLOOR = 1e-12  # scale_format="fp32" (TensorRT-LLM's): an all-zero block gets scale 1e-12 / FP8_MAX
 E8M0_NAN = 0xFF  # the scale byte of a block that holds NaN or +-Inf
 
 
@@ -116,6 +117,37 @@ def group_quant_e8m0(x: torch.Tensor, num_groups: int, group_size: int, fp8_dtyp
     return q.to(fp8_dtype).reshape(S, num_groups, -1), byte.reshape(S, num_groups, -1)
 
 
+def group_quant_fp32(x: torch.Tensor, num_groups: int, group_size: int, fp8_dtype: torch.dtype):
+    """:func:`group_quant_e8m0` with plain fp32 scales (``scale_format="fp32"``, TensorRT-LLM's): returns
+    ``(fp8 [S, G, Dg], scale [S, G, Dg/group_size] fp32)``.
+
+    With ``a = max(amax, 1e-12)``: ``scale = a * fp32(1/FP8_MAX)`` and ``fp8 = fp8_rne(clamp(v * (FP8_MAX / a),
+    -FP8_MAX, FP8_MAX))``, each step one fp32 rounding (the division correctly rounded). A block holding NaN
+    or Inf gets scale NaN and NaN fp8 values.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fusedrope.reference import group_quant_fp32
+    >>> x = torch.zeros(1, 256)
+    >>> x[0, :128] = 896.0; x[0, 128] = 1.0
+    >>> fp8, scale = group_quant_fp32(x, 1, 128, torch.float8_e4m3fn)
+    >>> scale.flatten().tolist() == [2.0, torch.tensor(1 / 448).item()], fp8[0, 0, 128].item()
+    (True, 448.0)
+    """
+    fp8_max = FP8_MAX[fp8_dtype]
+    S = x.shape[0]
+    blocks = x.float().reshape(S, num_groups, -1, group_size)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)  # NaN propagates
+    a = amax.clamp_min(FP32_AMAX_FLOOR)
+    scale = a * torch.tensor(1.0 / fp8_max, dtype=torch.float32, device=x.device)
+    # a tensor numerator: torch's scalar / tensor multiplies by a reciprocal, one more rounding
+    q = (blocks * (torch.full_like(a, fp8_max) / a)).clamp(-fp8_max, fp8_max)
+    bad = ~torch.isfinite(amax)
+    q, scale = torch.where(bad, float("nan"), q), torch.where(bad, float("nan"), scale)
+    return q.to(fp8_dtype).reshape(S, num_groups, -1), scale.reshape(S, num_groups, -1)
+
+
 def pack_ue8m0(byte: torch.Tensor) -> torch.Tensor:
     """``[..., Ks]`` bytes -> ``[..., Ks/4]`` int32, byte ``i`` of word ``j`` = ``byte[4j+i]`` (DeepGEMM's UE8M0
     packing: word = b0 | b1 << 8 | b2 << 16 | b3 << 24; the view relies on little-endian memory, as on every
@@ -168,16 +200,38 @@ def mfma_tile_offsets(num_tokens: int, num_groups: int, blocks: int, quant_group
     return ((g * (s_pad // 32) + s // 32) * (k_pad // 8) + k // 8) * 256 + inner
 
 
+def n32k4_shape(num_tokens: int, num_groups: int, blocks: int) -> tuple[int, int, int]:
+    """``[ceil(S/32), G, Ks*32]`` of the ``"n32k4"`` scale layout (aiter's gfx1250 WMMA scaleB layout)."""
+    return -(-num_tokens // 32), num_groups, blocks * 32
+
+
+def n32k4_offsets(num_tokens: int, num_groups: int, blocks: int, device=None) -> torch.Tensor:
+    """The flat offset, in the contiguous ``"n32k4"`` buffer ``[ceil(S/32), G, Ks*32]``, of each scale
+    ``[s, g, k]``: int64 ``[S, G, Ks]``. Scale ``[s, g, k]`` sits at ``[s // 32, g, (k // 4)*128 + (s % 32)*4 + k %
+    4]``: each 32-token super-row holds, per K=128 step (4 blocks of 32), one 4-byte word per token. Bytes of
+    tokens past S are not part of the layout."""
+    s = torch.arange(num_tokens, device=device)[:, None, None]
+    g = torch.arange(num_groups, device=device)[None, :, None]
+    k = torch.arange(blocks, device=device)[None, None, :]
+    return ((s // 32) * num_groups + g) * (blocks * 32) + (k // 4) * 128 + (s % 32) * 4 + k % 4
+
+
 def store_scale(byte: torch.Tensor, x_scale: torch.Tensor, scale_layout: str = "row",
                 quant_group_size: int = 128) -> None:
     """Write scale bytes ``byte [S, G, Ks]`` (uint8) into ``x_scale`` in its format and layout: e8m0 or raw uint8
     ``[S, G, Ks]`` (the bytes), fp32 ``[S, G, Ks]`` (:func:`e8m0_to_float`) or packed int32 ``[S, G, Ks/4]``
-    (:func:`pack_ue8m0`), through its strides ("row", "col"); or, for ``"mfma_tile"``, the e8m0 / uint8 bytes
-    into the ``[G, S_pad, Ks_pad]`` buffer of ``quant_group_size`` (:func:`mfma_tile_offsets`)."""
-    if scale_layout == "mfma_tile":
+    (:func:`pack_ue8m0`), through its strides ("row", "col"); or, for ``"mfma_tile"`` and ``"n32k4"``, the e8m0 /
+    uint8 bytes at their offsets in the contiguous buffer (:func:`mfma_tile_offsets`, :func:`n32k4_offsets`).
+    ``byte`` fp32 instead: plain scales (``scale_format="fp32"``), copied through the strides."""
+    if scale_layout in ("mfma_tile", "n32k4"):
         S, G, Ks = byte.shape
         flat = x_scale.view(torch.uint8).view(-1)
-        flat[mfma_tile_offsets(S, G, Ks, quant_group_size, byte.device)] = byte
+        at = (mfma_tile_offsets(S, G, Ks, quant_group_size, byte.device) if scale_layout == "mfma_tile"
+              else n32k4_offsets(S, G, Ks, byte.device))
+        flat[at] = byte
+        return
+    if byte.dtype == torch.float32:
+        x_scale.copy_(byte)
         return
     if x_scale.dtype == torch.float32:
         x_scale.copy_(e8m0_to_float(byte))
@@ -188,15 +242,15 @@ def store_scale(byte: torch.Tensor, x_scale: torch.Tensor, scale_layout: str = "
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale, quant_group_size, *,
-                             scale_layout: str = "row", pdl: bool = False) -> None:
-    """Reference backend: inverse RoPE of each head's tail, then per-block e8m0 FP8 quant, fp32 throughout.
+                             scale_layout: str = "row", pdl: bool = False, scale_format: str = "ue8m0") -> None:
+    """Reference backend: inverse RoPE of each head's tail, then per-block FP8 quant, fp32 throughout.
 
     The arguments are the backends' (:func:`fusedrope.register_backend`): the inputs as
     :func:`fusedrope.inverse_rope_group_quant` takes them, and its outputs allocated (``x_scale`` None with
     ``quantize=False``; ``pdl``, a launch hint, means nothing here). Step 1 is :func:`inverse_rope_tail`, step
-    2 :func:`group_quant_e8m0` with ``G = x_fp8.shape[1]`` and ``FP8_MAX[x_fp8.dtype]``; the results are written
-    through the outputs' strides (:func:`store_scale`). Without ``x_scale``, step 1's result is rounded once to
-    ``x_fp8``'s dtype (o's).
+    2 :func:`group_quant_e8m0` (or :func:`group_quant_fp32` for ``scale_format="fp32"``) with ``G =
+    x_fp8.shape[1]`` and ``FP8_MAX[x_fp8.dtype]``; the results are written through the outputs' strides
+    (:func:`store_scale`). Without ``x_scale``, step 1's result is rounded once to ``x_fp8``'s dtype (o's).
 
     Examples
     --------
@@ -214,7 +268,8 @@ def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x_fp8, x_scale,
     if x_scale is None:
         x_fp8.copy_(x.reshape(x_fp8.shape))
         return
-    q, byte = group_quant_e8m0(x, x_fp8.shape[1], quant_group_size, x_fp8.dtype)
+    quant = group_quant_fp32 if scale_format == "fp32" else group_quant_e8m0
+    q, byte = quant(x, x_fp8.shape[1], quant_group_size, x_fp8.dtype)
     x_fp8.copy_(q)
     if scale_layout == "col" and x_scale.shape[0] > x_fp8.shape[0]:  # token rows past o's: zeros
         x_scale[x_fp8.shape[0]:].zero_()

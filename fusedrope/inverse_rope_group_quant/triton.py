@@ -19,7 +19,9 @@ The scale address of block ``kb`` (= g*Ks + k) of token ``s`` is ``s*stride_s + 
 "row" and "col" layouts: row-major ``(Ks*G, 1)``, column-major ``(1, S)``. In the "mfma_tile" layout (the
 ``[G, S_pad, Ks_pad]`` bytes gfx950's scaled MFMA GEMM reads, :func:`.reference.mfma_tile_offsets`) the kernel
 computes each real block's byte offset (a constexpr switch on the k alignment, 2 for quant group 128, else 8)
-and leaves the padding bytes alone.
+and leaves the padding bytes alone; likewise in aiter's "n32k4" layout (:func:`.reference.n32k4_offsets`). With
+``scale_format="fp32"`` (``PLAIN``) the scales are ``a * (1/FP8_MAX)`` of the floored amax and the values are
+multiplied by ``FP8_MAX / a``, an IEEE division (``div_rn``: Triton's ``/`` is approximate on NVIDIA).
 
 The output ``x [S, G, Dg]`` needs only contiguous rows of ``Dg``: element ``col`` of token ``s`` (``g = col //
 Dg``) is at ``s*stride_s + g*stride_g + col % Dg``, so vLLM's group-major ``[G, S, Dg]`` storage and row-padded
@@ -144,8 +146,8 @@ def _quant_tile(
     HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, GS: tl.constexpr, DG: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, ONE_GROUP: tl.constexpr, CROSSINGS: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_TYPE: tl.constexpr, FNUZ: tl.constexpr, SCALE_FP32: tl.constexpr,
-    PACKED: tl.constexpr, MFMA_K: tl.constexpr, QUANT: tl.constexpr, ROPE: tl.constexpr, TAIL_SEGMENTS: tl.constexpr,
-    EXACT: tl.constexpr,
+    PACKED: tl.constexpr, MFMA_K: tl.constexpr, N32K4: tl.constexpr, PLAIN: tl.constexpr, QUANT: tl.constexpr,
+    ROPE: tl.constexpr, TAIL_SEGMENTS: tl.constexpr, EXACT: tl.constexpr,
 ):
     """One program's tile of :func:`_group_quant_kernel`."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -178,15 +180,23 @@ def _quant_tile(
         # max gives a block's amax and whether it holds a non-finite value (a float max would drop NaN).
         amax_bits = tl.max(xb.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2)
         bad = amax_bits >= 0x7F800000
-        amax = tl.maximum(amax_bits.to(tl.float32, bitcast=True), 1e-8)
-        bits = (amax * (1.0 / FP8_MAX)).to(tl.uint32, bitcast=True)
-        byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.uint32)
-        byte = tl.where(bad, 255, byte)
-        # 2^(127 - byte), exact, and NaN for a block holding NaN or Inf: each of its values converts to fp8 NaN.
-        # No clamp: |v| * 2^(127 - byte) <= amax / scale <= FP8_MAX up to the rounding of amax / FP8_MAX (a
-        # relative 2^-24), which the conversion's round to nearest brings back to FP8_MAX.
-        inv_scale = tl.where(bad, float("nan"), ((254 - tl.minimum(byte, 254)) << 23).to(tl.float32, bitcast=True))
-        q = tl.reshape(xb * inv_scale[:, :, None], (BLOCK_T, BLOCK_N))
+        if PLAIN:  # scale_format="fp32": a * fp32(1/FP8_MAX), values times FP8_MAX / a (IEEE division), clamped
+            a = tl.maximum(amax_bits.to(tl.float32, bitcast=True), 1e-12)
+            plain_scale = tl.where(bad, float("nan"), a * (1.0 / FP8_MAX))
+            inv_scale = tl.math.div_rn(tl.full(a.shape, FP8_MAX, tl.float32), a)
+            q = tl.minimum(tl.maximum(xb * inv_scale[:, :, None], -FP8_MAX), FP8_MAX)
+            q = tl.reshape(tl.where(bad[:, :, None], float("nan"), q), (BLOCK_T, BLOCK_N))
+        else:
+            amax = tl.maximum(amax_bits.to(tl.float32, bitcast=True), 1e-8)
+            bits = (amax * (1.0 / FP8_MAX)).to(tl.uint32, bitcast=True)
+            byte = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.uint32)
+            byte = tl.where(bad, 255, byte)
+            # 2^(127 - byte), exact, and NaN for a block holding NaN or Inf: each of its values converts to fp8
+            # NaN. No clamp: |v| * 2^(127 - byte) <= amax / scale <= FP8_MAX up to the rounding of amax / FP8_MAX
+            # (a relative 2^-24), which the conversion's round to nearest brings back to FP8_MAX.
+            inv_scale = tl.where(bad, float("nan"),
+                                 ((254 - tl.minimum(byte, 254)) << 23).to(tl.float32, bitcast=True))
+            q = tl.reshape(xb * inv_scale[:, :, None], (BLOCK_T, BLOCK_N))
         if EXACT:
             code = f32_to_fp8_bits(q, FNUZ)
         else:
@@ -208,12 +218,16 @@ def _quant_tile(
         else:
             kb = kb0 + tl.arange(0, NB)
             sm = (t < S_SC)[:, None] & (kb < NBLK)[None, :]
-            if SCALE_FP32:
+            if PLAIN:
+                scale = plain_scale
+            elif SCALE_FP32:
                 scale = tl.where(bad, float("nan"), (tl.minimum(byte, 254) << 23).to(tl.float32, bitcast=True))
             else:
                 scale = byte.to(tl.uint8)
             scale = tl.where(t_mask[:, None], scale, 0)
-            if MFMA_K == 0:
+            if N32K4:  # [s // 32, g, (k // 4)*128 + (s % 32)*4 + k % 4], Ks % 4 == 0: kb % 4 is k % 4
+                off = (t // 32)[:, None] * (32 * NBLK) + 4 * (t % 32)[:, None] + (32 * (kb - kb % 4) + kb % 4)[None, :]
+            elif MFMA_K == 0:
                 off = t[:, None] * sc_stride_s + kb[None, :] * sc_stride_k
             else:  # only the real (s, g, k) bytes: the padding is not part of the layout
                 off = _mfma_tile_offsets(t, kb.to(tl.int32), DG // GS, sc_stride_s, sc_stride_k, MFMA_K)
@@ -227,8 +241,8 @@ def _group_quant_kernel(
     HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, GS: tl.constexpr, DG: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, ONE_GROUP: tl.constexpr, CROSSINGS: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_TYPE: tl.constexpr, FNUZ: tl.constexpr, SCALE_FP32: tl.constexpr,
-    PACKED: tl.constexpr, MFMA_K: tl.constexpr, QUANT: tl.constexpr, ROPE: tl.constexpr, TAIL_SEGMENTS: tl.constexpr,
-    EXACT: tl.constexpr,
+    PACKED: tl.constexpr, MFMA_K: tl.constexpr, N32K4: tl.constexpr, PLAIN: tl.constexpr, QUANT: tl.constexpr,
+    ROPE: tl.constexpr, TAIL_SEGMENTS: tl.constexpr, EXACT: tl.constexpr,
 ):
     """See the module docstring. Grid ``(token tiles, column tiles, G)`` when ``ONE_GROUP`` (no tile straddles two
     groups: program_id(1) tiles a group, program_id(2) is the group, so no division finds it), else ``(token
@@ -236,12 +250,12 @@ def _group_quant_kernel(
     else. ``MFMA_K`` 0: scales through ``(sc_stride_s, sc_stride_k)``; 2 or 8: the "mfma_tile" layout, with
     ``sc_stride_s``, ``sc_stride_k`` the strides of a 32-token tile row and of a group (:func:`_mfma_tile_offsets`).
     ``S_SC`` >= S: the scales' token rows; those past S (a "col" buffer's TMA padding) get zeros."""
-    if QUANT and MFMA_K == 0 and not PACKED:
+    if QUANT and MFMA_K == 0 and not N32K4 and not PACKED:
         if tl.program_id(0) * BLOCK_T < S:
             _quant_tile(o_ptr, pos_ptr, cos_ptr, sin_ptr, xq_ptr, xs_ptr, S, S_SC, ROW, NBLK, max_pos, pos_stride,
                         cos_stride, sin_stride, x_stride_s, x_stride_g, sc_stride_s, sc_stride_k, HEAD_DIM, ROPE_DIM,
                         GS, DG, BLOCK_T, BLOCK_N, ONE_GROUP, CROSSINGS, FP8_MAX, FP8_TYPE, FNUZ, SCALE_FP32, PACKED,
-                        MFMA_K, QUANT, ROPE, TAIL_SEGMENTS, EXACT)
+                        MFMA_K, N32K4, PLAIN, QUANT, ROPE, TAIL_SEGMENTS, EXACT)
         else:  # a program of padding rows only: their zero scales, nothing else (after the main path in the code)
             t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
             kb = (tl.program_id(2).to(tl.int64) * DG + tl.program_id(1).to(tl.int64) * BLOCK_N) // GS + tl.arange(
@@ -253,7 +267,7 @@ def _group_quant_kernel(
         _quant_tile(o_ptr, pos_ptr, cos_ptr, sin_ptr, xq_ptr, xs_ptr, S, S_SC, ROW, NBLK, max_pos, pos_stride,
                     cos_stride, sin_stride, x_stride_s, x_stride_g, sc_stride_s, sc_stride_k, HEAD_DIM, ROPE_DIM, GS,
                     DG, BLOCK_T, BLOCK_N, ONE_GROUP, CROSSINGS, FP8_MAX, FP8_TYPE, FNUZ, SCALE_FP32, PACKED,
-                    MFMA_K, QUANT, ROPE, TAIL_SEGMENTS, EXACT)
+                    MFMA_K, N32K4, PLAIN, QUANT, ROPE, TAIL_SEGMENTS, EXACT)
 
 
 @triton.jit
@@ -333,13 +347,16 @@ def _fp8_in_software(device: torch.device, fp8_dtype: torch.dtype) -> bool:
     return integer_fp8_rounding(fp8_dtype, gpu_arch(device))  # once per device and format: not per call
 
 
-def _launch_quant(o, positions, cos_cache, sin_cache, x, x_scale, group_size, rope: bool, scale_layout: str = "row"):
-    """For arguments the public op has checked (an mfma_tile x_scale is a contiguous e8m0 / uint8 buffer)."""
+def _launch_quant(o, positions, cos_cache, sin_cache, x, x_scale, group_size, rope: bool, scale_layout: str = "row",
+                  scale_format: str = "ue8m0"):
+    """For arguments the public op has checked (an mfma_tile or n32k4 x_scale is a contiguous e8m0 / uint8
+    buffer)."""
     S, H, D = o.shape
     row = H * D
     G, dg = x.shape[1], x.shape[2]
     quant = x_scale is not None
     mfma = quant and scale_layout == "mfma_tile"
+    n32k4 = quant and scale_layout == "n32k4"
     packed = quant and x_scale.dtype == torch.int32
     scale_fp32 = quant and x_scale.dtype == torch.float32
     block_t, block_n = _tiles(S, row, group_size, packed)
@@ -350,6 +367,8 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x, x_scale, group_size, ro
     elif mfma:
         _, s_pad, k_pad = mfma_tile_shape(S, G, dg // group_size, group_size)
         xs, sc_s, sc_k, mfma_k = x_scale.view(torch.uint8), 32 * k_pad, s_pad * k_pad, 2 if group_size == 128 else 8
+    elif n32k4:
+        xs, sc_s, sc_k, mfma_k = x_scale.view(torch.uint8), 0, 0, 0
     else:
         xs = x_scale if scale_fp32 or packed else x_scale.view(torch.uint8)
         sc_s, sc_k, mfma_k = x_scale.stride(0), x_scale.stride(2), 0
@@ -366,7 +385,8 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x, x_scale, group_size, ro
             HEAD_DIM=D, ROPE_DIM=rope_dim, GS=group_size, DG=dg, BLOCK_T=block_t, BLOCK_N=block_n,
             ONE_GROUP=one_group, CROSSINGS=crossings(dg, block_n),
             FP8_MAX=FP8_MAX[fp8], FP8_TYPE=_FP8_TL[fp8], FNUZ=fp8 == torch.float8_e4m3fnuz,
-            SCALE_FP32=scale_fp32, PACKED=packed, MFMA_K=mfma_k, QUANT=quant, ROPE=rope,
+            SCALE_FP32=scale_fp32, PACKED=packed, MFMA_K=mfma_k, N32K4=n32k4, PLAIN=quant and scale_format == "fp32",
+            QUANT=quant, ROPE=rope,
             TAIL_SEGMENTS=rope and tail_segments(D, rope_dim, block_n),
             EXACT=exact, num_warps=num_warps_for(block_t * block_n, per_thread=QUANT_PER_THREAD),
             enable_fp_fusion=False,  # no FMA: the rope matches the reference bit for bit, so scale bytes do too
@@ -374,16 +394,16 @@ def _launch_quant(o, positions, cos_cache, sin_cache, x, x_scale, group_size, ro
 
 
 def inverse_rope_group_quant(o, positions, cos_cache, sin_cache, x, x_scale, quant_group_size, *,
-                             scale_layout: str = "row", pdl: bool = False) -> None:
+                             scale_layout: str = "row", pdl: bool = False, scale_format: str = "ue8m0") -> None:
     """Triton backend: ``x [S, G, Dg]`` (fp8, or o's dtype when ``x_scale`` is None: quantize=False) with any token
-    and group strides, ``x_scale`` in ``scale_layout`` ("row" / "col" read off its strides, or "mfma_tile").
-    ``pdl`` is a launch hint for the compiled backends: accepted, nothing to do here."""
+    and group strides, ``x_scale`` in ``scale_format`` and ``scale_layout`` ("row" / "col" read off its strides,
+    "mfma_tile" or "n32k4"). ``pdl`` is a launch hint for the compiled backends: accepted, nothing to do here."""
     named = {"o": o, "positions": positions, "cos_cache": cos_cache, "sin_cache": sin_cache, "x": x}
     if x_scale is not None:
         named["x_scale"] = x_scale
     check_aligned("inverse_rope_group_quant", named)
     _launch_quant(o, positions, cos_cache, sin_cache, x, x_scale, quant_group_size, rope=True,
-                  scale_layout=scale_layout)
+                  scale_layout=scale_layout, scale_format=scale_format)
 
 
 def rope_tail_inplace(o, positions, cos_cache, sin_cache) -> None:

@@ -183,6 +183,92 @@ def test_aiter_mfma_tile_scales_sit_where_the_index_map_says(backend, S, H, G, g
     assert bool((flat[untouched] == 0xA5).all()), "padding bytes were written"
 
 
+def n32k4_reference(byte: torch.Tensor, fill: int) -> torch.Tensor:
+    """The ``[ceil(S/32), G, Ks*32]`` n32k4 buffer of bytes ``[S, G, Ks]``, written from aiter's statement of the
+    layout: tokens padded to 32 (with ``fill``), each super-row of 32 tokens and K=128 step of 4 blocks stored as
+    32 token words of 4 bytes: ``[S/32, 32, G, Ks/4, 4]`` permuted to ``[S/32, G, Ks/4, 32, 4]``."""
+    S, G, Ks = byte.shape
+    padded = torch.full((-(-S // 32) * 32, G, Ks), fill, dtype=torch.uint8, device=byte.device)
+    padded[:S] = byte
+    return padded.view(-1, 32, G, Ks // 4, 4).permute(0, 2, 3, 1, 4).reshape(-1, G, Ks * 32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("S,H,G", [(1, 16, 2), (33, 8, 1), (70, 4, 2)])
+def test_aiter_n32k4_scales_sit_where_the_layout_says(backend, S, H, G, force):
+    force(backend)
+    o, pos, cache = inputs(S, H, seed=S)
+    cos, sin = cache[:, :32], cache[:, 32:]
+    want_x, want_scale = row_major(o, pos, cache, G, quant_group_size=32, fp8_dtype=torch.float8_e4m3fn)
+    Ks = want_scale.shape[2]
+    shape = aiter.scale_shape(S, G, Ks, "n32k4", 32)
+    assert shape == (-(-S // 32), G, Ks * 32)
+    x_scale = torch.full(shape, 0xA5, dtype=torch.uint8, device=DEVICE).view(torch.float8_e8m0fnu)  # poisoned
+    x, s = aiter.inverse_rope_group_quant(o, pos, cos, sin, G, 32, "n32k4", x_scale=x_scale)
+    assert s is x_scale and torch.equal(x.view(torch.uint8), want_x.view(torch.uint8))
+    assert torch.equal(s.view(torch.uint8), n32k4_reference(scale_bytes(want_scale), 0xA5)), \
+        "scales misplaced, or padding bytes written"
+    _, new = aiter.inverse_rope_group_quant(o, pos, cos, sin, G, 32, "n32k4")  # allocated by the drop-in
+    real = n32k4_reference(torch.ones_like(scale_bytes(want_scale)), 0).bool()
+    assert new.shape == shape and torch.equal(new.view(torch.uint8)[real], s.view(torch.uint8)[real])
+
+
+def fp32_format_reference(o, pos, cos, sin, G, group, fp8=torch.float8_e4m3fn):
+    """``(x bytes, scales)`` of ``scale_format="fp32"`` computed in numpy float32 from the rotated fp32 values:
+    ``a = max(amax, 1e-12)``, ``scale = a * f32(1/FP8_MAX)``, ``x = fp8_rne(clip(v * (FP8_MAX / a)))`` (IEEE
+    division); NaN scale and values for a block holding NaN or Inf."""
+    import numpy as np
+
+    fp8_max = np.float32(fusedrope.reference.FP8_MAX[fp8])
+    v = inverse_rope_tail(o, pos, cos, sin).reshape(o.shape[0], G, -1, group).cpu().numpy()
+    amax = np.abs(v).max(axis=-1, keepdims=True)  # NaN propagates
+    a = np.maximum(amax, np.float32(1e-12))
+    with np.errstate(invalid="ignore", over="ignore"):
+        scale = a * np.float32(1 / float(fp8_max))
+        q = np.clip(v * (fp8_max / a), -fp8_max, fp8_max)
+    bad = ~np.isfinite(amax)
+    q, scale = np.where(bad, np.float32("nan"), q), np.where(bad, np.float32("nan"), scale)
+    x = torch.from_numpy(q.reshape(o.shape[0], G, -1)).to(fp8)  # torch's cast: round to nearest even
+    return x.view(torch.uint8).to(DEVICE), torch.from_numpy(scale[..., 0]).to(DEVICE)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("S,H,G,group", [(1, 16, 2, 128), (33, 8, 1, 32), (5, 4, 2, 64)])
+@pytest.mark.parametrize("layout", ["row", "col", "col_padded"])
+def test_fp32_scale_format_is_tensorrt_llms(backend, S, H, G, group, layout):
+    o, pos, cache = inputs(S, H, seed=S + 1)
+    o[0, 0, :group] = 0  # an all-zero block
+    cos, sin = cache[:, :32], cache[:, 32:]
+    want_x, want_scale = fp32_format_reference(o, pos, cos, sin, G, group)
+    assert bool(want_scale.isnan().any()), "the edge cases put a NaN block in the data"
+    kw = dict(quant_group_size=group, scale_format="fp32", backend=backend)
+    if layout == "col_padded":  # vLLM / TensorRT-LLM's [G, K, T_pad] buffer, poisoned: padding rows get 0.0
+        x, _ = fusedrope.empty_quant_outputs(o, G, group)
+        Ks = want_scale.shape[2]
+        store = torch.full((G, Ks, S + 3), 7.0, device=DEVICE)
+        got_x, got = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, G, x_fp8=x, x_scale=store.permute(2, 0, 1),
+                                                        transpose_scale=True, **kw)
+        assert not store[:, :, S:].any(), "padding rows are not 0.0"
+        got = got[:S]
+    else:
+        got_x, got = fusedrope.inverse_rope_group_quant(o, pos, cos, sin, G, transpose_scale=layout == "col", **kw)
+        assert got.dtype == torch.float32 and got.stride() == ((1, got.shape[2] * S, S) if layout == "col" else
+                                                                (G * got.shape[2], got.shape[2], 1))
+    assert torch.equal(got_x.view(torch.uint8), want_x)
+    assert torch.equal(got.contiguous().view(torch.int32), want_scale.view(torch.int32))  # NaN bits included
+    assert float(got[0, 0, 0]) == float(torch.tensor(1e-12) * torch.tensor(1 / 448))  # the zero block's scale
+
+
+def test_only_triton_and_the_reference_write_the_new_formats():
+    from fusedrope.inverse_rope_group_quant import cuda, describe, validate
+
+    o, pos, cache = inputs(2, 16)
+    cos, sin = cache[:, :32], cache[:, 32:]
+    for group, modes in ((128, describe(scale_format="fp32")), (32, describe(scale_layout="n32k4"))):
+        facts = validate(o, pos, cos, sin, 2, group, False, modes=modes)[0]
+        assert "Triton serves" in cuda.envelope_reason("cuda kernel", facts), modes
+
+
 def test_aiter_row_layout_scale_shape_and_what_it_refuses():
     o, pos, cache = inputs(4, 16)
     cos, sin = cache[:, :32], cache[:, 32:]
@@ -193,9 +279,9 @@ def test_aiter_row_layout_scale_shape_and_what_it_refuses():
     assert torch.equal(scale_bytes(s), scale_bytes(want[1]))
     assert aiter.scale_shape(33, 2, 5, "mfma_tile", 64) == (2, 64, 8)
     assert aiter.scale_shape(1, 1, 3, "mfma_tile") == (1, 32, 4)
-    with pytest.raises(NotImplementedError, match="scale_layout='n32k4'"):
+    with pytest.raises(ValueError, match="argument 'quant_group_size' expected quant_group_size=32"):
         aiter.inverse_rope_group_quant(o, pos, cos, sin, 2, scale_layout="n32k4")
-    with pytest.raises(ValueError, match="argument 'scale_layout' expected one of \\('row', 'mfma_tile'\\)"):
+    with pytest.raises(ValueError, match="argument 'scale_layout' expected one of \\('row', 'mfma_tile', 'n32k4'\\)"):
         aiter.scale_shape(4, 2, 32, "col")
 
 
