@@ -1,7 +1,8 @@
-"""What a user's process carries: calling both ops on the reference backend loads at most 2,100 lines of the
+"""What a user's process carries: calling both ops on the reference backend loads at most 2,300 lines of the
 package, and neither the benchmark engine, Triton, the extension builder nor the test helpers. (2,000 until every
 call refused tensors whose memory does not hold their values, checked the build's digest before loading it and
-checked the backends' answers: about 80 lines.)"""
+checked the backends' answers: about 80 lines; 2,100 until op 2's fp32 scale format and n32k4 layout and op 1's
+multimodal RoPE: about 160.)"""
 
 import json
 import subprocess
@@ -30,4 +31,4 @@ def test_reference_calls_of_both_ops_load_a_small_package():
         assert heavy not in modules, f"{heavy} loaded by a reference call"
     assert not got["triton"]
     total = sum(modules.values())
-    assert total <= 2100, f"{total} lines loaded: {sorted(modules.items(), key=lambda kv: -kv[1])}"
+    assert total <= 2300, f"{total} lines loaded: {sorted(modules.items(), key=lambda kv: -kv[1])}"

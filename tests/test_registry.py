@@ -122,7 +122,7 @@ def test_selection_is_cached_and_cheap_to_key(monkeypatch):
     monkeypatch.delenv(fusedrope.ENV_BACKEND, raising=False)
     reg = fusedrope.registry("qwen3_tts_rope")
     facts = fusedrope.registry("qwen3_tts_rope").facts(*validate(*tts_args()))
-    assert facts == (DEVICE, torch.bfloat16, 128, False, False, False, False, False)  # fp32, rows, no norm or pdl
+    assert facts == (DEVICE, torch.bfloat16, 128, False, False, False, False, False, False)  # fp32 rows, no modes
     assert reg.select(facts) is reg.select(facts)
     assert (tuple(facts), "auto", "") in reg._select  # "": FUSEDROPE_BACKEND unset
 

@@ -127,7 +127,7 @@ PyObject* qwen3_tts_rope(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   auto k_out = at::empty_like(*k, at::TensorOptions(), at::MemoryFormat::Contiguous);
   return tuple({facts(argv[0], {THPDevice_New(q->device()), dtype_object(q->scalar_type()),
                                 PyLong_FromLongLong(q->size(3)), item(Py_False), item(Py_False), item(Py_False),
-                                item(Py_False), item(Py_False)}),
+                                item(Py_False), item(Py_False), item(Py_False)}),
                 THPVariable_Wrap(std::move(q_out)), THPVariable_Wrap(std::move(k_out))});
   END_HANDLE_TH_ERRORS
 }
@@ -178,7 +178,8 @@ PyObject* tts_facts(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   }
   return facts(argv[0], {THPDevice_New(q->device()), dtype_object(q->scalar_type()), PyLong_FromLongLong(D),
                          item(inplace), item(eager ? Py_True : Py_False), item(table ? Py_True : Py_False),
-                         item(norm ? Py_True : Py_False), item(pdl == Py_True ? Py_True : Py_False)});
+                         item(norm ? Py_True : Py_False), item(pdl == Py_True ? Py_True : Py_False),
+                         item(Py_False)});  // mrope: multimodal calls take diagnose
   END_HANDLE_TH_ERRORS
 }
 
@@ -240,15 +241,16 @@ PyObject* inverse_rope_group_quant(PyObject*, PyObject* const* argv, Py_ssize_t 
   auto scale_options = o->options().dtype(at::kFloat8_e8m0fnu);  // "col": storage [G, Ks, S] seen as [S, G, Ks]
   auto scale =
       col ? at::empty_strided({S, G, ks}, {1, ks * S, S}, scale_options) : at::empty({S, G, ks}, scale_options);
-  static PyObject *row_name = nullptr, *col_name = nullptr;  // made once; a failure (its MemoryError) retries
+  static PyObject *row_name = nullptr, *col_name = nullptr, *ue8m0_name = nullptr;  // made once; a failure retries
   if ((!row_name && !(row_name = PyUnicode_InternFromString("row"))) ||
-      (!col_name && !(col_name = PyUnicode_InternFromString("col"))))
+      (!col_name && !(col_name = PyUnicode_InternFromString("col"))) ||
+      (!ue8m0_name && !(ue8m0_name = PyUnicode_InternFromString("ue8m0"))))
     return nullptr;
   PyObject* key = facts(argv[0],
       {THPDevice_New(dev), dtype_object(o->scalar_type()), PyLong_FromLongLong(D), PyLong_FromLongLong(2 * half),
       PyLong_FromLongLong(group_size), dtype_object(cos->scalar_type()), dtype_object(pos->scalar_type()),
       dtype_object(at::kFloat8_e4m3fn), dtype_object(at::kFloat8_e8m0fnu), item(col ? col_name : row_name),
-      item(Py_True), item(Py_True), item(Py_False), item(Py_False)});
+      item(Py_True), item(Py_True), item(Py_False), item(Py_False), item(ue8m0_name)});
   return tuple({key, THPVariable_Wrap(std::move(x)), THPVariable_Wrap(std::move(scale))});
   END_HANDLE_TH_ERRORS
 }

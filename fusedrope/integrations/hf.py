@@ -13,7 +13,6 @@ ops have no derivative; negative views, torch.func transforms), the model's own 
 from __future__ import annotations
 
 import contextvars
-import functools
 import inspect
 import sys
 import threading
@@ -23,7 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import qwen3_tts_rope
-from ..qwen3_tts_rope import Modes, validate
+from .._validation import BackendUnavailableError
+from ..qwen3_tts_rope import REGISTRY as qwen3_tts_rope_registry, Modes, validate
 from ..qwen3_tts_rope.modes import qwen3_tts_qk_norm_rope
 
 __all__ = ["apply_rotary_pos_emb", "patch_qk_norm_rope", "Patch", "QWEN3_NORMS"]
@@ -43,18 +43,23 @@ def _eager(q, k, cos, sin, unsqueeze_dim):
 _EAGER = Modes(numerics="eager")
 
 
-def _servable(q, k, cos, sin, heads: int, modes: Modes = _EAGER) -> bool:
+def _servable(q, k, cos, sin, heads: int, modes: Modes = _EAGER, backend=None) -> bool:
     """Whether fusedrope gives the formula's result for these arguments (heads at dim ``heads``, 1 or 2): the op's
-    own checks accept them with ``modes`` (``numerics="eager"``, and the norm's weights), and no autograd needs
-    their graph."""
+    own checks accept them with ``modes`` (``numerics="eager"``, and the norm's weights), no autograd needs
+    their graph, and ``backend`` (when given) runs them."""
     try:
         if _autograd(q, k, cos, sin, *modes.tensors().values()):
             return False
         if heads == 2:
             q, k = q.transpose(1, 2), k.transpose(1, 2)
-        validate(q, k, cos, sin, False, modes, torch.compiler.is_compiling())
+        key = validate(q, k, cos, sin, False, modes, torch.compiler.is_compiling())
     except (AttributeError, TypeError, ValueError, IndexError, RuntimeError):
         return False
+    if backend is not None:  # a backend named that cannot run them: the block's own code (a bad name raises)
+        try:
+            qwen3_tts_rope_registry.select(key, backend)
+        except BackendUnavailableError:
+            return False
     return True
 
 
@@ -241,8 +246,8 @@ def patch_qk_norm_rope(model: torch.nn.Module, *, backend: str = "auto") -> Patc
     ``Qwen3TTSTalkerAttention`` are: ``q_norm`` and ``k_norm`` Qwen3 RMSNorms over the head dim
     (:data:`QWEN3_NORMS`) applied to the projections, then the modeling file's ``apply_rotary_pos_emb`` or, in
     qwen-tts's talker, ``apply_multimodal_rotary_pos_emb``: a whole Qwen3-TTS model takes one call. The talker's
-    cos/sin ``[3, B, S, D]`` are reduced to the ``[B, S, D]`` rows its ``mrope_section`` picks (a copy of
-    ``B*S*D`` elements, as the model makes) before the fused launch. Inside a patched block's forward, the norms
+    cos/sin ``[3, B, S, D]`` planes go to the launch as they are, with its ``mrope_section``: the kernel reads
+    each channel from its plane, with no gathered copy. Inside a patched block's forward, the norms
     pass their input through and that function applies them, fused with the RoPE; everywhere else both behave as
     before. Where fusedrope cannot serve a call (other shapes, mixed dtypes or devices, autograd) and under
     ``torch.compile`` the block's own modules run. The numerics are the model's (NaN: NaN out, its sign and
@@ -327,14 +332,18 @@ def _norm_forward(self, x):
     return _own(self, x)
 
 
-def _norm_rope(call, q, k, cos, sin, unsqueeze_dim):
-    """The deferred norms and the RoPE of a patched block as one launch, or None where fusedrope cannot serve it."""
+def _norm_rope(call, q, k, cos, sin, unsqueeze_dim, mrope_section=None, mrope_interleaved=False):
+    """The deferred norms and the RoPE of a patched block as one launch, or None where fusedrope cannot serve it
+    (``mrope_section``: the talker's multimodal RoPE on cos/sin planes ``[3, B, S, D]``)."""
     call.deferred = set()
     attn = call.attn
     qw, kw, eps = attn.q_norm.weight, attn.k_norm.weight, _eps(attn.q_norm)
-    if (cos is not None and unsqueeze_dim == 1 and eps == _eps(attn.k_norm)
-            and _servable(q, k, cos, sin, 1, Modes(None, "eager", qw, kw, eps))):
-        return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=attn.__dict__[_MARK].backend)
+    modes = Modes(None, "eager", qw, kw, eps, None, mrope_section, mrope_interleaved)
+    backend = attn.__dict__[_MARK].backend
+    if cos is not None and unsqueeze_dim == 1 and eps == _eps(attn.k_norm) and _servable(q, k, cos, sin, 1, modes,
+                                                                                        backend):
+        return qwen3_tts_qk_norm_rope(q, k, qw, kw, cos, sin, eps, backend=backend, mrope_section=mrope_section,
+                                      mrope_interleaved=mrope_interleaved)
     return None
 
 
@@ -349,45 +358,13 @@ def _fused_rope(original):
     return fused_apply_rotary_pos_emb
 
 
-def _multimodal_rows(cos, sin, mrope_section, mrope_interleaved=False):
-    """The ``[B, S, D]`` cos/sin rows that qwen-tts's ``apply_multimodal_rotary_pos_emb`` applies, from its
-    ``[3, B, S, D]`` planes (temporal, height, width), or ``(None, None)`` for other arguments.
-
-    With ``mrope_section = (t, h, w)``, ``t + h + w = D/2``: contiguous sections give channel ``c`` (and ``c + D/2``)
-    the plane of the section ``c`` falls in, ``[0, t)`` temporal, ``[t, t+h)`` height, the rest width, both halves
-    read. Interleaved ones give channel ``c < D/2`` plane 1 where ``c % 3 == 1`` and ``c < 3h``, plane 2 where
-    ``c % 3 == 2`` and ``c < 3w``, else plane 0, and the second half repeats the first half's values."""
-    if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dim() == 4
-            and cos.shape[0] == 3 and sin.shape == cos.shape and cos.shape[-1] % 2 == 0):
-        return None, None
-    half = cos.shape[-1] // 2
-    section = list(mrope_section) if isinstance(mrope_section, (list, tuple)) else []
-    if len(section) != 3 or not all(type(n) is int and n >= 0 for n in section) or sum(section) != half:
-        return None, None
-    plane, column = _plane_and_column(tuple(section), bool(mrope_interleaved), half, cos.device)
-    # advanced indices around two slices put the channel dim first: [D, B, S]
-    return tuple(t[plane, :, :, column].permute(1, 2, 0).contiguous() for t in (cos, sin))
-
-
-@functools.lru_cache(maxsize=64)
-def _plane_and_column(section: tuple, interleaved: bool, half: int, device: torch.device) -> tuple:
-    """Per channel of ``D = 2 * half``, the plane and the column :func:`_multimodal_rows` reads: built once per
-    model configuration and device, not in every forward."""
-    c = torch.arange(half)
-    if interleaved:
-        plane, column = torch.where(c < 3 * torch.tensor(section)[c % 3], c % 3, 0), c.repeat(2)
-    else:
-        plane, column = (c >= section[0]).long() + (c >= section[0] + section[1]).long(), torch.arange(2 * half)
-    return plane.repeat(2).to(device), column.to(device)
-
-
 def _fused_mrope(original):
     def fused_apply_multimodal_rotary_pos_emb(q, k, cos, sin, mrope_section, mrope_interleaved=False,
                                               unsqueeze_dim=1):
         call = None if torch.compiler.is_compiling() else _ACTIVE.get()
         if call is None or call.deferred != {"q", "k"}:
             return original(q, k, cos, sin, mrope_section, mrope_interleaved, unsqueeze_dim)
-        out = _norm_rope(call, q, k, *_multimodal_rows(cos, sin, mrope_section, mrope_interleaved), unsqueeze_dim)
+        out = _norm_rope(call, q, k, cos, sin, unsqueeze_dim, mrope_section, mrope_interleaved)
         return out or original(_own(call.attn.q_norm, q), _own(call.attn.k_norm, k), cos, sin, mrope_section,
                                mrope_interleaved, unsqueeze_dim)
     return fused_apply_multimodal_rotary_pos_emb

@@ -40,12 +40,13 @@ class Facts(NamedTuple):
     table: bool = False  # positions= given: cos/sin are tables read at them
     norm: bool = False  # qwen3_tts_qk_norm_rope
     pdl: bool = False  # enable_pdl=True: a launch hint compiled kernels may take
+    mrope: bool = False  # mrope_section=: cos/sin planes [3, ...], one per modality, chosen per channel
 
 
 def _user_protocol(run, supports):
     """register_backend's backends keep their six-argument run: fp32 numerics on cos/sin rows, a plain launch."""
     def user_supports(facts):
-        if facts.eager or facts.table or facts.norm or facts.pdl:
+        if facts.eager or facts.table or facts.norm or facts.pdl or facts.mrope:
             return "a registered backend serves numerics='fp32' on cos/sin rows, without positions=, norm or enable_pdl"
         return supports(facts)
     return run, user_supports
@@ -85,6 +86,8 @@ class Modes:
     k_norm_weight: Optional[torch.Tensor] = None
     eps: float = 0.0
     enable_pdl: Optional[bool] = None
+    mrope_section: Optional[tuple] = None  # (t, h, w): the channels of each plane of [3, ...] cos/sin
+    mrope_interleaved: bool = False
 
     def tensors(self) -> dict:
         """The tensors among the modes, by argument name."""
@@ -92,23 +95,28 @@ class Modes:
                                   ("k_norm_weight", self.k_norm_weight)) if t is not None}
 
     def run_args(self) -> tuple:
-        """A built-in backend's run arguments after the outputs."""
+        """A built-in backend's run arguments after the outputs (the multimodal ones only where given: the
+        backends that serve ``Facts.mrope`` take them)."""
         return (self.positions, self.numerics == "eager", self.q_norm_weight, self.k_norm_weight, float(self.eps),
-                self.enable_pdl is True)
+                self.enable_pdl is True) + (
+            () if self.mrope_section is None else (tuple(self.mrope_section), self.mrope_interleaved is True))
 
     def op_args(self) -> tuple:
-        """The torch op's arguments after ``backend``."""
-        return self.positions, self.numerics, self.q_norm_weight, self.k_norm_weight, self.eps, self.enable_pdl
+        """The torch op's arguments after ``backend`` (the compiled checks take the first six)."""
+        return (self.positions, self.numerics, self.q_norm_weight, self.k_norm_weight, self.eps, self.enable_pdl,
+                self.mrope_section, self.mrope_interleaved)
 
 
 PLAIN = Modes()
 
 
-def describe(positions=None, numerics="fp32", q_norm_weight=None, k_norm_weight=None, eps=0.0, enable_pdl=None):
+def describe(positions=None, numerics="fp32", q_norm_weight=None, k_norm_weight=None, eps=0.0, enable_pdl=None,
+             mrope_section=None, mrope_interleaved=False):
     """The one normaliser of a call's modes: None for a plain call (the hot path), else its :class:`Modes`."""
-    if positions is None and numerics == "fp32" and q_norm_weight is None and enable_pdl is None:
+    if positions is None and numerics == "fp32" and q_norm_weight is None and enable_pdl is None \
+            and mrope_section is None and mrope_interleaved is False:
         return None
-    return Modes(positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl)
+    return Modes(positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl, mrope_section, mrope_interleaved)
 
 
 # -- validation ----------------------------------------------------------------------------------------------
@@ -119,11 +127,12 @@ def validate(q, k, cos, sin, inplace: bool = False, modes: Optional[Modes] = Non
     error or accepts. ``traced``: Dynamo traces this call, whose tensors have no memory to read."""
     m = modes or PLAIN
     inplace = inplace is True
-    key = None if traced else fast_checks.checks.tts_facts(Facts, q, k, cos, sin, inplace, *m.op_args())
+    mrope = m.mrope_section is not None or m.mrope_interleaved is not False
+    key = None if traced or mrope else fast_checks.checks.tts_facts(Facts, q, k, cos, sin, inplace, *m.op_args()[:6])
     if key is None:
         diagnose(q, k, cos, sin, m, traced)  # a valid tensor subclass (FakeTensor, Parameter) passes
         key = Facts(q.device, q.dtype, q.shape[3], inplace, m.numerics == "eager", m.positions is not None,
-                    m.q_norm_weight is not None, m.enable_pdl is True)
+                    m.q_norm_weight is not None, m.enable_pdl is True, mrope)
     if m.positions is not None and getenv(V.ENV_CHECK_POSITIONS).lower() not in V.SWITCH_OFF:
         V.check_positions_on_host(OP, m.positions, cos.shape[0])
     if inplace:
@@ -134,12 +143,17 @@ def validate(q, k, cos, sin, inplace: bool = False, modes: Optional[Modes] = Non
 def diagnose(q, k, cos, sin, modes: Modes, traced=False) -> None:
     """The op's one checker: the precise error, naming the argument, for inputs the compiled checks refused (or
     every call's, without a build); valid inputs and valid tensor subclasses pass."""
-    positions, numerics, q_weight, k_weight, eps, pdl = modes.op_args()
+    positions, numerics, q_weight, k_weight, eps, pdl, section, interleaved = modes.op_args()
     if numerics not in NUMERICS:
         V.fail(OP, "numerics", "'fp32' or 'eager'", repr(numerics))
     if pdl is not None:
         V.check_bool(OP, "enable_pdl", pdl)
-    reference.check_shapes(q, k, cos, sin, positions=positions)
+    V.check_bool(OP, "mrope_interleaved", interleaved)
+    if interleaved and section is None:
+        V.fail(OP, "mrope_interleaved", "False without mrope_section", "True")
+    reference.check_shapes(q, k, cos, sin, positions=positions, planes=section is not None)
+    if section is not None:
+        reference.check_section(section, q.shape[3])
     V.check_dtype(OP, "q", q, DTYPES)
     V.check_same_dtype(OP, "q", q, {"k": k} if positions is not None else {"k": k, "cos": cos, "sin": sin})
     named = {"k": k, "cos": cos, "sin": sin}
@@ -249,7 +263,7 @@ def _into_new_outputs(impl: Backend, q, k, cos, sin, modes=None, alloc: bool = T
 
 
 def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, inplace: bool = False, q_out=None,
-                   k_out=None, backend: str = "auto", enable_pdl=None):
+                   k_out=None, backend: str = "auto", enable_pdl=None, mrope_section=None, mrope_interleaved=False):
     """NeoX (rotate_half) RoPE on standalone query and key tensors, fused into one launch.
 
     Computes, per row ``x`` of length ``D`` with ``h = D/2``::
@@ -267,14 +281,15 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
         ``[B, Hkv, S, D]``, same dtype and device as ``q``; ``Hkv`` is independent of ``Hq``.
     cos, sin : torch.Tensor
         ``[B, S, D]`` or ``[1, S, D]`` (broadcast over the batch), both the same shape, dtype and device. With
-        ``positions``: tables ``[max_pos, D]`` in q's dtype or fp32, read at each token's position.
+        ``positions``: tables ``[max_pos, D]`` in q's dtype or fp32, read at each token's position. With
+        ``mrope_section``: ``[3, B or 1, S, D]``, one plane per modality, as Qwen3-TTS's talker has them.
     numerics : {"fp32", "eager"}, default "fp32"
         ``"fp32"``: fp32 math, one rounding (RNE) to the dtype. ``"eager"``: bit-identical to PyTorch evaluating
         the formula in q's dtype, as Hugging Face and qwen-tts do (each product rounded, then the sum; no FMA;
         an fp32 table rounded to the dtype first); a NaN gives NaN, its sign and payload not guaranteed.
     positions : torch.Tensor, optional
-        ``[B, S]`` or ``[S]``, int32 / int64. Out-of-range positions are clamped to ``[0, max_pos)``;
-        ``FUSEDROPE_CHECK_POSITIONS=1`` raises instead (synchronises).
+        ``[B, S]`` or ``[S]`` (``[3, B, S]`` or ``[3, S]`` with ``mrope_section``), int32 / int64. Out-of-range
+        positions are clamped to ``[0, max_pos)``; ``FUSEDROPE_CHECK_POSITIONS=1`` raises instead (synchronises).
     inplace : bool, default False
         Write the results into ``q`` and ``k`` through their own strides and return them.
     q_out, k_out : torch.Tensor, optional
@@ -289,6 +304,13 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
     enable_pdl : bool, optional
         ``True``: launch the cuda kernel as a programmatic dependent launch (sm_90+; other backends ignore it);
         ``None`` (default) and ``False``: a plain launch.
+    mrope_section : sequence of three ints, optional
+        Multimodal RoPE (qwen-tts's ``apply_multimodal_rotary_pos_emb``): ``(t, h, w)``, summing to ``D/2``, the
+        channels that read each plane of cos/sin. Contiguous: channel ``c`` and ``c + D/2`` read plane 0 for
+        ``c < t``, 1 for ``c < t + h``, else 2. The plane is chosen per channel in the kernel; nothing is gathered.
+    mrope_interleaved : bool, default False
+        Interleaved sections: channel ``j < D/2`` reads plane ``j % 3`` where ``j < 3 * section[j % 3]`` (planes 1
+        and 2), else plane 0, and channel ``j + D/2`` the same value as channel ``j``.
 
     Returns
     -------
@@ -318,7 +340,7 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
     True
     """
     if inplace is False and q_out is None and k_out is None and positions is None and numerics == "fp32" \
-            and enable_pdl is None and not _is_compiling():
+            and enable_pdl is None and mrope_section is None and mrope_interleaved is False and not _is_compiling():
         fast = fast_checks.checks.qwen3_tts_rope(Facts, q, k, cos, sin)  # valid, work to do, no grad to keep
         if fast is not None:
             key, q_out, k_out = fast
@@ -327,8 +349,8 @@ def qwen3_tts_rope(q, k, cos, sin, *, numerics: str = "fp32", positions=None, in
         key = validate(q, k, cos, sin)
         if not (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad) or not _grad_enabled():
             return _into_new_outputs(REGISTRY.select(key, backend), q, k, cos, sin)
-    return _call(q, k, cos, sin, describe(positions, numerics, None, None, 0.0, enable_pdl), inplace, q_out, k_out,
-                 backend)
+    return _call(q, k, cos, sin, describe(positions, numerics, None, None, 0.0, enable_pdl, mrope_section,
+                                          mrope_interleaved), inplace, q_out, k_out, backend)
 
 
 def _call(q, k, cos, sin, modes: Optional[Modes], inplace, q_out, k_out, backend):
@@ -385,10 +407,11 @@ _Opt = Optional[torch.Tensor]
 @torch.library.custom_op("fusedrope::qwen3_tts_rope_out", mutates_args=("q_out", "k_out"))
 def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_out: torch.Tensor,
         k_out: torch.Tensor, backend: str = "auto", positions: _Opt = None, numerics: str = "fp32",
-        q_weight: _Opt = None, k_weight: _Opt = None, eps: float = 0.0, pdl: Optional[bool] = None) -> None:
+        q_weight: _Opt = None, k_weight: _Opt = None, eps: float = 0.0, pdl: Optional[bool] = None,
+        mrope_section: Optional[list[int]] = None, mrope_interleaved: bool = False) -> None:
     for name, t in (("q_out", q_out), ("k_out", k_out)):
         V.check_tensor(OP, name, t)  # the schema says Tensor, but Python passes None through
-    modes = describe(positions, numerics, q_weight, k_weight, eps, pdl)
+    modes = describe(positions, numerics, q_weight, k_weight, eps, pdl, mrope_section, mrope_interleaved)
     if q_out is q and k_out is k:
         _run(q, k, cos, sin, True, None, None, backend, modes)
     elif q_out is q or k_out is k:  # one in place: functionalization may hand one output over as its input
@@ -401,7 +424,7 @@ def _op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
 
 @_op.register_fake
 def _op_fake(q, k, cos, sin, q_out, k_out, backend="auto", positions=None, numerics="fp32", q_weight=None,
-             k_weight=None, eps=0.0, pdl=None):
-    modes = describe(positions, numerics, q_weight, k_weight, eps, pdl)
+             k_weight=None, eps=0.0, pdl=None, mrope_section=None, mrope_interleaved=False):
+    modes = describe(positions, numerics, q_weight, k_weight, eps, pdl, mrope_section, mrope_interleaved)
     validate(q, k, cos, sin, False, modes, True)
     _check_outputs(q, k, cos, sin, None if q_out is q else q_out, None if k_out is k else k_out, modes)

@@ -23,6 +23,8 @@ MODES_OPT_IN = ("the eager, positions= and norm kernels have not run on a GPU "
 
 
 def supports(facts) -> Optional[str]:
+    if facts.mrope:
+        return "cuda kernel reads one cos/sin row per token, got mrope_section= (Triton serves it)"
     if facts.dtype not in DTYPES or facts.head_dim not in HEAD_DIMS:
         return (f"cuda kernel serves bfloat16/float16 with D in {HEAD_DIMS}, got {dtype_name(facts.dtype)} "
                 f"D={facts.head_dim}")

@@ -11,7 +11,7 @@ from . import _check_call, _check_outputs
 
 def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: float = 1e-6, *,
                            numerics: str = "eager", positions=None, inplace: bool = False, q_out=None, k_out=None,
-                           backend: str = "auto", enable_pdl=None):
+                           backend: str = "auto", enable_pdl=None, mrope_section=None, mrope_interleaved=False):
     """Qwen3(-TTS)'s per-head RMSNorm (``q_norm``, ``k_norm``) then NeoX RoPE on q and k, in one launch.
 
     Every head row ``x`` becomes ``n = w * (x * rsqrt(mean(x**2) + eps))``, as the model's RMSNorm computes it
@@ -20,7 +20,7 @@ def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: fl
 
     Parameters
     ----------
-    q, k, cos, sin, positions, inplace, q_out, k_out, backend, enable_pdl
+    q, k, cos, sin, positions, inplace, q_out, k_out, backend, enable_pdl, mrope_section, mrope_interleaved
         As for :func:`qwen3_tts_rope`: q/k ``[B, H, S, D]`` views such as the transposed ``[B, S, H, D]``
         projection, before the norm.
     q_norm_weight, k_norm_weight : torch.Tensor
@@ -50,24 +50,24 @@ def qwen3_tts_qk_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: fl
     """
     if q_norm_weight is None or k_norm_weight is None:
         V.check_tensor(OP, "q_norm_weight" if q_norm_weight is None else "k_norm_weight", None)
-    return call(q, k, cos, sin, Modes(positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl), inplace,
-                q_out, k_out, backend)
+    return call(q, k, cos, sin, Modes(positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl,
+                                      mrope_section, mrope_interleaved), inplace, q_out, k_out, backend)
 
 
 # -- what fusedrope.explain asks: the selection key and backend of a call, after every check the call makes ---------
 def explain_args(q, k, cos, sin, *, numerics: str = "fp32", positions=None, inplace: bool = False, q_out=None,
-                 k_out=None, backend: str = "auto", enable_pdl=None):
+                 k_out=None, backend: str = "auto", enable_pdl=None, mrope_section=None, mrope_interleaved=False):
     """For :func:`qwen3_tts_rope`."""
-    return _explain(q, k, cos, sin, describe(positions, numerics, None, None, 0.0, enable_pdl), inplace, q_out, k_out,
-                    backend)
+    return _explain(q, k, cos, sin, describe(positions, numerics, None, None, 0.0, enable_pdl, mrope_section,
+                                             mrope_interleaved), inplace, q_out, k_out, backend)
 
 
 def explain_norm_args(q, k, q_norm_weight, k_norm_weight, cos, sin, eps: float = 1e-6, *, numerics: str = "eager",
                       positions=None, inplace: bool = False, q_out=None, k_out=None, backend: str = "auto",
-                      enable_pdl=None):
+                      enable_pdl=None, mrope_section=None, mrope_interleaved=False):
     """For :func:`qwen3_tts_qk_norm_rope`."""
-    return _explain(q, k, cos, sin, Modes(positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl),
-                    inplace, q_out, k_out, backend)
+    return _explain(q, k, cos, sin, Modes(positions, numerics, q_norm_weight, k_norm_weight, eps, enable_pdl,
+                                          mrope_section, mrope_interleaved), inplace, q_out, k_out, backend)
 
 
 def _explain(q, k, cos, sin, modes, inplace, q_out, k_out, backend):

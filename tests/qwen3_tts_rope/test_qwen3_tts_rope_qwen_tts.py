@@ -173,7 +173,8 @@ def test_patched_code_predictor_block_gives_the_models_output(qwen_tts, backend)
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_patched_talker_and_code_predictor_give_the_models_outputs(qwen_tts, backend, interleaved):
     """A model with both kinds of block: one call patches both, the talker's (apply_multimodal_rotary_pos_emb after
-    its norms) fused on the rows its sections pick; unpatching restores the model's own code."""
+    its norms) fused on its planes and sections where the backend serves multimodal RoPE (else the block's own
+    code runs: the CUDA kernel does not); unpatching restores the model's own code."""
     dtype = torch.bfloat16
     model = torch.nn.ModuleDict({"talker": _talker_block(qwen_tts, dtype, interleaved),
                                  "code_predictor": _code_predictor_block(qwen_tts, dtype)})
@@ -197,32 +198,61 @@ def test_patched_talker_and_code_predictor_give_the_models_outputs(qwen_tts, bac
             finally:
                 fused["_into_new_outputs"] = real
         again = runs()
-    assert calls == [1, 1]  # one fused call per block
+    talker_fused = backend in ("reference", "triton")
+    assert calls == [1] * (1 + talker_fused)  # one fused call per block it serves
     assert qwen_tts.modeling.apply_multimodal_rotary_pos_emb is models_rope
     assert all(torch.equal(a, w) for a, w in zip(again, want))
-    for g, w in zip(got, want):
-        if backend == "reference":
+    for i, (g, w) in enumerate(zip(got, want)):
+        if backend == "reference" or (i == 0 and not talker_fused):
             assert torch.equal(g, w)
         else:  # a norm's variance summed in another order may move an element by one rounding step
             torch.testing.assert_close(g, w, rtol=2 ** -7, atol=2 ** -7)
 
 
-@pytest.mark.parametrize("section", [[8, 12, 12], [12, 12, 8]], ids=str)
+@pytest.mark.parametrize("backend", [p for p in BACKENDS if p.id in ("reference", "triton")])  # the mRoPE ones
+@pytest.mark.parametrize("section", [[8, 12, 12], [12, 12, 8], [16, 16, 0]], ids=str)
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_multimodal_rows_are_what_the_model_applies(qwen_tts, interleaved, section):
-    """The rows the patch fuses on, against qwen-tts's function applied to unit q/k (x * cos + rotate_half(x) *
-    sin of a one-hot x reads out cos and sin channel by channel, exactly); wrong sections are not served."""
-    D = 64
-    mcos, msin = _planes(5, D, torch.float32)
-    cos, sin = hf._multimodal_rows(mcos, msin, section, interleaved)
-    eye = torch.eye(D, dtype=torch.float32, device=DEVICE)[None, :, None].expand(2, D, 5, D)  # head = channel
-    q_embed, _ = qwen_tts.modeling.apply_multimodal_rotary_pos_emb(eye, eye, mcos, msin, section, interleaved)
-    h = D // 2
-    c = torch.arange(D)
-    partner = (c + h) % D  # one-hot in channel j gives out[j] = cos[j] and out[partner] = -/+ sin[partner]
-    assert torch.equal(q_embed[:, c, :, c].permute(1, 2, 0), cos)
-    sign = torch.where(c < h, 1.0, -1.0).to(DEVICE)  # out[j + h] = +x[j] * sin, out[j - h] = -x[j] * sin
-    assert torch.equal(q_embed[:, c, :, partner].permute(1, 2, 0) * sign[None, None], sin[..., partner])
-    for bad in ([8, 12], [8, 12, 13], [8.0, 12, 12], None):
-        assert hf._multimodal_rows(mcos, msin, bad, interleaved) == (None, None)
-    assert hf._multimodal_rows(mcos[:2], msin[:2], section, interleaved) == (None, None)
+@pytest.mark.parametrize("table", [False, True], ids=["planes", "table"])
+def test_multimodal_rope_is_qwen_tts_bit_for_bit(qwen_tts, backend, section, interleaved, table):
+    """``mrope_section`` against qwen-tts's ``apply_multimodal_rotary_pos_emb`` on random planes (every channel's
+    plane tells): cos/sin ``[3, B, S, D]``, or fp32 tables read at positions ``[3, B, S]`` (the model's rotary
+    module rounds them to the dtype, as ``numerics="eager"`` does)."""
+    B, S, D, dtype = 2, 5, 64, torch.bfloat16
+    q, k = _randn(B, 4, S, D, dtype=dtype, seed=11), _randn(B, 2, S, D, dtype=dtype, seed=12)
+    if table:
+        tab_c, tab_s = _randn(40, D, dtype=torch.float32, seed=13), _randn(40, D, dtype=torch.float32, seed=14)
+        positions = torch.randint(0, 40, (3, B, S), generator=torch.Generator().manual_seed(15)).to(DEVICE)
+        cos, sin, kw = tab_c, tab_s, {"positions": positions}
+        mcos, msin = tab_c[positions].to(dtype), tab_s[positions].to(dtype)
+    else:
+        mcos, msin = _randn(3, B, S, D, dtype=dtype, seed=13), _randn(3, B, S, D, dtype=dtype, seed=14)
+        cos, sin, kw = mcos, msin, {}
+    want = qwen_tts.modeling.apply_multimodal_rotary_pos_emb(q, k, mcos, msin, section, interleaved)
+    got = fusedrope.qwen3_tts_rope(q, k, cos, sin, numerics="eager", mrope_section=section,
+                                   mrope_interleaved=interleaved, backend=backend, **kw)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    if not table and section[2]:  # one plane read for another: the test can fail
+        swapped = fusedrope.qwen3_tts_rope(q, k, cos[[0, 2, 1]], sin[[0, 2, 1]], numerics="eager",
+                                           mrope_section=section, mrope_interleaved=interleaved, backend=backend)
+        assert not torch.equal(swapped[0], want[0])
+
+
+def test_multimodal_rope_arguments_are_checked():
+    q, k = torch.zeros(1, 2, 3, 64), torch.zeros(1, 2, 3, 64)
+    planes = torch.zeros(3, 1, 3, 64)
+    for section, match in (([8, 12], "mrope_section' expected three ints >= 0 \\(t, h, w\\) summing to D/2=32, "
+                                     "got \\[8, 12\\]"),
+                           ([8, 12, 13], "summing to D/2=32, got \\[8, 12, 13\\]"),
+                           ([8.0, 12, 12], "got \\[8.0, 12, 12\\]")):
+        with pytest.raises(ValueError, match=match):
+            fusedrope.qwen3_tts_rope(q, k, planes, planes, mrope_section=section)
+    with pytest.raises(ValueError, match="argument 'cos' expected a 4-D tensor \\[3, B or 1, S, D\\] \\(one plane per "
+                                         "modality\\), got 3-D"):
+        fusedrope.qwen3_tts_rope(q, k, planes[0], planes[0], mrope_section=[8, 12, 12])
+    with pytest.raises(ValueError, match="argument 'cos' expected shape \\[3, 1, 3, 64\\], got \\[2, 1, 3, 64\\]"):
+        fusedrope.qwen3_tts_rope(q, k, planes[:2], planes[:2], mrope_section=[8, 12, 12])
+    with pytest.raises(ValueError, match="argument 'positions' expected shape \\[3, 1, 3\\] or \\[3, 3\\]"):
+        fusedrope.qwen3_tts_rope(q, k, planes[0, 0], planes[0, 0], positions=torch.zeros(1, 3, dtype=torch.long),
+                                 mrope_section=[8, 12, 12])
+    with pytest.raises(ValueError, match="argument 'mrope_interleaved' expected False without mrope_section"):
+        fusedrope.qwen3_tts_rope(q, k, planes[0], planes[0], mrope_interleaved=True)

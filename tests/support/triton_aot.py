@@ -110,7 +110,7 @@ def tts_kernel(target, dtype="bf16", head_dim=128, hq=32, hkv=8, eager=False, ta
     ptrs = tts_ptrs(dtype, table)
     strides = {n for n in tts._tts_rope_kernel.arg_names if "_s" in n and n not in ptrs}
     consts = dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, EAGER=eager,
-                  TABLE=bool(table), NORM=norm, EXACT=False)
+                  TABLE=bool(table), NORM=norm, EXACT=False, MROPE=0, SEC_T=0, SEC_H=0)
     return compile_kernel(tts._tts_rope_kernel, ptrs, consts, strides, target, warps, enable_fp_fusion=not eager)
 
 
@@ -120,9 +120,11 @@ def x_strides(layout: str, tokens: int, groups: int, dg: int) -> tuple:
 
 
 def quant_kernel(tname, fp8, group_size=128, rope=True, x_layout="row", quant=True, mfma=False, heads=16,
-                 head_dim=512, rope_dim=64, groups=2, o="bf16", strides=None, packed=False, tokens=1024):
+                 head_dim=512, rope_dim=64, groups=2, o="bf16", strides=None, packed=False, tokens=1024,
+                 n32k4=False, plain=False):
     """The fused quant kernel for target ``tname`` writing ``fp8`` (o's dtype ``o`` with ``quant=False``) into x in
-    ``x_layout`` (or with token and group ``strides``), scales row-major (``packed`` int32) or ``mfma`` tiles, with
+    ``x_layout`` (or with token and group ``strides``), scales row-major (``packed`` int32, ``plain`` fp32 of
+    scale_format="fp32") or ``mfma`` / ``n32k4`` tiles, with
     the EXACT its launcher picks there, and the tile and group path its launcher picks at S = ``tokens``. x's
     strides are declared divisible by 16 where their values are, as Triton's launcher specialises them."""
     target = TARGETS[tname]
@@ -130,11 +132,12 @@ def quant_kernel(tname, fp8, group_size=128, rope=True, x_layout="row", quant=Tr
     dg = row // groups
     block_t, block_n = irq._tiles(tokens, row, group_size, packed)
     ptrs = dict(o_ptr=f"*{o}", pos_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", xq_ptr="*u8" if quant else f"*{o}",
-                xs_ptr=("*i32" if packed else "*u8") if quant else f"*{o}")
+                xs_ptr=("*i32" if packed else "*fp32" if plain else "*u8") if quant else f"*{o}")
     consts = dict(HEAD_DIM=head_dim, ROPE_DIM=rope_dim, GS=group_size, DG=dg, BLOCK_T=block_t, BLOCK_N=block_n,
                   ONE_GROUP=groups == 1 or dg % block_n == 0, CROSSINGS=irq.crossings(dg, block_n),
-                  FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == FNUZ, SCALE_FP32=False,
-                  PACKED=packed, MFMA_K=(2 if group_size == 128 else 8) if mfma else 0, QUANT=quant, ROPE=rope,
+                  FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == FNUZ, SCALE_FP32=plain,
+                  PACKED=packed, MFMA_K=(2 if group_size == 128 else 8) if mfma else 0, N32K4=n32k4, PLAIN=plain,
+                  QUANT=quant, ROPE=rope,
                   TAIL_SEGMENTS=rope and irq.tail_segments(head_dim, rope_dim, block_n),
                   EXACT=irq.integer_fp8_rounding(fp8, tname) if quant else False)
     stride_s, stride_g = strides or x_strides(x_layout, tokens, groups, dg)
@@ -147,7 +150,8 @@ def quant_kernel(tname, fp8, group_size=128, rope=True, x_layout="row", quant=Tr
 
 def variants(tname) -> int:
     """Compile every other specialisation a GPU call can hit (dtypes, head_dims, masked halves, fp32 / packed
-    scales, int32 positions, x layouts and tiles straddling groups, mfma scale tiles, quantize=False, the
+    scales, plain fp32 scales, int32 positions, x layouts and tiles straddling groups, mfma and n32k4 scale
+    tiles, quantize=False, the
     baseline's rope kernel): a first GPU run must not die in the compiler."""
     target = TARGETS[tname]
     n = 0
@@ -157,9 +161,18 @@ def variants(tname) -> int:
             for eager, table, norm, pos in ((False, "", False, "i64"), (True, "fp32", True, "i32")):
                 ptrs = tts_ptrs(dt, table, pos)
                 consts = dict(HALF=head_dim // 2, BLOCK_D=block_d, BLOCK_HQ=block_hq, BLOCK_HK=block_hk,
-                              EAGER=eager, TABLE=bool(table), NORM=norm, EXACT=False)
+                              EAGER=eager, TABLE=bool(table), NORM=norm, EXACT=False, MROPE=0, SEC_T=0,
+                              SEC_H=0)
                 compile_kernel(tts._tts_rope_kernel, ptrs, consts, set(), target, warps, enable_fp_fusion=not eager)
                 n += 1
+    # multimodal RoPE (the talker's): contiguous sections on [3, B, S, D] planes, interleaved ones on a table
+    for mrope, table in ((1, ""), (2, "fp32")):
+        block_d, block_hq, block_hk, warps = tts.launch_shape(16, 8, 128, target.warp_size)
+        consts = dict(HALF=64, BLOCK_D=block_d, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, EAGER=True, TABLE=bool(table),
+                      NORM=True, EXACT=False, MROPE=mrope, SEC_T=24, SEC_H=20)
+        compile_kernel(tts._tts_rope_kernel, tts_ptrs("bf16", table, "i64"), consts, set(), target, warps,
+                       enable_fp_fusion=False)
+        n += 1
     fp8 = arch_fp8_dtype(tname)
     # (3, 96, 24): a rope_dim that is no power of two, the per-pair cos/sin gather
     for (heads, head_dim, rope_dim, gs) in ((3, 192, 32, 64), (16, 512, 64, 256), (3, 96, 24, 32)):
@@ -170,7 +183,8 @@ def variants(tname) -> int:
             consts = dict(HEAD_DIM=head_dim, ROPE_DIM=rope_dim, GS=gs, DG=heads * head_dim, BLOCK_T=block_t,
                           BLOCK_N=block_n, ONE_GROUP=True, CROSSINGS=0,
                           FP8_MAX=irq.FP8_MAX[fp8], FP8_TYPE=irq._FP8_TL[fp8], FNUZ=fp8 == FNUZ,
-                          SCALE_FP32=scale_fp32, PACKED=packed, MFMA_K=0, QUANT=True, ROPE=True,
+                          SCALE_FP32=scale_fp32, PACKED=packed, MFMA_K=0, N32K4=False, PLAIN=False, QUANT=True,
+                          ROPE=True,
                           TAIL_SEGMENTS=irq.tail_segments(head_dim, rope_dim, block_n),
                           EXACT=irq.integer_fp8_rounding(fp8, tname))
             compile_kernel(irq._group_quant_kernel, ptrs, consts, set(), target, 4, enable_fp_fusion=False)
@@ -189,7 +203,10 @@ def variants(tname) -> int:
     quant_kernel(tname, fp8, 64, quant=False, heads=4, groups=2, **dict(d192, x_layout="padded"))
     for quant in (True, False):
         quant_kernel(tname, fp8, quant=quant, strides=(8195, 4097 * 1024))
-    n += 9
+    # the scale formats and layouts only Triton writes: plain fp32 scales, n32k4 tiles (quant group 32)
+    quant_kernel(tname, fp8, plain=True)
+    quant_kernel(tname, fp8, 32, n32k4=True)
+    n += 11
     compile_kernel(irq._rope_tail_inplace_kernel, dict(o_ptr="*bf16", pos_ptr="*i64", cos_ptr="*fp32",
                                                        sin_ptr="*fp32"),
                    dict(HEAD_DIM=512, HALF=32, HALF_P2=32, BLOCK_T=4, BLOCK_H=16, EXACT=False), set(), target,
