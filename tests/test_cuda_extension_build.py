@@ -50,7 +50,7 @@ def test_cuda_extension_builds_links_and_registers_its_ops(tmp_path):
     assert Path(checks).is_file() and str(tmp_path) in checks, out
     assert key_type == "Facts" and k_shape == [1, 1, 3, 8], out
     assert key == {"device": "cpu", "dtype": "torch.bfloat16", "head_dim": "8", "inplace": "False", "eager": "False",
-                   "table": "False", "norm": "False", "pdl": "False"}, out
+                   "table": "False", "norm": "False", "pdl": "False", "mrope": "False"}, out
     ops = out["ops"]
     assert ops["qwen3_tts_rope"].endswith("(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)")
     modes = "Tensor? positions=None, bool eager=False, Tensor? q_weight=None, Tensor? k_weight=None, float eps=0."
