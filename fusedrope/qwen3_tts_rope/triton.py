@@ -8,8 +8,9 @@ contiguous halves of D/2 elements, so accesses along D are 16-byte vectors when 
 fp32 with one RNE rounding to the output dtype; with ``EAGER``, each product and the sum are rounded to the
 dtype, as PyTorch evaluates ``x * cos + rotate_half(x) * sin`` (the launch turns FMA fusion off). ``NORM``
 first applies the model's per-head RMSNorm to every row. ``MROPE`` (multimodal RoPE, Qwen3-TTS's talker) reads
-each channel's cos/sin from the plane its section gives it (the planes ``PLANE_STRIDE`` apart, or the positions
-of each plane's row), so the selection costs a vector of plane offsets, not a gathered copy.
+each channel's cos/sin from the plane its section gives it (the planes ``c_sp`` / ``s_sp`` apart, or at the
+position in that plane's row of ``positions``, ``p_sp`` apart), so the selection costs a vector of plane
+offsets, not a gathered copy.
 """
 
 import triton
